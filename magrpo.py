@@ -15,6 +15,7 @@ The functions a course blanks out: generate, completion_logprobs, group_advantag
 Try it:  python train.py            (CPU demo, two tiny agents, ~1 minute)
 Test it: python -m pytest tests/ -q
 """
+import itertools
 import math
 import os
 import warnings
@@ -279,10 +280,31 @@ def make_optimizer(model, learning_rate, weight_decay=0.0):
     return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 
-def joint_actions(rollouts):
-    """Aligned joint actions (Sec. 2, step 2): the g-th completion of every agent forms joint action
-    g. Returns B lists of G tuples (one text per agent)."""
-    return [list(zip(*group)) for group in zip(*(r.texts for r in rollouts))]
+JOINT_MODES = ("aligned", "cross")
+
+
+def joint_actions(num_agents, num_generations, mode="aligned"):
+    """Which completions form the joint actions of one prompt (Sec. 2, step 2), as index tuples
+    (g_0, ..., g_{n-1}): agent i contributes its g_i-th completion.
+    mode="aligned": the g-th completion of every agent forms joint action g (G joint actions);
+    mode="cross":   every combination (G^n joint actions)."""
+    if mode == "aligned":
+        return [(g,) * num_agents for g in range(num_generations)]
+    if mode == "cross":
+        return list(itertools.product(range(num_generations), repeat=num_agents))
+    raise ValueError(f"unknown joint mode {mode!r}: use aligned or cross")
+
+
+def credited_returns(rewards, joint, num_agents, num_generations):
+    """The return each agent's completion is credited with, [B, G] per agent: the mean of the
+    shared rewards of the joint actions it takes part in (aligned: exactly its one joint action).
+    `rewards` is [B, len(joint)], in the order of `joint`."""
+    credit = []
+    for i in range(num_agents):
+        member = torch.zeros(len(joint), num_generations)  # member[j, g]: joint action j uses agent i's g
+        member[torch.arange(len(joint)), torch.tensor([idx[i] for idx in joint])] = 1.0
+        credit.append(rewards @ member / member.sum(0))
+    return credit
 
 
 def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum", micro_batch_size=8):
@@ -291,7 +313,7 @@ def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum
     non-finite loss or gradient skips the step with a warning rather than corrupting the weights.
     Returns a dict of what happened (loss, grad_norm, skipped)."""
     model, opt = agent.model, agent.optimizer
-    model.train()
+    model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
     opt.zero_grad(set_to_none=True)
     normalizer = loss_normalizer(rollout.completion_mask, loss_type)
     total = 0.0
@@ -314,11 +336,13 @@ def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum
 
 
 def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, temperature=1.0,
-               top_p=1.0, loss_type="seq_sum", advantage="mean", micro_batch_size=8, seed=None):
+               top_p=1.0, loss_type="seq_sum", advantage="mean", micro_batch_size=8, seed=None,
+               joint_mode="aligned"):
     """One MAGRPO iteration on a batch of examples (Sec. 2):
     1. every agent samples G completions for its own prompt of each example;
-    2. aligned joint actions; 3. the env's shared reward for each;
-    4. Eq. 1 within each example's group; 5-6. Eq. 2 and one AdamW step for every agent.
+    2. joint actions (aligned, or cross: every combination); 3. the env's shared reward for each;
+    4. Eq. 1 within each example's group, on the return credited to each completion;
+    5-6. Eq. 2 and one AdamW step for every agent.
     Returns the step's metrics."""
     rollouts = []
     for i, agent in enumerate(agents):
@@ -327,15 +351,16 @@ def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, tem
         rollouts.append(generate(agent.model, agent.tokenizer, prompts, num_generations,
                                  max_new_tokens, temperature, top_p,
                                  None if seed is None else seed + i))
-    joint = joint_actions(rollouts)
-    flat_examples = [ex for ex in examples for _ in range(num_generations)]
-    scores = env.rewards(flat_examples, [a for group in joint for a in group])
-    rewards = torch.tensor([float(s) for s in scores]).view(len(examples), num_generations)
-    adv = group_advantages(rewards, advantage).view(-1)
-    zero_groups = int((rewards.max(-1).values == rewards.min(-1).values).sum())
+    joint = joint_actions(len(agents), num_generations, joint_mode)
+    texts = [tuple(r.texts[b][g] for r, g in zip(rollouts, idx)) for b in range(len(examples)) for idx in joint]
+    scores = env.rewards([ex for ex in examples for _ in joint], texts)
+    rewards = torch.tensor([float(s) for s in scores]).view(len(examples), len(joint))
+    advantages = [group_advantages(c, advantage).view(-1)
+                  for c in credited_returns(rewards, joint, len(agents), num_generations)]
+    zero_groups = int(torch.stack([a.view(len(examples), -1) == 0 for a in advantages]).all(0).all(-1).sum())
     metrics = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                "reward_max": rewards.max().item(), "zero_adv_groups": zero_groups}
-    for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
+    for i, (agent, rollout, adv) in enumerate(zip(agents, rollouts, advantages)):
         metrics[f"completion_len_{i}"] = rollout.completion_mask.sum(-1).float().mean().item()
         if bool((adv == 0).all()):  # no learning signal in any group: nothing to update
             metrics.update({f"loss_{i}": 0.0, f"grad_norm_{i}": 0.0, f"skipped_{i}": 0})
@@ -343,7 +368,7 @@ def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, tem
         out = update_agent(agent, rollout, adv.to(rollout.completion_ids.device), temperature,
                            loss_type, micro_batch_size)
         metrics.update({f"{k}_{i}": v for k, v in out.items()})
-    metrics["samples"] = joint[0][0] if joint and joint[0] else ()
+    metrics["samples"] = texts[0]
     return metrics
 
 

@@ -49,6 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--loss-type", default="seq_sum", help=f"one of {', '.join(magrpo.LOSS_TYPES)}")
     p.add_argument("--advantage", default="mean", help="mean (Eq. 1), rloo or std")
+    p.add_argument("--joint", default="aligned", help="joint actions: aligned (G of them) or cross (G^n)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per log-prob forward/backward")
@@ -94,6 +95,8 @@ def resolve(args):
         fail("--loss-type", f"unknown {args.loss_type!r}: use one of {', '.join(magrpo.LOSS_TYPES)}")
     if args.advantage not in ("mean", "rloo", "std"):
         fail("--advantage", f"unknown {args.advantage!r}: use mean, rloo or std")
+    if args.joint not in magrpo.JOINT_MODES:
+        fail("--joint", f"unknown {args.joint!r}: use aligned or cross")
     if args.dtype not in magrpo.DTYPES:
         fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
     env_options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
@@ -146,7 +149,8 @@ def train(args):
                 t0 = time.time()
                 m = magrpo.train_step(agents, env, batch, args.num_generations, args.max_new_tokens,
                                       args.temperature, args.top_p, args.loss_type, args.advantage,
-                                      args.micro_batch_size, seed=args.seed * 100003 + step * 101)
+                                      args.micro_batch_size, seed=args.seed * 100003 + step * 101,
+                                      joint_mode=args.joint)
                 m = {"step": step, **m, "seconds": round(time.time() - t0, 4)}
                 samples = m.pop("samples")
                 log.write(json.dumps(m) + "\n")

@@ -186,6 +186,20 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
         assert parts.item() == pytest.approx(whole.item(), abs=1e-6), loss_type
 
 
+def test_joint_actions_and_credit_aligned_and_cross():
+    assert magrpo.joint_actions(2, 3) == [(0, 0), (1, 1), (2, 2)]
+    cross = magrpo.joint_actions(2, 2, "cross")
+    assert cross == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    rewards = torch.tensor([[1.0, 2.0, 3.0, 6.0]])  # R(0,0)=1, R(0,1)=2, R(1,0)=3, R(1,1)=6
+    a0, a1 = magrpo.credited_returns(rewards, cross, 2, 2)
+    assert torch.allclose(a0, torch.tensor([[1.5, 4.5]]))  # agent 0's g: mean over agent 1's choices
+    assert torch.allclose(a1, torch.tensor([[2.0, 4.0]]))
+    aligned = torch.tensor([[1.0, 5.0, 2.0]])
+    for c in magrpo.credited_returns(aligned, magrpo.joint_actions(3, 3), 3, 3):
+        assert torch.equal(c, aligned)
+    assert len(magrpo.joint_actions(3, 2, "cross")) == 8
+
+
 class ScriptedEnv:
     """A reward that varies within every group: the joint text's character codes, mod 5."""
     name, num_agents, examples = "scripted", 2, [{}]
@@ -210,6 +224,9 @@ def test_train_step_updates_every_agent_and_reports(tok):
     assert m["skipped_0"] == 0 and m["skipped_1"] == 0
     for agent, w in zip(agents, before):
         assert not torch.equal(agent.model.lm_head.weight, w)
+    m = magrpo.train_step(agents, ScriptedEnv(), [{}], num_generations=3, max_new_tokens=4, seed=1,
+                          joint_mode="cross")
+    assert math.isfinite(m["loss_0"]) and len(m["samples"]) == 2
 
 
 def test_non_finite_loss_skips_the_step(tok):
