@@ -15,6 +15,7 @@ The functions a course blanks out: generate, completion_logprobs, group_advantag
 Try it:  python train.py            (CPU demo, two tiny agents, ~1 minute)
 Test it: python -m pytest tests/ -q
 """
+import inspect
 import itertools
 import math
 import os
@@ -67,6 +68,12 @@ def eos_token_ids(model, tokenizer):
     return sorted(ids)
 
 
+def last_logits_only(model, n):
+    """model(...) kwargs that compute logits for the last n positions only, when the model supports
+    it: a 150k-token vocabulary makes full-prompt logits the largest tensor of the whole step."""
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
 def positions_from_mask(mask):
     """Position ids for left-padded rows: 0 at each row's first real token (Sec. 7 pitfall: without
     this, padded rows see shifted positions and batched output differs from unbatched)."""
@@ -102,15 +109,18 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
-    tokenizer.padding_side = "left"
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    tokenizer.padding_side = side
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     B, P = prompt_ids.shape
+    if B == 0 or max_new_tokens < 1 or not bool(prompt_mask.sum(-1).gt(0).all()):
+        raise ValueError("generate needs at least one prompt, no empty prompt, and max_new_tokens >= 1")
 
     # Prefill once per prompt, then copy the cache G times: the G completions share their prompt.
     cache = DynamicCache()
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                position_ids=positions_from_mask(prompt_mask), past_key_values=cache, use_cache=True)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
+                past_key_values=cache, use_cache=True, **last_logits_only(model, 1))
     cache = out.past_key_values
     cache.batch_repeat_interleave(G)
     logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
@@ -171,9 +181,10 @@ def completion_logprobs(model, rollout, temperature=1.0):
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
-    P, L = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    logits = logits[:, P - 1:P - 1 + L, :].float() / T  # the logit at position t predicts token t+1
+    L = rollout.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
+                   **last_logits_only(model, L + 1)).logits
+    logits = logits[:, -(L + 1):-1, :].float() / T  # the logit at position t predicts token t+1
     token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
     return token_logits - torch.logsumexp(logits, dim=-1)
 
