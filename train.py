@@ -60,17 +60,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def fail(flag, message):
+def fail(flag, message, prog="train.py"):
     """One clear line naming the flag, not a traceback."""
-    sys.exit(f"train.py: error: {flag}: {message}")
+    sys.exit(f"{prog}: error: {flag}: {message}")
 
 
 def per_agent(values, n, flag):
-    """Expand a flag given once or as a comma list into one value per agent."""
+    """Expand a flag given once or as a comma list into one value per agent (ValueError otherwise)."""
     if len(values) == 1:
         return values * n
     if len(values) != n:
-        fail(flag, f"gave {len(values)} values for {n} agents")
+        raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
     return values
 
 
@@ -107,9 +107,12 @@ def resolve(args):
     except (ValueError, OSError, TypeError) as e:
         fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e))
     n = env.num_agents
-    models = per_agent(models, n, "--model")
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    devices = per_agent([d.strip() for d in args.device.replace("auto", default_device).split(",")], n, "--device")
+    try:
+        models = per_agent(models, n, "--model")
+        devices = per_agent([d.strip() for d in args.device.replace("auto", default_device).split(",")], n, "--device")
+    except ValueError as e:
+        fail(*str(e).split(": ", 1))
     agents = []
     for i, (name, device) in enumerate(zip(models, devices)):
         try:
@@ -134,6 +137,8 @@ def train(args):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "args.json"), "w") as f:  # eval.py --agents reads it back
+        json.dump(vars(args), f, indent=1)
     order = []  # examples are drawn in shuffled epochs, so every one is seen before any repeats
     log_path = os.path.join(args.out, "metrics.jsonl")
     recent = []

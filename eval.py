@@ -1,0 +1,553 @@
+"""
+Evaluate MAGRPO agents against the paper's baselines: the same problems, seeds and sampling for
+every method (arXiv 2508.04652, the evaluation of Sec. 4-5; SPEC.md Sec. 6).
+
+CPU demo, tiny agents on the offline demo env (no downloads):
+    python eval.py
+    python train.py --out out && python eval.py --agents out --max-new-tokens 24 --out report.json
+Check the coding harness itself (the canonical solutions must give pass@1 = 1.0):
+    python eval.py --env coding --dataset humaneval --methods oracle
+The paper's coding table (a GPU; paper sampling: 15 samples, T 0.8, top-p 0.95, 256 tokens):
+    python eval.py --env coding --dataset humaneval --split test --agents runs/code \
+        --model Qwen/Qwen2.5-Coder-3B --single-model Qwen/Qwen2.5-Coder-7B \
+        --methods magrpo,single,concat,sequential,discussion,oracle --out report.json
+
+Methods (--methods, default: all the env supports): magrpo (trained agents from --agents, else
+the --model agents), single (one model does the whole task), concat (the --model agents with the
+MAGRPO prompts, no communication), sequential (each agent reads the earlier agents' outputs),
+discussion (one round: each agent revises after seeing the partner's first answer), oracle (the
+dataset's canonical solutions; coding only). Without --agents, magrpo and concat are the same
+agents with the same seeds and give the same numbers.
+
+Metrics: pass@k (unbiased, Chen et al. 2021), pass_any@k (the paper's: any of the first k samples
+passes every test), acc@k (best test pass rate among the first k), coop_rate (share of samples
+with a cooperation bonus), the mean reward and its levels, tokens per joint sample (all agents
+and rounds), seconds_per_sample (a generate call's wall time per completion; the mean over agents
+that run side by side, the sum over agents that wait for each other). Test metrics appear when
+the reward carries test counts. --out writes JSON: {"methods": {NAME: metrics}, "details": {NAME:
+means of the reward's levels and numeric fields}, "problems": [{"task_id", "method", "rewards",
+"passed", "tests", "errors", "outputs" (--save-outputs)}], "config": {...}}.
+"""
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+import envs
+import magrpo
+import train
+
+METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
+PAPER_K = (1, 3, 5, 10)
+
+# -----------------------------------------------------------------------------
+# Metrics (Sec. 6)
+
+
+def pass_at_k(n, c, k):
+    """The unbiased pass@k of one problem with n samples of which c are correct (Chen et al. 2021):
+    1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms
+    the huge binomials. 1.0 when n - c < k (every k-subset holds a correct sample)."""
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def _number(v):
+    return isinstance(v, (int, float, bool)) and math.isfinite(float(v))
+
+
+def sample_record(reward, error=None, tokens=0, seconds=0.0):
+    """The numbers of one scored joint sample, read generically off the env's reward object:
+    the total (float(reward)); test counts when it has `passed` and `n_tests` (rewards.CodeReward);
+    `coop`; a `levels` dict; and every numeric (or numeric tuple) dataclass field. So any reward
+    that carries levels or diagnostics (the writing rewards' length_ratio, ...) is reported as is.
+    A reward of None is a sample whose scoring raised: reward 0, no tests passed, error kept."""
+    rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "error": error, "levels": {}, "fields": {}}
+    if reward is None:
+        return rec
+    try:
+        total = float(reward)
+        if not math.isfinite(total):
+            raise ValueError(f"non-finite reward {total}")
+    except Exception as e:  # a reward float() rejects is one bad sample, not a crash
+        rec["error"] = f"{type(e).__name__}: {e}"
+        return rec
+    rec["reward"] = total
+    passed, n_tests = getattr(reward, "passed", None), getattr(reward, "n_tests", None)
+    if _number(passed) and _number(n_tests):
+        rec["tests"] = (int(passed), int(n_tests))
+    if _number(getattr(reward, "coop", None)):
+        rec["coop"] = float(reward.coop)
+    levels = getattr(reward, "levels", None)
+    if isinstance(levels, dict):
+        rec["levels"] = {k: float(v) for k, v in levels.items() if _number(v)}
+    if dataclasses.is_dataclass(reward):
+        for f in dataclasses.fields(reward):
+            v = getattr(reward, f.name)
+            if _number(v):
+                rec["fields"][f.name] = float(v)
+            elif isinstance(v, tuple) and v and all(_number(x) for x in v):
+                rec["fields"].update({f"{f.name}_{i}": float(x) for i, x in enumerate(v)})
+    return rec
+
+
+def all_passed(rec):
+    """Every test of the problem passed (a sample that never reached the tests did not)."""
+    p, n = rec.get("tests", (0, 0))
+    return n > 0 and p == n
+
+
+def pass_rate(rec):
+    p, n = rec.get("tests", (0, 0))
+    return p / n if n > 0 else 0.0
+
+
+def problem_metrics(records, ks):
+    """pass@k, pass_any@k and acc@k of one problem's samples, in sampling order."""
+    ok, rates = [all_passed(r) for r in records], [pass_rate(r) for r in records]
+    out = {f"pass@{k}": pass_at_k(len(ok), sum(ok), k) for k in ks}
+    out.update({f"pass_any@{k}": float(any(ok[:k])) for k in ks})
+    out.update({f"acc@{k}": max(rates[:k]) for k in ks})
+    return out
+
+
+def _mean(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def aggregate(problems, ks):
+    """One method's metrics from its problems (each a list of sample records). Test metrics are
+    averaged over problems and appear only when the rewards carry test counts; coop_rate only
+    when they carry a cooperation bonus. Returns (metrics, details): details holds the means of
+    the reward's levels (absent = gated = 0), the share of samples that earned each level, and the
+    means of its numeric fields."""
+    samples = [r for recs in problems for r in recs]
+    metrics = {}
+    if any("tests" in r for r in samples):
+        per_problem = [problem_metrics(recs, ks) for recs in problems]
+        metrics.update({key: _mean(m[key] for m in per_problem) for key in per_problem[0]})
+    if any("coop" in r for r in samples):
+        metrics["coop_rate"] = _mean(r.get("coop", 0.0) > 0 for r in samples)
+    rewards = [r["reward"] for r in samples]
+    metrics["reward"] = _mean(rewards)
+    metrics["reward_std"] = math.sqrt(_mean((x - metrics["reward"]) ** 2 for x in rewards))
+    metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
+    metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
+    metrics["errors"] = sum(r["error"] is not None for r in samples)
+    details = {}
+    for name in dict.fromkeys(k for r in samples for k in r["levels"]):
+        details[f"level/{name}"] = _mean(r["levels"].get(name, 0.0) for r in samples)
+        details[f"earned/{name}"] = _mean(r["levels"].get(name, 0.0) > 0 for r in samples)
+    levels = {k for r in samples for k in r["levels"]}
+    for name in dict.fromkeys(k for r in samples for k in r["fields"] if k not in levels):
+        details[name] = _mean(r["fields"][name] for r in samples if name in r["fields"])
+    return metrics, details
+
+# -----------------------------------------------------------------------------
+# Sampling: each method turns a batch of B problems into G = --num-samples joint outputs each.
+# Every generate call is seeded by (--seed, first problem of the batch, agent, round), the same
+# for every method: e.g. discussion's first round is exactly concat's samples.
+
+
+@dataclasses.dataclass
+class Sample:
+    outputs: tuple     # one text per agent (one text in all for `single`)
+    tokens: int        # completion tokens generated for it, all agents and rounds
+    seconds: float     # response time: mean of parallel agents' times, summed over sequential steps
+
+
+def call_seed(args, start, agent, round_=0):
+    return args.seed * 1_000_003 + start * 1_009 + round_ * 101 + agent
+
+
+def regroup(rows, B, G):
+    """[B*G][1] -> [B][G]: one completion per (problem, sample) prompt, grouped by problem."""
+    return [[row[0] for row in rows[b * G:(b + 1) * G]] for b in range(B)]
+
+
+def sample(agent, prompts, seed, args, B):
+    """G completions per problem from one agent. `prompts` holds one prompt per problem (sampled G
+    times) or one per (problem, sample) (sampled once: it shows that sample's partner outputs).
+    Returns (texts [B][G], tokens [B][G], seconds per completion)."""
+    G = args.num_samples
+    n = G if len(prompts) == B else 1
+    agent.model.eval()
+    t0 = time.perf_counter()
+    r = magrpo.generate(agent.model, agent.tokenizer, [agent.format(p) for p in prompts], n,
+                        args.max_new_tokens, args.temperature, args.top_p, seed)
+    seconds = (time.perf_counter() - t0) / len(r)  # texts are decoded, so the device has synced
+    texts, tokens = r.texts, r.completion_mask.sum(-1).view(len(prompts), n).tolist()
+    return (texts, tokens, seconds) if n == G else (regroup(texts, B, G), regroup(tokens, B, G), seconds)
+
+
+def joint(per_agent, seconds):
+    """Aligned joint samples (Sec. 2): the g-th outputs of all agents form sample g."""
+    texts0 = per_agent[0][0]
+    return [[Sample(tuple(t[b][g] for t, _, _ in per_agent), sum(k[b][g] for _, k, _ in per_agent), seconds)
+             for g in range(len(texts0[b]))] for b in range(len(texts0))]
+
+
+def run_parallel(env, agents, batch, args, start, prompts_of=None, round_=0):
+    """magrpo and concat: every agent samples alone from its own MAGRPO prompt (decentralised
+    execution, Sec. 1); the agents run side by side, so a sample takes their mean time."""
+    prompts_of = prompts_of or (lambda i: [env.prompts(ex)[i] for ex in batch])
+    r = [sample(agent, prompts_of(i), call_seed(args, start, i, round_), args, len(batch))
+         for i, agent in enumerate(agents)]
+    return joint(r, _mean(s for _, _, s in r))
+
+
+def run_sequential(env, agents, batch, args, start):
+    """Sequential pipeline: agent i writes after reading what agents 0..i-1 wrote in the same
+    sample (env.sequential_prompt); the agents wait for each other, so their times add up."""
+    G, r = args.num_samples, []
+    for i, agent in enumerate(agents):
+        if i == 0:
+            prompts = [env.sequential_prompt(ex, 0, []) for ex in batch]
+        else:  # one prompt per (problem, sample): it shows that sample's earlier outputs
+            prompts = [env.sequential_prompt(ex, i, [t[b][g] for t, _, _ in r])
+                       for b, ex in enumerate(batch) for g in range(G)]
+        r.append(sample(agent, prompts, call_seed(args, start, i), args, len(batch)))
+    return joint(r, sum(s for _, _, s in r))
+
+
+def run_discussion(env, agents, batch, args, start):
+    """One-round discussion: first answers as concat, then every agent revises after seeing its
+    sample's first answers (env.discussion_prompt). Scored on the revisions; tokens and times of
+    the two rounds add up."""
+    first = run_parallel(env, agents, batch, args, start)
+    second = run_parallel(env, agents, batch, args, start, round_=1, prompts_of=lambda i: [
+        env.discussion_prompt(ex, i, s.outputs) for ex, row in zip(batch, first) for s in row])
+    return [[Sample(s2.outputs, s1.tokens + s2.tokens, s1.seconds + s2.seconds) for s1, s2 in zip(r1, r2)]
+            for r1, r2 in zip(first, second)]
+
+
+def run_single(env, agents, batch, args, start):
+    """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
+    return run_parallel(env, agents, batch, args, start,
+                        prompts_of=lambda i: [env.single_prompt(ex) for ex in batch])
+
+
+def run_oracle(env, agents, batch, args, start):
+    """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1)."""
+    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0)] * args.num_samples for ex in batch]
+
+
+RUNNERS = {"magrpo": run_parallel, "concat": run_parallel, "sequential": run_sequential,
+           "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
+
+# -----------------------------------------------------------------------------
+# Scoring: an exception while scoring one sample is that sample's reward 0, never the end
+
+
+def score(env, examples, outputs, single=False):
+    """The env's reward for each (example, joint output): (rewards, errors). The batch goes to
+    env.rewards (which may score in parallel); if that raises, sample by sample, so one bad
+    sample costs only itself. `single` scores one-model outputs with env.single_reward."""
+    one = (lambda ex, out: env.single_reward(ex, out[0])) if single else env.reward
+    if not single:
+        try:
+            rewards = list(env.rewards(examples, outputs))
+            if len(rewards) == len(outputs):
+                return rewards, [None] * len(outputs)
+        except Exception:
+            pass  # find the culprit below
+    rewards, errors = [], []
+    for ex, out in zip(examples, outputs):
+        try:
+            rewards.append(one(ex, out))
+            errors.append(None)
+        except Exception as e:
+            rewards.append(None)
+            errors.append(f"{type(e).__name__}: {e}"[:500])
+    return rewards, errors
+
+
+def score_batch(env, batch, samples, single=False):
+    """Sample records for a batch; identical outputs of one problem are scored once (the oracle's
+    copies, a model's repeats), as the reward is a function of the joint output."""
+    keys = [(b, s.outputs) for b, row in enumerate(samples) for s in row]
+    unique = list(dict.fromkeys(keys))
+    rewards, errors = score(env, [batch[b] for b, _ in unique], [o for _, o in unique], single)
+    scored = {key: (r, e) for key, r, e in zip(unique, rewards, errors)}
+    return [[sample_record(*scored[(b, s.outputs)], s.tokens, s.seconds) for s in row]
+            for b, row in enumerate(samples)]
+
+# -----------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}")
+    p.add_argument("--dataset", help="the env's data: a name it knows or a JSONL path")
+    p.add_argument("--split", help="named split (train, eval, test: the default) or a slice like 133:")
+    p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
+    p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
+    p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
+    p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
+    p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... (method magrpo)")
+    p.add_argument("--model", action="append", help="base model per agent, as train.py: hub name, local "
+                   "path or 'tiny' (default); repeat or comma list")
+    p.add_argument("--single-model", help="the single baseline's model (default: the first --model)")
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    p.add_argument("--num-samples", type=int, default=15, help="joint samples per problem (paper: 15)")
+    p.add_argument("--k", help="comma list of k for pass@k/acc@k (default: 1,3,5,10 up to --num-samples)")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, help="default 256 (paper); 24 for the tiny demo agents")
+    p.add_argument("--batch-size", type=int, default=4, help="problems per generate call (1: a seed per problem)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per agent")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(magrpo.DTYPES)}")
+    p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
+    return p.parse_args(argv)
+
+
+def fail(flag, message):
+    """One clear line naming the flag, not a traceback (train.fail under this script's name)."""
+    train.fail(flag, message, prog="eval.py")
+
+
+def comma_list(text):
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def use_training_flags(args):
+    """With --agents DIR from train.py, default --model (the base the agents were trained from, for
+    the baselines), --max-new-tokens and --chat-template to what DIR/args.json recorded."""
+    path = os.path.join(args.agents or "", "args.json")
+    if not (args.agents and os.path.isfile(path)):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    args.model = args.model or saved.get("model")
+    args.chat_template = args.chat_template or bool(saved.get("chat_template"))
+    if args.max_new_tokens is None:
+        args.max_new_tokens = saved.get("max_new_tokens")
+
+
+def check_flags(args):
+    """Fill defaults and check every flag that needs no env or model."""
+    use_training_flags(args)
+    models = [m for spec in (args.model or [magrpo.TINY]) for m in comma_list(spec)]
+    if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.TINY_DEFAULTS)
+        tiny = not args.agents and all(m == magrpo.TINY for m in models)
+        args.max_new_tokens = train.TINY_DEFAULTS["max_new_tokens"] if tiny else 256
+    for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size), ("--limit", args.limit or 1)):
+        if value < 1:
+            fail(flag, f"must be >= 1, got {value}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        fail("--temperature/--top-p", "need temperature >= 0 and 0 < top_p <= 1")
+    if args.k is None:
+        args.ks = [k for k in PAPER_K if k <= args.num_samples]
+    else:
+        try:
+            args.ks = sorted({int(k) for k in comma_list(args.k)})
+        except ValueError:
+            fail("--k", f"want a comma list of integers, got {args.k!r}")
+        if not args.ks or args.ks[0] < 1 or args.ks[-1] > args.num_samples:
+            fail("--k", f"every k must be in 1..--num-samples ({args.num_samples}), got {args.k!r}")
+    if args.dtype not in magrpo.DTYPES:
+        fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
+    if args.methods is not None:
+        args.methods = list(dict.fromkeys(comma_list(args.methods)))
+        unknown = [m for m in args.methods if m not in METHODS]
+        if unknown or not args.methods:
+            fail("--methods", f"unknown {', '.join(unknown) or 'empty list'}: use {', '.join(METHODS)}")
+    if args.agents and not os.path.isdir(args.agents):
+        fail("--agents", f"{args.agents!r} is not a directory")
+    if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
+        fail("--out", f"cannot write into the directory of {args.out!r}")
+    return models
+
+
+def make_env(args):
+    """The env and the problems to evaluate. --split defaults to the final-eval split "test" for
+    envs whose data has splits (demo has none): a forgotten flag must not score training data."""
+    cls = envs.ENVS.get(args.env)
+    split = inspect.signature(cls).parameters.get("split") if cls else None
+    if args.split is None and split is not None and split.default is not None:  # an env with splits
+        args.split = "test"
+    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    if args.num_agents is not None:
+        options["num_agents"] = args.num_agents
+    try:
+        env = envs.make_env(args.env, **options)
+    except (ValueError, OSError, TypeError) as e:
+        fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e))
+    examples = env.examples[:args.limit] if args.limit else env.examples
+    if not examples:
+        fail("--dataset/--split", f"the {env.name} env has no problems to evaluate")
+    return env, examples
+
+
+def supported(env, examples, method):
+    """None if the env can run `method` on these problems, else why not: single and oracle need
+    env hooks, and the oracle a canonical solution for every problem."""
+    try:
+        if method == "single":
+            env.single_prompt(examples[0])
+        elif method == "oracle":
+            if not hasattr(env, "oracle_outputs"):
+                return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
+            for ex in examples:
+                env.oracle_outputs(ex)
+    except Exception as e:  # ValueError from the env's hooks, KeyError from data without solutions
+        return f"{method}: {e}"
+    return None
+
+
+class Team:
+    """Loads models on first use; a model named twice on one device loads once (eval needs no
+    separate copies: nothing is trained), except tiny ones, whose random init depends on the seed."""
+
+    def __init__(self, args, models, n):
+        self.args, self.n, self.cache = args, n, {}
+        devices = comma_list(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            self.models, self.devices = train.per_agent(models, n, "--model"), train.per_agent(devices, n, "--device")
+        except ValueError as e:
+            fail(*str(e).split(": ", 1))
+
+    def agent(self, name, device, flag, seed):
+        key = (name, device, seed if name == magrpo.TINY else None)
+        if key not in self.cache:
+            try:
+                model, tok = magrpo.load_agent_model(name, device, self.args.dtype, seed=seed)
+            except (ValueError, RuntimeError) as e:
+                fail(flag, str(e))
+            if self.args.chat_template and tok.chat_template is None:
+                fail("--chat-template", f"the tokenizer of {name!r} has no chat template")
+            magrpo.generate(model, tok, ["warm up"], 1, 2)  # first-call costs stay out of the timings
+            self.cache[key] = magrpo.Agent(model, tok, chat_template=self.args.chat_template)
+        return self.cache[key]
+
+    def base(self):
+        return [self.agent(m, d, "--model", self.args.seed + i)
+                for i, (m, d) in enumerate(zip(self.models, self.devices))]
+
+    def trained(self):
+        dirs = [os.path.join(self.args.agents, f"agent_{i}") for i in range(self.n)]
+        missing = [d for d in dirs if not os.path.isdir(d)]
+        if missing:
+            fail("--agents", f"no {missing[0]} (want agent_0..agent_{self.n - 1} from train.py --out)")
+        return [self.agent(d, dev, "--agents", self.args.seed + i)
+                for i, (d, dev) in enumerate(zip(dirs, self.devices))]
+
+    def single(self):
+        name = self.args.single_model or self.models[0]
+        return [self.agent(name, self.devices[0], "--single-model", self.args.seed)]
+
+    def for_method(self, method):
+        if method == "oracle":
+            return []
+        if method == "single":
+            return self.single()
+        return self.trained() if method == "magrpo" and self.args.agents else self.base()
+
+
+def problem_id(example, index):
+    for key in ("task_id", "id"):
+        if key in example:
+            return example[key]
+    return index
+
+
+def evaluate(args, env, examples, team):
+    """Every method on every problem, batch by batch; returns the report (without config)."""
+    report = {"methods": {}, "details": {}, "problems": []}
+    bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
+    try:
+        for method in args.methods:
+            bar.set_description(method)
+            agents, records, rows = team.for_method(method), [], []
+            for start in range(0, len(examples), args.batch_size):
+                batch = examples[start:start + args.batch_size]
+                samples = RUNNERS[method](env, agents, batch, args, start)
+                recs = score_batch(env, batch, samples, single=method == "single")
+                rows += [problem_row(method, problem_id(ex, start + b), s, r, args)
+                         for b, (ex, s, r) in enumerate(zip(batch, samples, recs))]
+                records += recs
+                bar.update(len(batch))
+                bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records for r in rec):.3f}")
+            report["methods"][method], report["details"][method] = aggregate(records, args.ks)
+            report["problems"] += rows
+    except KeyboardInterrupt:
+        print("interrupted: reporting the methods finished so far", file=sys.stderr)
+    bar.close()
+    return report
+
+
+def problem_row(method, task_id, samples, records, args):
+    """One problem's samples, for finding where two methods differ."""
+    row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
+    if any("tests" in r for r in records):
+        row["passed"] = [all_passed(r) for r in records]
+        row["tests"] = [list(r.get("tests", (0, 0))) for r in records]
+    errors = {g: r["error"] for g, r in enumerate(records) if r["error"]}
+    if errors:
+        row["errors"] = errors
+    if args.save_outputs:
+        row["outputs"] = [list(s.outputs) for s in samples]
+    return row
+
+
+def format_table(rows, title):
+    """Methods as rows, metrics as columns."""
+    cols = list(dict.fromkeys(k for metrics in rows.values() for k in metrics))
+    if not cols:
+        return ""
+    w0 = max(len(title), *(len(m) for m in rows))
+    widths = [max(8, len(c)) for c in cols]
+    lines = [" ".join([title.ljust(w0)] + [c.rjust(w) for c, w in zip(cols, widths)])]
+    for method, metrics in rows.items():
+        cells = [("-" if c not in metrics else f"{metrics[c]:.4g}" if isinstance(metrics[c], float)
+                  else str(metrics[c])).rjust(w) for c, w in zip(cols, widths)]
+        lines.append(" ".join([method.ljust(w0)] + cells))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    models = check_flags(args)
+    env, examples = make_env(args)
+    if args.methods is None:  # every method this env can run
+        args.methods = [m for m in METHODS if supported(env, examples, m) is None]
+    else:
+        for why in filter(None, (supported(env, examples, m) for m in args.methods)):
+            fail("--methods", why)
+    if args.agents and not args.model and set(args.methods) & {"single", "concat", "sequential", "discussion"}:
+        print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
+              "trained from) for a fair comparison", file=sys.stderr)
+    team = Team(args, models, env.num_agents)
+    for m in args.methods:  # load every model now: a bad model flag fails before any sampling
+        team.for_method(m)
+    report = evaluate(args, env, examples, team)
+    report["config"] = {**vars(args), "env_name": env.name,
+                        "num_problems": len(examples), "models": team.models, "devices": team.devices}
+    print(format_table(report["methods"], "method"))
+    print(format_table(report["details"], "reward detail"))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

