@@ -36,7 +36,8 @@ Isolation levels, probed once (isolation_level(); MAGRPO_SANDBOX=rlimits|namespa
     a private working directory (HOME, TMPDIR) removed afterwards.
   "namespaces" (where `unshare --user` works): new user, pid, mount and network namespaces. The
     code sees no process outside (can't signal the caller, even by kill -1), all mounts are
-    read-only but its own 64 MiB tmpfs on /tmp (the caller's files can't change), no network,
+    read-only but a 64 MiB tmpfs on its working directory (the caller's files can't change),
+    no network,
     and when the sandbox's init dies the kernel kills all in it, even processes that left the
     group. A second user namespace takes away the power to remount. RLIMIT_NPROC=256 bounds fork
     floods, but not for real root (exempt): there only the timeout does.
@@ -62,7 +63,7 @@ def _child_main():
     job = marshal.load(sys.stdin.buffer)
     _limit_resources(job["memory_mb"], job["cpu_seconds"], job["isolation"])
     if job["isolation"] == "namespaces":
-        _lock_down()
+        _lock_down(posix.getcwd().encode())
     sys.path += job["site_packages"]
     if job["mode"] == "run":
         return _run_program(job["code"])
@@ -81,10 +82,11 @@ def _limit_resources(memory_mb, cpu_seconds, isolation):
         R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
 
 
-def _lock_down():
+def _lock_down(workdir):
     """Namespaces level (we are root of new user+mount namespaces): all mounts read-only, a new
-    tmpfs on /tmp as the one writable place, then one more user namespace, which takes away our
-    power over those mounts. Plain ctypes costs a child ~6 ms to import, its C core ~1 ms."""
+    tmpfs on our private working directory as the one writable place (not over all of /tmp,
+    which may hold the very venv we run from), then one more user namespace, which takes away
+    our power over those mounts. Plain ctypes costs a child ~6 ms to import, its C core ~1 ms."""
     import _ctypes
 
     class Long(_ctypes._SimpleCData):  # = ctypes.c_long
@@ -102,8 +104,8 @@ def _lock_down():
     attr = (1).to_bytes(8, sys.byteorder) + bytes(24)  # struct mount_attr {.attr_set = RDONLY}
     # mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, &attr, sizeof attr), Linux >= 5.12
     call("syscall", Long(442), Long(-100), b"/", Long(0x8000), attr, Long(len(attr)))
-    call("mount", b"tmpfs", b"/tmp", b"tmpfs", Long(2 | 4), b"size=64m")  # MS_NOSUID | MS_NODEV
-    posix.chdir("/tmp")
+    call("mount", b"tmpfs", workdir, b"tmpfs", Long(2 | 4), b"size=64m")  # MS_NOSUID | MS_NODEV
+    posix.chdir(workdir)
     call("unshare", Long(0x10000000))  # CLONE_NEWUSER
 
 
@@ -383,8 +385,7 @@ def _execute(job, budget, step, level, env, max_output):
     (`budget` seconds, renewed to `step` by each report), then kill its whole process group.
     -> (returncode, overdue, stdout, stderr, truncated, reports)."""
     tests = job["mode"] == "tests"
-    tmp = None if level == "namespaces" else tempfile.mkdtemp(prefix="magrpo-sandbox-")
-    home = tmp or "/tmp"  # namespaces: the child's own tmpfs, mounted over /tmp
+    home = tempfile.mkdtemp(prefix="magrpo-sandbox-")  # namespaces: a tmpfs gets mounted on it
     r, w = os.pipe() if tests else (-1, -1)
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": home,
            "TMPDIR": home, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -443,8 +444,8 @@ def _execute(job, budget, step, level, env, max_output):
         out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
         proc.stdout.close()
         proc.stderr.close()
-        if tmp:
-            _remove_tree(tmp)
+        if home:
+            _remove_tree(home)
     return proc.returncode, overdue, out, err, truncated, reports
 
 

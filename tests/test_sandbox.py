@@ -229,9 +229,8 @@ def test_caller_survives(level, attack):
 
 @pytest.fixture
 def victim_dir():
-    """A directory outside /tmp (which the namespaces level hides behind its own tmpfs)."""
-    parent = "/var/tmp" if os.path.isdir("/var/tmp") else os.path.expanduser("~")
-    with tempfile.TemporaryDirectory(dir=parent) as d:
+    """A world-writable directory of the caller's, in /tmp like most scratch files."""
+    with tempfile.TemporaryDirectory() as d:
         yield d
 
 
@@ -259,7 +258,7 @@ def test_read_only_cannot_be_undone(level):
     code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "MS_REMOUNT, MS_BIND, CLONE_NEWUSER, CLONE_NEWNS = 32, 4096, 0x10000000, 0x20000\n"
             "print(libc.mount(None, b'/', None, MS_REMOUNT | MS_BIND, None), ctypes.get_errno())\n"
-            "print(libc.umount2(b'/tmp', 2), ctypes.get_errno())\n"
+            "print(libc.umount2(os.getcwd().encode(), 2), ctypes.get_errno())\n"
             "print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())\n"
             "open('/usr/magrpo-test', 'w')\n")
     r = sandbox.run(code, isolation=level)
@@ -269,14 +268,18 @@ def test_read_only_cannot_be_undone(level):
 
 def test_private_working_directory(level):
     name = f"magrpo-test-{uuid.uuid4().hex}"
-    code = f"import os\nopen({name!r}, 'w').write('x')\nprint(os.getcwd())\n"
-    if level == "namespaces":  # there /tmp is the sandbox's own tmpfs: this lands nowhere here
+    code = f"import os\nopen({name!r}, 'w').write('x')\nprint(os.getcwd(), flush=True)\n"
+    if level == "namespaces":  # there only the working directory is writable, not /tmp itself
         code += f"open('/tmp/' + {name!r} + '.2', 'w').write('x')\n"
     r = sandbox.run(code, isolation=level)
-    assert r.ok, r.stderr
     cwd = r.stdout.strip()
+    assert cwd.startswith(tempfile.gettempdir()) and cwd != tempfile.gettempdir()
+    if level == "namespaces":
+        assert not r.ok and "Read-only file system" in r.stderr
+    else:
+        assert r.ok, r.stderr
     assert not os.path.exists(os.path.join("/tmp", name + ".2"))
-    assert level == "namespaces" or not os.path.exists(cwd)  # removed afterwards
+    assert not os.path.exists(cwd)  # removed afterwards
 
 
 def test_secrets_not_inherited(level, monkeypatch):
