@@ -120,9 +120,12 @@ class DemoEnv(Env):
     def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
-        if dataset or split:
-            raise ValueError("the demo env has its own built-in topics: it takes no dataset or split")
-        rng = random.Random(seed)
+        if dataset:
+            raise ValueError("the demo env has its own built-in topics: it takes no dataset")
+        splits = (None, "train", "eval", "test")
+        if split not in splits:
+            raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
+        rng = random.Random(seed * 10 + splits.index(split or "train"))  # a split: its own draw
         self.examples = [{"topic": rng.choice(TOPICS), "id": i} for i in range(num_examples)]
 
     def prompts(self, example):

@@ -383,13 +383,7 @@ def make_env(args):
     split = inspect.signature(cls).parameters.get("split") if cls else None
     if args.split is None and split is not None and split.default is not None:  # an env with splits
         args.split = "test"
-    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    if args.num_agents is not None:
-        options["num_agents"] = args.num_agents
-    try:
-        env = envs.make_env(args.env, **options)
-    except (ValueError, OSError, TypeError) as e:
-        fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e))
+    env = train.build_env(args, prog="eval.py")
     examples = env.examples[:args.limit] if args.limit else env.examples
     if not examples:
         fail("--dataset/--split", f"the {env.name} env has no problems to evaluate")

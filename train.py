@@ -57,6 +57,11 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per agent")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(magrpo.DTYPES)}")
     p.add_argument("--out", default="out", help="directory for metrics.jsonl and the trained agents")
+    p.add_argument("--save-every", type=int, default=0, help="also save the agents every N steps (0: only at the end)")
+    p.add_argument("--eval-every", type=int, default=0, help="every N steps, the greedy joint reward on "
+                   "--eval-split, logged as eval_reward_mean (0: off)")
+    p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
+    p.add_argument("--eval-limit", type=int, default=32, help="at most this many eval examples")
     return p.parse_args(argv)
 
 
@@ -72,6 +77,22 @@ def per_agent(values, n, flag):
     if len(values) != n:
         raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
     return values
+
+
+def build_env_options(args):
+    """The env's keyword options from the data flags (--dataset, --split, --text-field, --num-agents)."""
+    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    if args.num_agents is not None:
+        options["num_agents"] = args.num_agents
+    return options
+
+
+def build_env(args, prog="train.py"):
+    """The env of --env with the data flags; a bad value ends with one line naming the flag."""
+    try:
+        return envs.make_env(args.env, **build_env_options(args))
+    except (ValueError, OSError, TypeError) as e:
+        fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e), prog)
 
 
 def resolve(args):
@@ -99,13 +120,7 @@ def resolve(args):
         fail("--joint", f"unknown {args.joint!r}: use aligned or cross")
     if args.dtype not in magrpo.DTYPES:
         fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
-    env_options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    if args.num_agents is not None:
-        env_options["num_agents"] = args.num_agents
-    try:
-        env = envs.make_env(args.env, **env_options)
-    except (ValueError, OSError, TypeError) as e:
-        fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e))
+    env = build_env(args)
     n = env.num_agents
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -126,6 +141,31 @@ def resolve(args):
     return env, agents
 
 
+def build_eval_env(args):
+    """The in-training eval env: the same env and data on --eval-split, or None when off."""
+    if args.eval_every <= 0:
+        return None
+    eval_args = argparse.Namespace(**{**vars(args), "split": args.eval_split})
+    try:
+        return envs.make_env(args.env, **build_env_options(eval_args))
+    except (ValueError, OSError, TypeError) as e:
+        fail("--eval-split", str(e))
+
+
+@torch.no_grad()
+def eval_reward(agents, env, max_new_tokens, limit, batch_size=8):
+    """Mean shared reward of greedy joint outputs on the first `limit` examples of `env`:
+    decentralised execution (Sec. 1), each agent decoding alone from its own prompt."""
+    examples, total = env.examples[:limit], 0.0
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        texts = [magrpo.generate(a.model, a.tokenizer, [a.format(env.prompts(ex)[i]) for ex in batch],
+                                 1, max_new_tokens, temperature=0).texts for i, a in enumerate(agents)]
+        joint = [tuple(t[b][0] for t in texts) for b in range(len(batch))]
+        total += sum(float(r) for r in env.rewards(batch, joint))
+    return total / len(examples)
+
+
 def save_agents(agents, out):
     for i, agent in enumerate(agents):
         agent.model.save_pretrained(os.path.join(out, f"agent_{i}"))
@@ -134,6 +174,7 @@ def save_agents(agents, out):
 
 def train(args):
     env, agents = resolve(args)
+    eval_env = build_eval_env(args)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
@@ -158,11 +199,17 @@ def train(args):
                                       joint_mode=args.joint)
                 m = {"step": step, **m, "seconds": round(time.time() - t0, 4)}
                 samples = m.pop("samples")
+                last = step == args.steps - 1
+                if eval_env is not None and (step % args.eval_every == 0 or last):
+                    m["eval_reward_mean"] = eval_reward(agents, eval_env, args.max_new_tokens, args.eval_limit)
+                    tqdm.write(f"step {step:5d} eval reward {m['eval_reward_mean']:.3f} ({eval_env.name}, {args.eval_split})")
+                if args.save_every > 0 and step > 0 and step % args.save_every == 0:
+                    save_agents(agents, args.out)
                 log.write(json.dumps(m) + "\n")
                 log.flush()
                 recent = (recent + [m["reward_mean"]])[-20:]
                 bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
-                if step % max(1, args.steps // 10) == 0 or step == args.steps - 1:
+                if step % max(1, args.steps // 10) == 0 or last:
                     tqdm.write(f"step {step:5d} reward {m['reward_mean']:.3f} | " +
                                " | ".join(repr(s[:60]) for s in samples))
     except KeyboardInterrupt:

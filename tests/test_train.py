@@ -66,3 +66,26 @@ def test_heterogeneous_team_and_loss_variants(tmp_path):
     train.train(train.parse_args(["--steps", "2", "--model", "tiny", "--model", "tiny", "--loss-type",
                                   "token_mean", "--advantage", "rloo", "--out", str(tmp_path)]))
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_in_training_eval_and_periodic_saves(tmp_path):
+    train.train(train.parse_args(["--steps", "4", "--eval-every", "2", "--eval-limit", "3",
+                                  "--save-every", "2", "--out", str(tmp_path)]))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_reward_mean" in r] == [0, 2, 3]
+    assert all(0.0 <= r["eval_reward_mean"] <= 3.0 for r in rows if "eval_reward_mean" in r)
+    assert json.loads((tmp_path / "args.json").read_text())["eval_every"] == 2
+    assert (tmp_path / "agent_1" / "config.json").exists()
+
+
+def test_eval_reward_is_the_greedy_joint_reward(tmp_path):
+    import envs
+    import magrpo
+    env = envs.DemoEnv(split="eval")
+    tok = magrpo.tiny_tokenizer()
+    agents = [magrpo.Agent(magrpo.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    got = train.eval_reward(agents, env, max_new_tokens=10, limit=5, batch_size=2)
+    outs = [magrpo.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
+            for i, a in enumerate(agents)]
+    want = sum(float(env.reward(ex, (outs[0][b][0], outs[1][b][0]))) for b, ex in enumerate(env.examples[:5])) / 5
+    assert got == pytest.approx(want)
