@@ -17,6 +17,7 @@ Test it: python -m pytest tests/ -q
 """
 import inspect
 import itertools
+import logging
 import math
 import os
 import warnings
@@ -442,6 +443,9 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
     if looks_local and not os.path.isdir(name_or_path):
         raise ValueError(f"{name_or_path!r} is not a directory")
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry warnings would bury our one-line error
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
@@ -449,6 +453,8 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load {name_or_path!r} (not a local model directory, and not "
                          f"reachable on the hub: {first})") from None
+    finally:
+        hub_log.setLevel(level)
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     return model.to(device), tok
