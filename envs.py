@@ -22,7 +22,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import arxiv_reward, code_reward, code_reward_many, extract_function, prompt_imports, tldr_reward
+from rewards import (arxiv_reward, band_score, code_reward, code_reward_many, extract_function,
+                     prompt_imports, tldr_reward)
 
 
 class Env:
@@ -90,17 +91,6 @@ class DemoReward:
         return {"vocabulary": self.vocabulary, "variety": self.variety, "ratio": self.ratio}
 
 
-def ramp(x, zero_lo, one_lo, one_hi, zero_hi):
-    """1 on [one_lo, one_hi], linear down to 0 at zero_lo and zero_hi, 0 beyond (the paper's ramps)."""
-    if one_lo <= x <= one_hi:
-        return 1.0
-    if zero_lo < x < one_lo:
-        return (x - zero_lo) / (one_lo - zero_lo)
-    if one_hi < x < zero_hi:
-        return (zero_hi - x) / (zero_hi - one_hi)
-    return 0.0
-
-
 TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
           "moss bells kites lamps fish wool glass sand smoke").split()
 
@@ -138,7 +128,7 @@ class DemoEnv(Env):
                   for s, alpha in zip(texts, self.alphabets)]
         variety = [min(1.0, len(set(s) & alpha - {" "}) / 8) for s, alpha in zip(texts, self.alphabets)]
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
-        return DemoReward(sum(shares) / 2, sum(variety) / 2, ramp(ratio, *self.band), ratio)
+        return DemoReward(sum(shares) / 2, sum(variety) / 2, band_score(ratio, self.band) or 0.0, ratio)
 
 
 # -----------------------------------------------------------------------------

@@ -226,6 +226,10 @@ class CodeReward:
     def total(self):
         return self.structure + self.syntax + self.tests + self.coop
 
+    @property
+    def levels(self):
+        return {"structure": self.structure, "syntax": self.syntax, "tests": self.tests, "coop": self.coop}
+
     def __float__(self):
         return float(self.total)
 

@@ -284,3 +284,18 @@ def test_train_runs_each_env(tmp_path, flags):
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 and all("reward_mean" in json.loads(r) for r in rows)
     assert sorted(p.name for p in tmp_path.glob("agent_*")) == [f"agent_{i}" for i in range(n)]
+
+
+def test_demo_reward_by_hand():
+    env = envs.make_env("demo")
+    assert len(env.prompts(env.examples[0])) == 2
+    r = env.reward(env.examples[0], ("abcdefgh", "nopqrstu vwxyznopq"))  # own letters only; ratio 18/8
+    assert (r.vocabulary, r.variety, r.ratio) == (1.0, 1.0, 1.0) and float(r) == 3.0
+    r = env.reward(env.examples[0], ("abcd", "abcdxx"))  # agent 1: 2 of 6 own letters; ratio 1.5
+    assert r.vocabulary == pytest.approx((1 + 2 / 6) / 2)
+    assert r.variety == pytest.approx((4 / 8 + 1 / 8) / 2)
+    assert r.ratio == pytest.approx(0.5)  # halfway up the ramp from 1 to 2
+    assert float(env.reward(env.examples[0], ("", "nop"))) == pytest.approx(0.5 + 3 / 16)
+    assert envs.DemoEnv(split="eval").examples != envs.DemoEnv().examples
+    with pytest.raises(ValueError):
+        envs.DemoEnv(dataset="x.jsonl")
