@@ -336,8 +336,8 @@ def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum
                            loss_type, normalizer)
         loss.backward()
         total += loss.item()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item() if grads else 0.0
+    # max_norm=inf only measures the norm: the paper clips no gradients
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf).item()
     if not (math.isfinite(total) and math.isfinite(grad_norm)):
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
         opt.zero_grad(set_to_none=True)
