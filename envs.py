@@ -14,6 +14,7 @@ aux + main function, HumanEval-format data), "tldr" and "arxiv" (Sec. 5, the wri
 Prompts are raw text (base models continue them); train.py --chat-template wraps them.
 Use:  python train.py --env coding --dataset humaneval --split train
 """
+import abc
 import functools
 import gzip
 import json
@@ -26,17 +27,19 @@ from rewards import (arxiv_reward, band_score, code_reward, code_reward_many, ex
                      prompt_imports, tldr_reward)
 
 
-class Env:
+class Env(abc.ABC):
     """Base class: subclasses set `name`, `num_agents`, `examples` and define prompts and reward."""
     name = "env"
     num_agents = 2
     agent_names = ()
 
+    @abc.abstractmethod
     def prompts(self, example):
-        raise NotImplementedError
+        """[prompt of agent 0, prompt of agent 1, ...]: each agent sees only its own (Sec. 1)."""
 
+    @abc.abstractmethod
     def reward(self, example, outputs):
-        raise NotImplementedError
+        """The shared reward of the joint output `outputs` (one text per agent)."""
 
     def rewards(self, examples, outputs):
         """Shared rewards of a batch of joint actions, in order. Override to score in parallel."""
