@@ -115,10 +115,10 @@ class DemoEnv(Env):
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
         if dataset:
             raise ValueError("the demo env has its own built-in topics: it takes no dataset")
-        splits = (None, "train", "eval", "test")
-        if split not in splits:
+        splits = ("train", "eval", "test")
+        if split not in (None, *splits):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        rng = random.Random(seed * 10 + splits.index(split or "train"))  # a split: its own draw
+        rng = random.Random(seed + 1000 * splits.index(split or "train"))  # train: Random(seed)
         self.examples = [{"topic": rng.choice(TOPICS), "id": i} for i in range(num_examples)]
 
     def prompts(self, example):
@@ -387,7 +387,7 @@ class CodingEnv(Env):
                                 timeout=self.timeout)
 
     def single_reward(self, example, output):
-        return code_reward(**self.item(example, (output,)), timeout=self.timeout)
+        return self.reward(example, (output,))
 
     def oracle_outputs(self, example):
         """The joint output of a perfect team: no aux, the canonical solution as the main agent's

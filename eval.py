@@ -30,14 +30,12 @@ means of the reward's levels and numeric fields}, "problems": [{"task_id", "meth
 """
 import argparse
 import dataclasses
-import inspect
 import json
 import math
 import os
 import sys
 import time
 
-import torch
 from tqdm import tqdm
 
 import envs
@@ -183,7 +181,6 @@ def sample(agent, prompts, seed, args, B):
     Returns (texts [B][G], tokens [B][G], seconds per completion)."""
     G = args.num_samples
     n = G if len(prompts) == B else 1
-    agent.model.eval()
     t0 = time.perf_counter()
     r = magrpo.generate(agent.model, agent.tokenizer, [agent.format(p) for p in prompts], n,
                         args.max_new_tokens, args.temperature, args.top_p, seed)
@@ -343,16 +340,15 @@ def use_training_flags(args):
 def check_flags(args):
     """Fill defaults and check every flag that needs no env or model."""
     use_training_flags(args)
-    models = [m for spec in (args.model or [magrpo.TINY]) for m in comma_list(spec)]
+    models = train.model_names(args)
     if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.TINY_DEFAULTS)
         tiny = not args.agents and all(m == magrpo.TINY for m in models)
         args.max_new_tokens = train.TINY_DEFAULTS["max_new_tokens"] if tiny else 256
     for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens),
-                        ("--batch-size", args.batch_size), ("--limit", args.limit or 1)):
+                        ("--batch-size", args.batch_size), ("--limit", 1 if args.limit is None else args.limit)):
         if value < 1:
             fail(flag, f"must be >= 1, got {value}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        fail("--temperature/--top-p", "need temperature >= 0 and 0 < top_p <= 1")
+    train.check_sampling_and_dtype(args, prog="eval.py")
     if args.k is None:
         args.ks = [k for k in PAPER_K if k <= args.num_samples]
     else:
@@ -362,8 +358,6 @@ def check_flags(args):
             fail("--k", f"want a comma list of integers, got {args.k!r}")
         if not args.ks or args.ks[0] < 1 or args.ks[-1] > args.num_samples:
             fail("--k", f"every k must be in 1..--num-samples ({args.num_samples}), got {args.k!r}")
-    if args.dtype not in magrpo.DTYPES:
-        fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
     if args.methods is not None:
         args.methods = list(dict.fromkeys(comma_list(args.methods)))
         unknown = [m for m in args.methods if m not in METHODS]
@@ -377,14 +371,12 @@ def check_flags(args):
 
 
 def make_env(args):
-    """The env and the problems to evaluate. --split defaults to the final-eval split "test" for
-    envs whose data has splits (demo has none): a forgotten flag must not score training data."""
-    cls = envs.ENVS.get(args.env)
-    split = inspect.signature(cls).parameters.get("split") if cls else None
-    if args.split is None and split is not None and split.default is not None:  # an env with splits
-        args.split = "test"
+    """The env and the problems to evaluate. --split defaults to the final-eval split "test" (every
+    env has one; a file without named splits is one split): a forgotten flag must not score
+    training data."""
+    args.split = args.split or "test"
     env = train.build_env(args, prog="eval.py")
-    examples = env.examples[:args.limit] if args.limit else env.examples
+    examples = env.examples[:args.limit] if args.limit is not None else env.examples
     if not examples:
         fail("--dataset/--split", f"the {env.name} env has no problems to evaluate")
     return env, examples
@@ -412,9 +404,9 @@ class Team:
 
     def __init__(self, args, models, n):
         self.args, self.n, self.cache = args, n, {}
-        devices = comma_list(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
+        self.devices = train.agent_devices(args, n, prog="eval.py")
         try:
-            self.models, self.devices = train.per_agent(models, n, "--model"), train.per_agent(devices, n, "--device")
+            self.models = train.per_agent(models, n, "--model")
         except ValueError as e:
             fail(*str(e).split(": ", 1))
 

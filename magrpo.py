@@ -24,7 +24,6 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # Sampling: a hand-written batched decode loop with a KV cache
@@ -69,6 +68,15 @@ def eos_token_ids(model, tokenizer):
     return sorted(ids)
 
 
+def left_pad(rows, pad_id, device):
+    """Token lists -> (ids, mask) tensors, left-padded so every row's last token is at the end,
+    where decoding continues (done here, so a tokenizer needs no pad token or padding side)."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask
+
+
 def last_logits_only(model, n):
     """model(...) kwargs that compute logits for the last n positions only, when the model supports
     it: a 150k-token vocabulary makes full-prompt logits the largest tensor of the whole step."""
@@ -110,13 +118,11 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
 
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-    tokenizer.padding_side = side
-    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    B, P = prompt_ids.shape
-    if B == 0 or max_new_tokens < 1 or not bool(prompt_mask.sum(-1).gt(0).all()):
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    if not ids or max_new_tokens < 1 or not all(ids):
         raise ValueError("generate needs at least one prompt, no empty prompt, and max_new_tokens >= 1")
+    prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
+    B = len(ids)
 
     # Prefill once per prompt, then copy the cache G times: the G completions share their prompt.
     cache = DynamicCache()
@@ -136,14 +142,15 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     for t in range(max_new_tokens):
         token = sample_token(logits, temperature, top_p, generator)
         completion[alive, t] = token
-        if temperature > 0:
-            lp = torch.log_softmax(logits / temperature, -1)
-            logprobs[alive, t] = lp.gather(-1, token[:, None]).squeeze(-1)
+        if temperature > 0:  # log softmax(logits / T) of the drawn token, before any nucleus cut
+            scaled = logits / temperature
+            logprobs[alive, t] = scaled.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
         lengths[alive[done]] = t + 1
-        if t == max_new_tokens - 1 or bool(done.all()):
+        n_done = int(done.sum())  # the loop's one device sync per token
+        if t == max_new_tokens - 1 or n_done == len(alive):
             break
-        if bool(done.any()):  # drop finished rows from the running batch and from the cache
+        if n_done:  # drop finished rows from the running batch and from the cache
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             alive, token, mask, next_pos = alive[keep], token[keep], mask[keep], next_pos[keep]
@@ -156,18 +163,19 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     completion_mask = (steps[None, :] < lengths[:, None]).long()
     completion = completion.masked_fill(completion_mask == 0, pad_id)
     logprobs = logprobs * completion_mask
-    texts = [[decode_completion(tokenizer, completion[b * G + g], int(lengths[b * G + g]), eos)
+    rows, lens, eos_ids = completion.tolist(), lengths.tolist(), set(eos.tolist())
+    texts = [[decode_completion(tokenizer, rows[b * G + g], lens[b * G + g], eos_ids)
               for g in range(G)] for b in range(B)]
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0),
                    completion, completion_mask, logprobs, texts, G)
 
 
-def decode_completion(tokenizer, ids, length, eos):
-    """Text of one completion: its first `length` tokens, without a final EOS."""
+def decode_completion(tokenizer, ids, length, eos_ids):
+    """Text of one completion (a list of ids): its first `length` tokens, without a final EOS."""
     ids = ids[:length]
-    if length > 0 and bool(torch.isin(ids[-1], eos)):
+    if ids and ids[-1] in eos_ids:
         ids = ids[:-1]
-    return tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 # -----------------------------------------------------------------------------
@@ -176,8 +184,9 @@ def decode_completion(tokenizer, ids, length, eos):
 
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token, with grad (the log-prob term of Eq. 2).
-    Logits are divided by the sampling temperature so the loss scores the very distribution the
-    tokens were drawn from (Sec. 2 correctness point). Greedy (temperature 0) scores at T = 1.
+    Logits are divided by the sampling temperature so the loss scores the distribution the tokens
+    were drawn from (Sec. 2 correctness point; with top_p < 1, that distribution before the
+    nucleus cut, as TRL's GRPO). Greedy (temperature 0) scores at T = 1.
     Returns [rows, T] like `completion_ids`; positions after EOS hold values to be masked out."""
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
@@ -211,6 +220,7 @@ def group_advantages(rewards, mode="mean"):
 
 
 LOSS_TYPES = ("seq_sum", "token_mean", "seq_mean")
+ADVANTAGE_MODES = ("mean", "rloo", "std")
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
@@ -224,19 +234,18 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     mask = mask.to(logprobs.dtype)
     adv = torch.as_tensor(advantages, dtype=logprobs.dtype, device=logprobs.device).reshape(-1)
     masked = (logprobs * mask).sum(-1)  # sum_t m * lp, per sequence; 0 * lp kills padding's grad
-    if loss_type == "seq_sum":
-        total, count = (adv * masked).sum(), mask.shape[0]
-    elif loss_type == "token_mean":
-        total, count = (adv * masked).sum(), mask.sum()
+    if loss_type in ("seq_sum", "token_mean"):  # they differ only in the denominator
+        total = (adv * masked).sum()
     elif loss_type == "seq_mean":
-        total, count = (adv * masked / mask.sum(-1).clamp(min=1)).sum(), mask.shape[0]
+        total = (adv * masked / mask.sum(-1).clamp(min=1)).sum()
     else:
         raise ValueError(f"unknown loss_type {loss_type!r}: use one of {', '.join(LOSS_TYPES)}")
-    return -total / (normalizer if normalizer is not None else count)
+    return -total / (normalizer if normalizer is not None else loss_normalizer(mask, loss_type))
 
 
 def loss_normalizer(mask, loss_type):
-    """The denominator of policy_loss over the whole batch (count once, before micro-batching)."""
+    """The denominator of policy_loss over the whole batch (count once, before micro-batching):
+    tokens for token_mean, sequences otherwise."""
     return float(mask.sum()) if loss_type == "token_mean" else mask.shape[0]
 
 
@@ -319,6 +328,12 @@ def credited_returns(rewards, joint, num_agents, num_generations):
     return credit
 
 
+def global_grad_norm(model):
+    """The L2 norm of all gradients together, computed in fp32 (bf16 sums lose digits)."""
+    norms = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm().item() if norms else 0.0
+
+
 def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum", micro_batch_size=8):
     """Eq. 2 for one agent: accumulate the policy-gradient loss over micro-batches (memory does not
     grow with G), then one optimizer step. The loss is normalised once over the whole batch. A
@@ -335,9 +350,9 @@ def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum
         loss = policy_loss(lp, mb.completion_mask, advantages[start:start + micro_batch_size],
                            loss_type, normalizer)
         loss.backward()
-        total += loss.item()
-    # max_norm=inf only measures the norm: the paper clips no gradients
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf).item()
+        total = total + loss.detach()
+    total = float(total)
+    grad_norm = global_grad_norm(model)  # logged only: the paper clips no gradients
     if not (math.isfinite(total) and math.isfinite(grad_norm)):
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
         opt.zero_grad(set_to_none=True)
@@ -345,6 +360,15 @@ def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum
     opt.step()
     opt.zero_grad(set_to_none=True)
     return {"loss": total, "grad_norm": grad_norm, "skipped": 0}
+
+
+def sample_agents(agents, env, examples, num_generations, max_new_tokens, temperature=1.0,
+                  top_p=1.0, seed=None):
+    """Sec. 2 step 1 (and decentralised execution, Sec. 1): every agent samples from its own
+    policy for its own prompt of each example, seeing nothing of the others. One Rollout per agent."""
+    return [generate(agent.model, agent.tokenizer, [agent.format(env.prompts(ex)[i]) for ex in examples],
+                     num_generations, max_new_tokens, temperature, top_p, None if seed is None else seed + i)
+            for i, agent in enumerate(agents)]
 
 
 def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, temperature=1.0,
@@ -356,13 +380,8 @@ def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, tem
     4. Eq. 1 within each example's group, on the return credited to each completion;
     5-6. Eq. 2 and one AdamW step for every agent.
     Returns the step's metrics."""
-    rollouts = []
-    for i, agent in enumerate(agents):
-        agent.model.eval()
-        prompts = [agent.format(env.prompts(ex)[i]) for ex in examples]
-        rollouts.append(generate(agent.model, agent.tokenizer, prompts, num_generations,
-                                 max_new_tokens, temperature, top_p,
-                                 None if seed is None else seed + i))
+    rollouts = sample_agents(agents, env, examples, num_generations, max_new_tokens, temperature,
+                             top_p, seed)
     joint = joint_actions(len(agents), num_generations, joint_mode)
     texts = [tuple(r.texts[b][g] for r, g in zip(rollouts, idx)) for b in range(len(examples)) for idx in joint]
     scores = env.rewards([ex for ex in examples for _ in joint], texts)
@@ -406,7 +425,7 @@ def tiny_tokenizer():
 
 def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0.02, seed=0):
     """A small random-init causal LM (Qwen2, Llama or GPT-2 class) for the tokenizer's vocabulary.
-    The default is ~0.2M parameters: the CPU demo trains two of them in about a minute. Tests use a
+    The default is ~0.1M parameters: the CPU demo trains two of them in under a minute. Tests use a
     larger init_std so that greedy outputs are not one repeated token."""
     import transformers as tf
     common = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
@@ -422,7 +441,7 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
                          num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                          max_position_embeddings=1024, **common)
     torch.manual_seed(seed)
-    model = cls(config)
+    model = cls(config).eval()  # eval mode throughout: no dropout, in sampling or in the update
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -438,7 +457,7 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
     saying what is wrong when it cannot be loaded."""
     if name_or_path == TINY:
         tok = tiny_tokenizer()
-        return tiny_model(tok, seed=seed).to(device), tok
+        return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
     if looks_local and not os.path.isdir(name_or_path):

@@ -444,8 +444,7 @@ def _execute(job, budget, step, level, env, max_output):
         out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
         proc.stdout.close()
         proc.stderr.close()
-        if home:
-            _remove_tree(home)
+        _remove_tree(home)
     return proc.returncode, overdue, out, err, truncated, reports
 
 

@@ -5,8 +5,9 @@ CPU demo, two tiny random-init agents on the offline demo env (about a minute, n
     python train.py
 The paper's coding setup on a GPU (helper writes aux, main writes the function):
     python train.py --env coding --dataset humaneval --model Qwen/Qwen2.5-Coder-3B --out runs/code
-One model per agent (a heterogeneous team), each on its own GPU:
-    python train.py --model Qwen/Qwen2.5-Coder-1.5B,Qwen/Qwen2.5-Coder-3B --device cuda:0,cuda:1
+One model per agent (a heterogeneous team), each on its own GPU (--device auto, the default,
+spreads the agents over the visible GPUs):
+    python train.py --env coding --model Qwen/Qwen2.5-Coder-1.5B,Qwen/Qwen2.5-Coder-3B --device cuda:0,cuda:1
 
 Writes OUT/metrics.jsonl (one JSON object per step) and OUT/agent_0, OUT/agent_1, ... which load
 back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig where one applies.
@@ -54,7 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per log-prob forward/backward")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per agent")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per "
+                   "agent; auto: agent i on GPU i mod the GPU count, else the CPU")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(magrpo.DTYPES)}")
     p.add_argument("--out", default="out", help="directory for metrics.jsonl and the trained agents")
     p.add_argument("--save-every", type=int, default=0, help="also save the agents every N steps (0: only at the end)")
@@ -87,45 +89,72 @@ def build_env_options(args):
     return options
 
 
-def build_env(args, prog="train.py"):
-    """The env of --env with the data flags; a bad value ends with one line naming the flag."""
+def build_env(args, prog="train.py", split=None, flag=None):
+    """The env of --env with the data flags (or another `split` of the same data, named by `flag`);
+    a bad value ends with one line naming the flag."""
+    options = build_env_options(args)
+    if split is not None:
+        options["split"] = split
     try:
-        return envs.make_env(args.env, **build_env_options(args))
+        return envs.make_env(args.env, **options)
     except (ValueError, OSError, TypeError) as e:
-        fail("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents", str(e), prog)
+        fail(flag or ("--env" if args.env not in envs.ENVS else "--dataset/--split/--num-agents"), str(e), prog)
+
+
+def model_names(args):
+    """--model given repeated and/or as comma lists, flattened; the tiny model by default."""
+    return [m.strip() for spec in (args.model or [magrpo.TINY]) for m in spec.split(",") if m.strip()]
+
+
+def agent_devices(args, n, prog="train.py"):
+    """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B
+    agents with their optimizers do not fit on one 80 GB GPU), else on the CPU."""
+    gpus = torch.cuda.device_count()
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    if devices == ["auto"]:
+        return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n)]
+    try:
+        return per_agent(devices, n, "--device")
+    except ValueError as e:
+        fail(*str(e).split(": ", 1), prog)
+
+
+def check_sampling_and_dtype(args, prog="train.py"):
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        fail("--temperature/--top-p", "need temperature >= 0 and 0 < top_p <= 1", prog)
+    if args.dtype not in magrpo.DTYPES:
+        fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}", prog)
 
 
 def resolve(args):
-    """Fill defaults and check every flag; returns (env, agents, settings)."""
-    models = [m.strip() for spec in (args.model or [magrpo.TINY]) for m in spec.split(",") if m.strip()]
+    """Fill defaults and check every flag; returns (env, agents)."""
+    models = model_names(args)
     defaults = TINY_DEFAULTS if all(m == magrpo.TINY for m in models) else PAPER_DEFAULTS
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.num_generations < 2:
         fail("--num-generations", f"must be >= 2 for group-relative advantages, got {args.num_generations}")
-    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--eval-limit", args.eval_limit),
                         ("--max-new-tokens", args.max_new_tokens), ("--micro-batch-size", args.micro_batch_size)):
         if value < 1:
             fail(flag, f"must be >= 1, got {value}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        fail("--temperature/--top-p", "need temperature >= 0 and 0 < top_p <= 1")
+    check_sampling_and_dtype(args)
+    if args.dtype in ("float16", "fp16"):  # fp16 gradients overflow without loss scaling, which we skip
+        fail("--dtype", "float16 training needs loss scaling, which this trainer does not do: use bfloat16")
     if args.learning_rate <= 0:
         fail("--learning-rate", f"must be > 0, got {args.learning_rate}")
     if args.loss_type not in magrpo.LOSS_TYPES:
         fail("--loss-type", f"unknown {args.loss_type!r}: use one of {', '.join(magrpo.LOSS_TYPES)}")
-    if args.advantage not in ("mean", "rloo", "std"):
-        fail("--advantage", f"unknown {args.advantage!r}: use mean, rloo or std")
+    if args.advantage not in magrpo.ADVANTAGE_MODES:
+        fail("--advantage", f"unknown {args.advantage!r}: use one of {', '.join(magrpo.ADVANTAGE_MODES)}")
     if args.joint not in magrpo.JOINT_MODES:
-        fail("--joint", f"unknown {args.joint!r}: use aligned or cross")
-    if args.dtype not in magrpo.DTYPES:
-        fail("--dtype", f"unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
+        fail("--joint", f"unknown {args.joint!r}: use one of {', '.join(magrpo.JOINT_MODES)}")
     env = build_env(args)
     n = env.num_agents
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    devices = agent_devices(args, n)
     try:
         models = per_agent(models, n, "--model")
-        devices = per_agent([d.strip() for d in args.device.replace("auto", default_device).split(",")], n, "--device")
     except ValueError as e:
         fail(*str(e).split(": ", 1))
     agents = []
@@ -141,27 +170,14 @@ def resolve(args):
     return env, agents
 
 
-def build_eval_env(args):
-    """The in-training eval env: the same env and data on --eval-split, or None when off."""
-    if args.eval_every <= 0:
-        return None
-    eval_args = argparse.Namespace(**{**vars(args), "split": args.eval_split})
-    try:
-        return envs.make_env(args.env, **build_env_options(eval_args))
-    except (ValueError, OSError, TypeError) as e:
-        fail("--eval-split", str(e))
-
-
-@torch.no_grad()
 def eval_reward(agents, env, max_new_tokens, limit, batch_size=8):
     """Mean shared reward of greedy joint outputs on the first `limit` examples of `env`:
     decentralised execution (Sec. 1), each agent decoding alone from its own prompt."""
     examples, total = env.examples[:limit], 0.0
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
-        texts = [magrpo.generate(a.model, a.tokenizer, [a.format(env.prompts(ex)[i]) for ex in batch],
-                                 1, max_new_tokens, temperature=0).texts for i, a in enumerate(agents)]
-        joint = [tuple(t[b][0] for t in texts) for b in range(len(batch))]
+        rollouts = magrpo.sample_agents(agents, env, batch, 1, max_new_tokens, temperature=0)
+        joint = [tuple(r.texts[b][0] for r in rollouts) for b in range(len(batch))]
         total += sum(float(r) for r in env.rewards(batch, joint))
     return total / len(examples)
 
@@ -174,7 +190,7 @@ def save_agents(agents, out):
 
 def train(args):
     env, agents = resolve(args)
-    eval_env = build_eval_env(args)
+    eval_env = build_env(args, split=args.eval_split, flag="--eval-split") if args.eval_every > 0 else None
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)

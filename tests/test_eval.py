@@ -285,6 +285,7 @@ def test_bad_flags_name_the_flag():
     fails_naming("--model", "--model", "tiny,tiny,tiny", *FAST)
     fails_naming("--agents", "--agents", "/no/such/dir")
     fails_naming("--num-samples", "--num-samples", "0")
+    fails_naming("--limit", "--limit", "0")
     fails_naming("--temperature", "--temperature", "-1")
     fails_naming("--env", "--env", "chess")
     fails_naming("--dtype", "--dtype", "int3")

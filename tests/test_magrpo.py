@@ -40,6 +40,17 @@ def test_greedy_matches_model_generate(tok, arch):
     assert len(set(ours.completion_ids[0].tolist())) > 3, "degenerate greedy output: test is too weak"
 
 
+def test_tokenizer_without_pad_token(tok):
+    model = build(tok, "llama", seed=7)
+    ref = generate(model, tok, PROMPTS, max_new_tokens=6, temperature=0)
+    bare = magrpo.tiny_tokenizer()
+    bare.pad_token = None
+    bare.padding_side = "right"
+    r = generate(model, bare, PROMPTS, max_new_tokens=6, temperature=0)
+    assert r.texts == ref.texts and bare.padding_side == "right"
+    assert (r.prompt_ids[r.prompt_mask == 0] == tok.eos_token_id).all()  # EOS stands in for padding
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_batched_equals_unbatched_and_groups_identical(tok, arch):
     model = build(tok, arch, seed=1)

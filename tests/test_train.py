@@ -52,6 +52,9 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--loss-type", "mystery"], "--loss-type"),
     (["--advantage", "max"], "--advantage"),
     (["--model", "tiny,tiny,tiny"], "--model"),
+    (["--dtype", "float16"], "--dtype"),
+    (["--eval-every", "1", "--eval-limit", "0"], "--eval-limit"),
+    (["--device", "cpu,cpu,cpu"], "--device"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -89,3 +92,14 @@ def test_eval_reward_is_the_greedy_joint_reward(tmp_path):
             for i, a in enumerate(agents)]
     want = sum(float(env.reward(ex, (outs[0][b][0], outs[1][b][0]))) for b, ex in enumerate(env.examples[:5])) / 5
     assert got == pytest.approx(want)
+
+
+def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
+    import magrpo
+    args = train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)])
+    env, agents = train.resolve(args)
+    assert all(a.model.dtype == torch.bfloat16 for a in agents)
+    assert all(isinstance(a.optimizer, magrpo.MasterWeightAdamW) for a in agents)
+    train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["skipped_0"] == 0 for r in rows)
