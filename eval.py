@@ -405,10 +405,7 @@ class Team:
     def __init__(self, args, models, n):
         self.args, self.n, self.cache = args, n, {}
         self.devices = train.agent_devices(args, n, prog="eval.py")
-        try:
-            self.models = train.per_agent(models, n, "--model")
-        except ValueError as e:
-            fail(*str(e).split(": ", 1))
+        self.models = train.per_agent(models, n, "--model", prog="eval.py")
 
     def agent(self, name, device, flag, seed):
         key = (name, device, seed if name == magrpo.TINY else None)

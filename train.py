@@ -72,27 +72,21 @@ def fail(flag, message, prog="train.py"):
     sys.exit(f"{prog}: error: {flag}: {message}")
 
 
-def per_agent(values, n, flag):
-    """Expand a flag given once or as a comma list into one value per agent (ValueError otherwise)."""
+def per_agent(values, n, flag, prog="train.py"):
+    """Expand a flag given once or as a comma list into one value per agent."""
     if len(values) == 1:
         return values * n
     if len(values) != n:
-        raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
+        fail(flag, f"gave {len(values)} values for {n} agents", prog)
     return values
-
-
-def build_env_options(args):
-    """The env's keyword options from the data flags (--dataset, --split, --text-field, --num-agents)."""
-    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    if args.num_agents is not None:
-        options["num_agents"] = args.num_agents
-    return options
 
 
 def build_env(args, prog="train.py", split=None, flag=None):
     """The env of --env with the data flags (or another `split` of the same data, named by `flag`);
     a bad value ends with one line naming the flag."""
-    options = build_env_options(args)
+    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    if args.num_agents is not None:
+        options["num_agents"] = args.num_agents
     if split is not None:
         options["split"] = split
     try:
@@ -113,10 +107,7 @@ def agent_devices(args, n, prog="train.py"):
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     if devices == ["auto"]:
         return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n)]
-    try:
-        return per_agent(devices, n, "--device")
-    except ValueError as e:
-        fail(*str(e).split(": ", 1), prog)
+    return per_agent(devices, n, "--device", prog)
 
 
 def check_sampling_and_dtype(args, prog="train.py"):
@@ -153,10 +144,7 @@ def resolve(args):
     env = build_env(args)
     n = env.num_agents
     devices = agent_devices(args, n)
-    try:
-        models = per_agent(models, n, "--model")
-    except ValueError as e:
-        fail(*str(e).split(": ", 1))
+    models = per_agent(models, n, "--model")
     agents = []
     for i, (name, device) in enumerate(zip(models, devices)):
         try:
