@@ -8,6 +8,12 @@ the joint action). That is the whole interface:
     env.reward(example, outputs)      -> the shared reward: a float, or an object with .total that
                                          float() accepts (rewards.py's leveled rewards)
     env.rewards(examples, outputs)    -> the same for a batch (an env may score it in parallel)
+    env.max_reward                    the reward's maximum (multi-turn: a node that reaches it is solved)
+    env.feedback(example, outputs, mode, reward=None, review=None)
+                                      -> one feedback text per agent on a joint output (Sec. 3)
+    env.revision_prompt(example, i, history)
+                                      -> agent i's prompt at a later turn: its turn-1 prompt, its own
+                                         earlier answers and the feedback it got on each
 
 Built in: "demo" (offline, trainable from scratch in a minute on a CPU), "coding" (Sec. 4: helper
 aux + main function, HumanEval-format data), "tldr" and "arxiv" (Sec. 5, the writing tasks).
@@ -18,12 +24,13 @@ import abc
 import functools
 import gzip
 import json
+import math
 import os
 import random
 import re
 from dataclasses import dataclass
 
-from rewards import (arxiv_reward, band_score, code_reward, code_reward_many, extract_function,
+from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward, code_reward_many, extract_function,
                      prompt_imports, tldr_reward)
 
 
@@ -32,6 +39,7 @@ class Env(abc.ABC):
     name = "env"
     num_agents = 2
     agent_names = ()
+    max_reward = math.inf
 
     @abc.abstractmethod
     def prompts(self, example):
@@ -44,6 +52,52 @@ class Env(abc.ABC):
     def rewards(self, examples, outputs):
         """Shared rewards of a batch of joint actions, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
+
+    # Multi-turn (Sec. 3): between turns the env comments on each joint answer, and every agent
+    # answers again after reading its own earlier answers and the comments addressed to it.
+
+    def feedback(self, example, outputs, mode="level", reward=None, review=None):
+        """One feedback text per agent on the joint output `outputs`. mode "level": what the reward
+        saw, in words (reward: the env's reward of outputs, computed here if not given); "plain":
+        only the request to revise; "expert": `review`, an expert model's text, to every agent."""
+        if mode == "expert":
+            return [f"Here is the feedback from an expert:\n{(review or '').strip()}\n{self.revise_note(i)}"
+                    for i in range(self.num_agents)]
+        if mode == "plain":
+            return [self.revise_note(i) for i in range(self.num_agents)]
+        if mode != "level":
+            raise ValueError(f"unknown feedback mode {mode!r}: use level, plain or expert")
+        reward = self.reward(example, outputs) if reward is None else reward
+        return [f"{self.diagnose(example, outputs, reward, i)}\n{self.revise_note(i)}" for i in range(self.num_agents)]
+
+    def diagnose(self, example, outputs, reward, i):
+        """The level feedback for agent i: what the reward found (envs say more)."""
+        return f"Feedback: your joint answer scored {float(reward):.2f} of {self.max_reward:g}."
+
+    def revise_note(self, i):
+        return "Revise your answer: output only the new answer."
+
+    def revision_prompt(self, example, i, history):
+        """Agent i's prompt after turn len(history): its own turn-1 prompt, then for each earlier
+        turn its answer and the feedback it got, each followed by the cue to answer again."""
+        text = self.prompts(example)[i]
+        for answer, notes in history:
+            text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
+        return text
+
+    def revision_cue(self, i):
+        name = self.agent_names[i] if i < len(self.agent_names) else f"agent {i}"
+        return f"Revised {name}:\n"
+
+    def expert_prompt(self, example, outputs):
+        """What an expert model (--feedback expert) is asked about one joint output."""
+        parts = "".join(f"[{self.agent_names[i] if i < len(self.agent_names) else f'agent {i}'}]\n"
+                        f"{o.strip()}\n\n" for i, o in enumerate(outputs))
+        return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert "
+                "reviewer. Say briefly and concretely what each part should change.\nReview:\n")
+
+    def task_text(self, example):
+        return f"Task: the team answers the prompt:\n{self.prompts(example)[0]}"
 
     # The baselines of Sec. 6 (eval.py) need agents that see their partners' text. These defaults
     # append it to the agent's own prompt; an env may phrase it better.
@@ -124,6 +178,31 @@ class DemoEnv(Env):
     def prompts(self, example):
         t = example["topic"]
         return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
+
+    max_reward = 3.0
+
+    def diagnose(self, example, outputs, reward, i):
+        """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
+        text, alpha = outputs[i].strip(), self.alphabets[i]
+        part, letters = ("headline", "a to m") if i == 0 else ("body", "n to z")
+        bad = sorted(set(text) - alpha)
+        lines = [f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} (want 8)",
+                 f"letters outside {letters}: {' '.join(bad)}" if bad else f"no letter outside {letters}"]
+        lo, hi = self.band[1], self.band[2]
+        advice = ""
+        if reward.length_ratio < lo:
+            advice = ": write a shorter headline" if i == 0 else ": write a longer body"
+        elif reward.length_ratio > hi:
+            advice = ": write a longer headline" if i == 0 else ": write a shorter body"
+        lines.append(f"the body is {reward.length_ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}")
+        return "\n".join(lines)
+
+    def revise_note(self, i):
+        return f"Write the {('headline', 'body')[i]} again."
+
+    def task_text(self, example):
+        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, "
+                "the other a body 2 to 4 times as long in letters n to z; each uses at least 8 different letters.")
 
     def reward(self, example, outputs):
         texts = [o.strip() for o in outputs]
@@ -345,6 +424,56 @@ class CodingEnv(Env):
             return [self.single_prompt(example)]
         return [self.aux_prompt(example), self.main_prompt(example)]
 
+    @property
+    def max_reward(self):
+        return 4.0 if self.num_agents == 2 else 2.1
+
+    def own_function(self, example, i):
+        return "aux" if self.num_agents == 2 and i == 0 else example["entry_point"]
+
+    def diagnose(self, example, outputs, r, i):
+        """Level feedback (Sec. 3) from the reward's own findings: the definitions found or missing,
+        syntax, the tests passed and the first failing one with its error (from the sandbox's report:
+        nothing is run again here), and whether the main function calls aux or only wraps it."""
+        entry, own = example["entry_point"], self.own_function(example, i)
+        lines = ["Feedback:"]
+        for name, found in (("aux", r.has_aux), (entry, r.has_main))[2 - self.num_agents:]:
+            who = "your" if name == own else "your partner's"
+            lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
+        if r.has_main:
+            lines.append("the combined program parses" if r.syntax else f"the combined program does not parse: {r.syntax_error}")
+        if r.syntax:
+            lines.append(f"tests passed: {r.passed}/{r.n_tests}")
+            failure = getattr(r.report, "first_failure", None)
+            if r.passed < r.n_tests and failure:
+                lines.append("the first failing test:\n" + failure.strip())
+        if self.num_agents == 2 and r.has_aux and r.has_main:
+            lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself" if r.wrapper else
+                         f"`{entry}` calls `aux`" if r.calls_aux else f"`{entry}` does not call `aux`")
+        return "\n".join(lines)
+
+    def revise_note(self, i):
+        return "Revise your function; output only the code."
+
+    def revision_prompt(self, example, i, history):
+        """The agent's own file again, with its earlier answers and the feedback on each as comments."""
+        entry, (_, stub) = example["entry_point"], prompt_parts(example)
+        own = self.own_function(example, i)
+        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(answer, own, None if own == 'aux' else stub))}\n"
+                        f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
+        if self.num_agents == 1:
+            return self.main_prompt(example, notes=notes, head=SINGLE_HEAD)
+        return self.aux_prompt(example, notes) if i == 0 else self.main_prompt(example, notes=notes)
+
+    def expert_prompt(self, example, outputs):
+        entry, (_, stub) = example["entry_point"], prompt_parts(example)
+        names = ("aux", entry)[2 - self.num_agents:]
+        code = "".join(f"The `{name}` function:\n```python\n"
+                       f"{shown_code(out, name, None if name == 'aux' else stub)}\n```\n\n"
+                       for name, out in zip(names, outputs))
+        return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
+                "reviewer. Point out each bug and say briefly how to fix each function.\nReview:\n")
+
     def sequential_prompt(self, example, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
         if self.num_agents == 1 or i == 0:
@@ -489,6 +618,44 @@ class WritingEnv(Env):
     def prompts(self, example):
         return [t.format(text=example["text"]) for t in self.templates]
 
+    max_reward = 3.0
+
+    def diagnose(self, example, outputs, r, i):
+        """Level feedback (Sec. 3): the first level that failed, and by how much, with the numbers
+        of the level it fell short of (tokens, length ratio, vocabulary, transitions and overlap)."""
+        spec, (first, second), own = self.spec, self.agent_names, self.agent_names[i]
+        lo, hi = spec.tokens
+        lines = ["Feedback:"]
+        short = [(name, n) for name, n in zip(self.agent_names, r.tokens) if not lo <= n <= hi]
+        if short:
+            return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}" for name, n in short])
+        for key, what, x, band in (("length", "characters", r.length_ratio, spec.length_band),
+                                   ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
+            if not band[1] <= x <= band[2]:
+                more = (x < band[1]) == (i == 1)  # the second part should grow when the ratio is low
+                advice = f": make your {own} part {'longer' if more else 'shorter'}" if key == "length" else \
+                         f": use {'more' if more else 'fewer'} different words in your {own} part"
+            else:
+                advice = " (in the target band)"
+            target = f"at least {band[1]:g}x" if band[2] == math.inf else f"{band[1]:g}x to {band[2]:g}x"
+            lines.append(f"the {second} part has {x:.2f}x the {what} of the {first} part; the target is "
+                         f"{target}{advice}")
+            if key not in r.levels:
+                return "\n".join(lines)
+        lines.append(f"transition-word categories used: {r.categories} of 12; shared words (Jaccard): "
+                     f"{r.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
+        return "\n".join(lines)
+
+    def revise_note(self, i):
+        return f"Write your {self.agent_names[i]} part again; output only the text."
+
+    def revision_cue(self, i):  # "Short summary:\n" -> "Revised short summary:\n"
+        cue = self.templates[i].rsplit("\n\n", 1)[-1]
+        return "Revised " + cue[0].lower() + cue[1:]
+
+    def task_text(self, example):
+        return f"{self.task}\n\n{self.source}:\n{example['text']}"
+
     def reward(self, example, outputs):
         return self.score(*outputs)
 
@@ -509,7 +676,7 @@ class TldrEnv(WritingEnv):
     name, agent_names, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)
-    score = staticmethod(tldr_reward)
+    score, spec = staticmethod(tldr_reward), TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
         "point. Another writer will give the detailed version, so keep yours brief.\n\n"
@@ -529,7 +696,7 @@ class ArxivEnv(WritingEnv):
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
     lengths = (100, 150, 300)
-    score = staticmethod(arxiv_reward)
+    score, spec = staticmethod(arxiv_reward), ARXIV
     templates = (
         "Below is the abstract of a paper. Write the first half of its introduction, about 150 to "
         "200 words: the background and the motivation, i.e. the field, what is already known, and "
@@ -550,3 +717,27 @@ def make_env(name, **kwargs):
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
+
+
+def add_env_flags(p):
+    """The env and data flags, the same for train.py and eval.py."""
+    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
+    p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
+    p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
+    p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
+    p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
+
+
+def env_from_flags(args, split=None, flag=None):
+    """The env of --env with the data flags, or another `split` of the same data (named by `flag`
+    in errors). A bad value raises ValueError("--flag: what is wrong")."""
+    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    if args.num_agents is not None:
+        options["num_agents"] = args.num_agents
+    if split is not None:
+        options["split"] = split
+    try:
+        return make_env(args.env, **options)
+    except (ValueError, OSError, TypeError) as e:
+        flag = flag or ("--env" if args.env not in ENVS else "--dataset/--split/--num-agents")
+        raise ValueError(f"{flag}: {e}") from None

@@ -1,6 +1,6 @@
 """
 Evaluate MAGRPO agents against the paper's baselines: the same problems, seeds and sampling for
-every method (arXiv 2508.04652, the evaluation of Sec. 4-5; SPEC.md Sec. 6).
+every method (arXiv 2508.04652, the evaluations of Sec. 4-5).
 
 CPU demo, tiny agents on the offline demo env (no downloads):
     python eval.py
@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 import envs
 import magrpo
-import train
+
 
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 PAPER_K = (1, 3, 5, 10)
@@ -70,7 +70,10 @@ def sample_record(reward, error=None, tokens=0, seconds=0.0):
     the total (float(reward)); test counts when it has `passed` and `n_tests` (rewards.CodeReward);
     `coop`; a `levels` dict; and every numeric (or numeric tuple) dataclass field. So any reward
     that carries levels or diagnostics (the writing rewards' length_ratio, ...) is reported as is.
-    A reward of None is a sample whose scoring raised: reward 0, no tests passed, error kept."""
+    A magrpo.ScoreError (or None with an `error`) is a sample whose scoring raised: reward 0, no
+    tests passed, error kept."""
+    if isinstance(reward, magrpo.ScoreError):
+        reward, error = None, reward.error
     rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "error": error, "levels": {}, "fields": {}}
     if reward is None:
         return rec
@@ -154,132 +157,127 @@ def aggregate(problems, ks):
     return metrics, details
 
 # -----------------------------------------------------------------------------
-# Sampling: each method turns a batch of B problems into G = --num-samples joint outputs each.
-# Every generate call is seeded by (--seed, first problem of the batch, agent, round), the same
-# for every method: e.g. discussion's first round is exactly concat's samples.
+# Sampling: each method turns a batch of B problems into N = --num-samples joint outputs each, per
+# turn. Problem p is seeded by mix_seed(--seed, p) for every method, whatever batch it is in: e.g.
+# discussion's first round is exactly concat's samples.
 
 
 @dataclasses.dataclass
 class Sample:
     outputs: tuple     # one text per agent (one text in all for `single`)
-    tokens: int        # completion tokens generated for it, all agents and rounds
-    seconds: float     # response time: mean of parallel agents' times, summed over sequential steps
+    tokens: int        # completion tokens generated for it so far: all agents, rounds and turns
+    seconds: float     # response time so far: mean of parallel agents' times, summed over steps and turns
+    reward: object = None  # the env's reward, where the sampler already scored it
 
 
-def call_seed(args, start, agent, round_=0):
-    return args.seed * 1_000_003 + start * 1_009 + round_ * 101 + agent
+def problem_seeds(args, start, B):
+    return [magrpo.mix_seed(args.seed, start + b) for b in range(B)]
 
 
-def regroup(rows, B, G):
-    """[B*G][1] -> [B][G]: one completion per (problem, sample) prompt, grouped by problem."""
-    return [[row[0] for row in rows[b * G:(b + 1) * G]] for b in range(B)]
+def sample_cfg(args):
+    """The sampling of evaluation: N samples per problem, every sample revised at a later turn."""
+    return magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
 
 
-def sample(agent, prompts, seed, args, B):
-    """G completions per problem from one agent. `prompts` holds one prompt per problem (sampled G
-    times) or one per (problem, sample) (sampled once: it shows that sample's partner outputs).
-    Returns (texts [B][G], tokens [B][G], seconds per completion)."""
-    G = args.num_samples
-    n = G if len(prompts) == B else 1
-    t0 = time.perf_counter()
-    r = magrpo.generate(agent.model, agent.tokenizer, [agent.format(p) for p in prompts], n,
-                        args.max_new_tokens, args.temperature, args.top_p, seed)
-    seconds = (time.perf_counter() - t0) / len(r)  # texts are decoded, so the device has synced
-    texts, tokens = r.texts, r.completion_mask.sum(-1).view(len(prompts), n).tolist()
-    return (texts, tokens, seconds) if n == G else (regroup(texts, B, G), regroup(tokens, B, G), seconds)
+def per_row(rollout):
+    """Tokens of each row, and the wall time per completion of the generate call that drew them."""
+    return rollout.completion_mask.sum(-1).tolist(), rollout.seconds / len(rollout)
 
 
-def joint(per_agent, seconds):
-    """Aligned joint samples (Sec. 2): the g-th outputs of all agents form sample g."""
-    texts0 = per_agent[0][0]
-    return [[Sample(tuple(t[b][g] for t, _, _ in per_agent), sum(k[b][g] for _, k, _ in per_agent), seconds)
-             for g in range(len(texts0[b]))] for b in range(len(texts0))]
+def run_team(env, agents, batch, args, start, expert=None):
+    """magrpo and concat: every agent samples alone from its own prompt (decentralised execution,
+    Sec. 1), so a sample takes the agents' mean time; with --num-turns T every sample is revised
+    once per later turn after the env's feedback on it (magrpo.rollout_team, one child per sample),
+    its cost added. Returns one [B][N] list of Samples per turn."""
+    turns = magrpo.rollout_team(agents, env, batch, sample_cfg(args), problem_seeds(args, start, len(batch)),
+                                expert, children=1)
+    rows = [[per_row(r) for r in turn.rollouts] for turn in turns]
+    out, N = [], args.num_samples
+    for t in range(args.num_turns):
+        samples, flat = [], []
+        for path in magrpo.chains(turns, args.num_turns):
+            nodes = list(dict.fromkeys(path[:t + 1]))  # a node carried over costs nothing more
+            tokens = seconds = 0
+            for tt, node in nodes:
+                turn = turns[tt]
+                k, idx = divmod(node, len(turn.joint))
+                tokens += sum(toks[k * turn.size + g] for (toks, _), g in zip(rows[tt], turn.joint[idx]))
+                seconds += _mean(sec for _, sec in rows[tt])
+            tt, node = path[t]
+            flat.append(Sample(turns[tt].outputs[node], tokens, seconds, turns[tt].rewards[node]))
+        out.append([flat[b * N:(b + 1) * N] for b in range(len(batch))])
+    return out
 
 
-def run_parallel(env, agents, batch, args, start, prompts_of=None, round_=0):
-    """magrpo and concat: every agent samples alone from its own MAGRPO prompt (decentralised
-    execution, Sec. 1); the agents run side by side, so a sample takes their mean time."""
-    prompts_of = prompts_of or (lambda i: [env.prompts(ex)[i] for ex in batch])
-    r = [sample(agent, prompts_of(i), call_seed(args, start, i, round_), args, len(batch))
-         for i, agent in enumerate(agents)]
-    return joint(r, _mean(s for _, _, s in r))
-
-
-def run_sequential(env, agents, batch, args, start):
+def run_sequential(env, agents, batch, args, start, expert=None):
     """Sequential pipeline: agent i writes after reading what agents 0..i-1 wrote in the same
     sample (env.sequential_prompt); the agents wait for each other, so their times add up."""
-    G, r = args.num_samples, []
+    cfg, N, seeds = sample_cfg(args), args.num_samples, problem_seeds(args, start, len(batch))
+    texts, tokens, seconds = [], [], 0.0
     for i, agent in enumerate(agents):
         if i == 0:
-            prompts = [env.sequential_prompt(ex, 0, []) for ex in batch]
+            r = magrpo.sample_agent(agent, 0, [env.sequential_prompt(ex, 0, []) for ex in batch], N, cfg, seeds)
         else:  # one prompt per (problem, sample): it shows that sample's earlier outputs
-            prompts = [env.sequential_prompt(ex, i, [t[b][g] for t, _, _ in r])
-                       for b, ex in enumerate(batch) for g in range(G)]
-        r.append(sample(agent, prompts, call_seed(args, start, i), args, len(batch)))
-    return joint(r, sum(s for _, _, s in r))
+            prompts = [env.sequential_prompt(ex, i, [t[b * N + g] for t in texts])
+                       for b, ex in enumerate(batch) for g in range(N)]
+            r = magrpo.sample_agent(agent, i, prompts, 1, cfg, [magrpo.mix_seed(s, g) for s in seeds for g in range(N)])
+        texts.append([t for group in r.texts for t in group])
+        toks, sec = per_row(r)
+        tokens.append(toks)
+        seconds += sec
+    return [[[Sample(tuple(t[b * N + g] for t in texts), sum(k[b * N + g] for k in tokens), seconds)
+              for g in range(N)] for b in range(len(batch))]]
 
 
-def run_discussion(env, agents, batch, args, start):
+def run_discussion(env, agents, batch, args, start, expert=None):
     """One-round discussion: first answers as concat, then every agent revises after seeing its
     sample's first answers (env.discussion_prompt). Scored on the revisions; tokens and times of
     the two rounds add up."""
-    first = run_parallel(env, agents, batch, args, start)
-    second = run_parallel(env, agents, batch, args, start, round_=1, prompts_of=lambda i: [
-        env.discussion_prompt(ex, i, s.outputs) for ex, row in zip(batch, first) for s in row])
-    return [[Sample(s2.outputs, s1.tokens + s2.tokens, s1.seconds + s2.seconds) for s1, s2 in zip(r1, r2)]
-            for r1, r2 in zip(first, second)]
+    first = run_team(env, agents, batch, args, start)[0]
+    cfg, N = sample_cfg(args), args.num_samples
+    seeds = [magrpo.mix_seed(s, N + g) for s in problem_seeds(args, start, len(batch)) for g in range(N)]
+    flat = [s for row in first for s in row]
+    second = [per_row(r) + (r,) for r in magrpo.sample_team(
+        agents, [[env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(flat)]
+                 for i in range(len(agents))], 1, cfg, seeds)]
+    seconds = _mean(sec for _, sec, _ in second)
+    return [[[Sample(tuple(r.texts[b * N + g][0] for _, _, r in second),
+                     first[b][g].tokens + sum(toks[b * N + g] for toks, _, _ in second), first[b][g].seconds + seconds)
+              for g in range(N)] for b in range(len(batch))]]
 
 
-def run_single(env, agents, batch, args, start):
+def run_single(env, agents, batch, args, start, expert=None):
     """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
-    return run_parallel(env, agents, batch, args, start,
-                        prompts_of=lambda i: [env.single_prompt(ex) for ex in batch])
+    r = magrpo.sample_agent(agents[0], 0, [env.single_prompt(ex) for ex in batch], args.num_samples,
+                            sample_cfg(args), problem_seeds(args, start, len(batch)))
+    toks, sec = per_row(r)
+    N = args.num_samples
+    return [[[Sample((r.texts[b][g],), toks[b * N + g], sec) for g in range(N)] for b in range(len(batch))]]
 
 
-def run_oracle(env, agents, batch, args, start):
+def run_oracle(env, agents, batch, args, start, expert=None):
     """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1)."""
-    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0)] * args.num_samples for ex in batch]
+    return [[[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0)] * args.num_samples for ex in batch]]
 
 
-RUNNERS = {"magrpo": run_parallel, "concat": run_parallel, "sequential": run_sequential,
+RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
            "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
 
 # -----------------------------------------------------------------------------
 # Scoring: an exception while scoring one sample is that sample's reward 0, never the end
 
 
-def score(env, examples, outputs, single=False):
-    """The env's reward for each (example, joint output): (rewards, errors). The batch goes to
-    env.rewards (which may score in parallel); if that raises, sample by sample, so one bad
-    sample costs only itself. `single` scores one-model outputs with env.single_reward."""
-    one = (lambda ex, out: env.single_reward(ex, out[0])) if single else env.reward
-    if not single:
-        try:
-            rewards = list(env.rewards(examples, outputs))
-            if len(rewards) == len(outputs):
-                return rewards, [None] * len(outputs)
-        except Exception:
-            pass  # find the culprit below
-    rewards, errors = [], []
-    for ex, out in zip(examples, outputs):
-        try:
-            rewards.append(one(ex, out))
-            errors.append(None)
-        except Exception as e:
-            rewards.append(None)
-            errors.append(f"{type(e).__name__}: {e}"[:500])
-    return rewards, errors
-
-
 def score_batch(env, batch, samples, single=False):
-    """Sample records for a batch; identical outputs of one problem are scored once (the oracle's
-    copies, a model's repeats), as the reward is a function of the joint output."""
-    keys = [(b, s.outputs) for b, row in enumerate(samples) for s in row]
-    unique = list(dict.fromkeys(keys))
-    rewards, errors = score(env, [batch[b] for b, _ in unique], [o for _, o in unique], single)
-    scored = {key: (r, e) for key, r, e in zip(unique, rewards, errors)}
-    return [[sample_record(*scored[(b, s.outputs)], s.tokens, s.seconds) for s in row]
-            for b, row in enumerate(samples)]
+    """Sample records for a batch. A sample the sampler already scored keeps its reward; the others
+    go through magrpo.score_joint (one bad sample costs only itself), identical outputs of one
+    problem once (the oracle's copies, a model's repeats), as the reward is a function of the joint
+    output. `single` scores one-model outputs with env.single_reward."""
+    unique = list(dict.fromkeys((b, s.outputs) for b, row in enumerate(samples) for s in row if s.reward is None))
+    one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
+    rewards = magrpo.score_joint(env, [batch[b] for b, _ in unique], [o for _, o in unique], one) if unique else []
+    scored = dict(zip(unique, rewards))
+    return [[sample_record(scored[(b, s.outputs)] if s.reward is None else s.reward, tokens=s.tokens, seconds=s.seconds)
+             for s in row] for b, row in enumerate(samples)]
 
 # -----------------------------------------------------------------------------
 # Command line
@@ -288,35 +286,21 @@ def score_batch(env, batch, samples, single=False):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}")
-    p.add_argument("--dataset", help="the env's data: a name it knows or a JSONL path")
-    p.add_argument("--split", help="named split (train, eval, test: the default) or a slice like 133:")
-    p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
-    p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
+    envs.add_env_flags(p)
+    magrpo.add_agent_flags(p)
+    magrpo.add_sampling_flags(p, temperature=0.8, top_p=0.95)
+    magrpo.add_turn_flags(p)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
     p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... (method magrpo)")
-    p.add_argument("--model", action="append", help="base model per agent, as train.py: hub name, local "
-                   "path or 'tiny' (default); repeat or comma list")
     p.add_argument("--single-model", help="the single baseline's model (default: the first --model)")
-    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
     p.add_argument("--num-samples", type=int, default=15, help="joint samples per problem (paper: 15)")
     p.add_argument("--k", help="comma list of k for pass@k/acc@k (default: 1,3,5,10 up to --num-samples)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, help="default 256 (paper); 24 for the tiny demo agents")
-    p.add_argument("--batch-size", type=int, default=4, help="problems per generate call (1: a seed per problem)")
+    p.add_argument("--batch-size", type=int, default=4, help="problems per generate call")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per agent")
-    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(magrpo.DTYPES)}")
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
     return p.parse_args(argv)
-
-
-def fail(flag, message):
-    """One clear line naming the flag, not a traceback (train.fail under this script's name)."""
-    train.fail(flag, message, prog="eval.py")
 
 
 def comma_list(text):
@@ -340,33 +324,34 @@ def use_training_flags(args):
 def check_flags(args):
     """Fill defaults and check every flag that needs no env or model."""
     use_training_flags(args)
-    models = train.model_names(args)
-    if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.TINY_DEFAULTS)
-        tiny = not args.agents and all(m == magrpo.TINY for m in models)
-        args.max_new_tokens = train.TINY_DEFAULTS["max_new_tokens"] if tiny else 256
-    for flag, value in (("--num-samples", args.num_samples), ("--max-new-tokens", args.max_new_tokens),
-                        ("--batch-size", args.batch_size), ("--limit", 1 if args.limit is None else args.limit)):
+    models = magrpo.model_names(args)
+    if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.py's tiny default)
+        args.max_new_tokens = 24 if not args.agents and all(m == magrpo.TINY for m in models) else 256
+    for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
+                        ("--limit", 1 if args.limit is None else args.limit)):
         if value < 1:
-            fail(flag, f"must be >= 1, got {value}")
-    train.check_sampling_and_dtype(args, prog="eval.py")
+            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    sample_cfg(args)  # checks the sampling and multi-turn flags
+    if args.dtype not in magrpo.DTYPES:
+        raise ValueError(f"--dtype: unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
     if args.k is None:
         args.ks = [k for k in PAPER_K if k <= args.num_samples]
     else:
         try:
             args.ks = sorted({int(k) for k in comma_list(args.k)})
         except ValueError:
-            fail("--k", f"want a comma list of integers, got {args.k!r}")
+            raise ValueError(f"--k: want a comma list of integers, got {args.k!r}") from None
         if not args.ks or args.ks[0] < 1 or args.ks[-1] > args.num_samples:
-            fail("--k", f"every k must be in 1..--num-samples ({args.num_samples}), got {args.k!r}")
+            raise ValueError(f"--k: every k must be in 1..--num-samples ({args.num_samples}), got {args.k!r}")
     if args.methods is not None:
         args.methods = list(dict.fromkeys(comma_list(args.methods)))
         unknown = [m for m in args.methods if m not in METHODS]
         if unknown or not args.methods:
-            fail("--methods", f"unknown {', '.join(unknown) or 'empty list'}: use {', '.join(METHODS)}")
+            raise ValueError(f"--methods: unknown {', '.join(unknown) or 'empty list'}: use {', '.join(METHODS)}")
     if args.agents and not os.path.isdir(args.agents):
-        fail("--agents", f"{args.agents!r} is not a directory")
+        raise ValueError(f"--agents: {args.agents!r} is not a directory")
     if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
-        fail("--out", f"cannot write into the directory of {args.out!r}")
+        raise ValueError(f"--out: cannot write into the directory of {args.out!r}")
     return models
 
 
@@ -375,10 +360,10 @@ def make_env(args):
     env has one; a file without named splits is one split): a forgotten flag must not score
     training data."""
     args.split = args.split or "test"
-    env = train.build_env(args, prog="eval.py")
+    env = envs.env_from_flags(args)
     examples = env.examples[:args.limit] if args.limit is not None else env.examples
     if not examples:
-        fail("--dataset/--split", f"the {env.name} env has no problems to evaluate")
+        raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     return env, examples
 
 
@@ -404,20 +389,16 @@ class Team:
 
     def __init__(self, args, models, n):
         self.args, self.n, self.cache = args, n, {}
-        self.devices = train.agent_devices(args, n, prog="eval.py")
-        self.models = train.per_agent(models, n, "--model", prog="eval.py")
+        self.devices = magrpo.agent_devices(args.device, n)
+        self.models = magrpo.per_agent(models, n, "--model")
+        self.expert = magrpo.load_expert(args, self.devices[0])
 
     def agent(self, name, device, flag, seed):
         key = (name, device, seed if name == magrpo.TINY else None)
         if key not in self.cache:
-            try:
-                model, tok = magrpo.load_agent_model(name, device, self.args.dtype, seed=seed)
-            except (ValueError, RuntimeError) as e:
-                fail(flag, str(e))
-            if self.args.chat_template and tok.chat_template is None:
-                fail("--chat-template", f"the tokenizer of {name!r} has no chat template")
-            magrpo.generate(model, tok, ["warm up"], 1, 2)  # first-call costs stay out of the timings
-            self.cache[key] = magrpo.Agent(model, tok, chat_template=self.args.chat_template)
+            agent = magrpo.load_agent(name, device, self.args.dtype, seed, flag, self.args.chat_template)
+            magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)  # first-call costs stay out of the timings
+            self.cache[key] = agent
         return self.cache[key]
 
     def base(self):
@@ -428,7 +409,7 @@ class Team:
         dirs = [os.path.join(self.args.agents, f"agent_{i}") for i in range(self.n)]
         missing = [d for d in dirs if not os.path.isdir(d)]
         if missing:
-            fail("--agents", f"no {missing[0]} (want agent_0..agent_{self.n - 1} from train.py --out)")
+            raise ValueError(f"--agents: no {missing[0]} (want agent_0..agent_{self.n - 1} from train.py --out)")
         return [self.agent(d, dev, "--agents", self.args.seed + i)
                 for i, (d, dev) in enumerate(zip(dirs, self.devices))]
 
@@ -452,23 +433,32 @@ def problem_id(example, index):
 
 
 def evaluate(args, env, examples, team):
-    """Every method on every problem, batch by batch; returns the report (without config)."""
-    report = {"methods": {}, "details": {}, "problems": []}
+    """Every method on every problem, batch by batch, turn by turn. Returns the report (without
+    config): "methods" and "details" hold each method's last turn (its final answer), "turns" one
+    {"methods", "details"} per turn, "improvement" the last turn's metrics minus the first's."""
+    turns = [{"methods": {}, "details": {}} for _ in range(args.num_turns)]
+    report = {"methods": {}, "details": {}, "problems": [], "turns": turns, "improvement": {}}
     bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
     try:
         for method in args.methods:
             bar.set_description(method)
-            agents, records, rows = team.for_method(method), [], []
+            agents, records, rows = team.for_method(method), [[] for _ in turns], []
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
-                samples = RUNNERS[method](env, agents, batch, args, start)
-                recs = score_batch(env, batch, samples, single=method == "single")
+                by_turn = RUNNERS[method](env, agents, batch, args, start, team.expert)
+                by_turn += [by_turn[-1]] * (args.num_turns - len(by_turn))  # single-turn methods keep their answer
+                for t, samples in enumerate(by_turn):
+                    recs = score_batch(env, batch, samples, single=method == "single")
+                    records[t] += recs
                 rows += [problem_row(method, problem_id(ex, start + b), s, r, args)
-                         for b, (ex, s, r) in enumerate(zip(batch, samples, recs))]
-                records += recs
+                         for b, (ex, s, r) in enumerate(zip(batch, by_turn[-1], recs))]
                 bar.update(len(batch))
-                bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records for r in rec):.3f}")
-            report["methods"][method], report["details"][method] = aggregate(records, args.ks)
+                bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
+            for t, recs in enumerate(records):
+                turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
+            report["methods"][method], report["details"][method] = turns[-1]["methods"][method], turns[-1]["details"][method]
+            first, last = turns[0]["methods"][method], turns[-1]["methods"][method]
+            report["improvement"][method] = {k: last[k] - first[k] for k in last if k in first}
             report["problems"] += rows
     except KeyboardInterrupt:
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
@@ -477,7 +467,7 @@ def evaluate(args, env, examples, team):
 
 
 def problem_row(method, task_id, samples, records, args):
-    """One problem's samples, for finding where two methods differ."""
+    """One problem's samples (the last turn's), for finding where two methods differ."""
     row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
     if any("tests" in r for r in records):
         row["passed"] = [all_passed(r) for r in records]
@@ -505,25 +495,38 @@ def format_table(rows, title):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def setup(args):
+    """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
     models = check_flags(args)
     env, examples = make_env(args)
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if supported(env, examples, m) is None]
     else:
         for why in filter(None, (supported(env, examples, m) for m in args.methods)):
-            fail("--methods", why)
+            raise ValueError(f"--methods: {why}")
     if args.agents and not args.model and set(args.methods) & {"single", "concat", "sequential", "discussion"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     team = Team(args, models, env.num_agents)
-    for m in args.methods:  # load every model now: a bad model flag fails before any sampling
+    for m in args.methods:
         team.for_method(m)
+    return env, examples, team
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        env, examples, team = setup(args)
+    except ValueError as e:
+        sys.exit(f"eval.py: error: {e}")
     report = evaluate(args, env, examples, team)
     report["config"] = {**vars(args), "env_name": env.name,
                         "num_problems": len(examples), "models": team.models, "devices": team.devices}
-    print(format_table(report["methods"], "method"))
+    for t, turn in enumerate(report["turns"], 1):
+        title = "method" if args.num_turns == 1 else f"turn {t}"
+        print(format_table(turn["methods"], title))
+    if args.num_turns > 1:
+        print(format_table(report["improvement"], f"turn {args.num_turns} - turn 1"))
     print(format_table(report["details"], "reward detail"))
     if args.out:
         with open(args.out, "w") as f:

@@ -9,19 +9,27 @@ environment scores with one shared reward R^(g) (Sec. 2). Then, for every agent:
     Eq. 1   A^(g) = R^(g) - mean_g' R^(g')                      -> group_advantages
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ] -> completion_logprobs, policy_loss
 
-and one AdamW step per agent per batch (train_step). On-policy: no ratio, no clipping, no KL.
+and one AdamW step per agent per batch (update_team). On-policy: no ratio, no clipping, no KL.
+Multi-turn (Sec. 3): each joint action is a node of a tree; the env's feedback on a node's joint
+answer goes into every agent's next prompt, G children are sampled, and a node's return is its
+reward plus gamma times the mean return of its children (node_return). Eq. 1 then runs on the
+returns of each group of siblings (rollout_team, episode_advantages).
 
-The functions a course blanks out: generate, completion_logprobs, group_advantages, policy_loss.
-Try it:  python train.py            (CPU demo, two tiny agents, ~1 minute)
-Test it: python -m pytest tests/ -q
+The functions a course blanks out: sample_token, generate, completion_logprobs, group_advantages,
+policy_loss, node_return.
+Try it:  python train.py                  (CPU demo, two tiny agents, ~1 minute)
+         python train.py --num-turns 2    (the same with a revision turn after feedback)
+Test it: python -m pytest -q
 """
+import dataclasses
 import inspect
 import itertools
 import logging
 import math
 import os
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +48,7 @@ class Rollout:
     logprobs: torch.Tensor         # [B*G, T] log softmax(logits / T) of each sampled token (0 for greedy)
     texts: list                    # B lists of G decoded completions, without EOS/pad
     num_generations: int
+    seconds: float = 0.0           # wall time of the generate call
 
     def __len__(self):
         return self.completion_ids.shape[0]
@@ -84,45 +93,106 @@ def last_logits_only(model, n):
 
 
 def positions_from_mask(mask):
-    """Position ids for left-padded rows: 0 at each row's first real token (Sec. 7 pitfall: without
-    this, padded rows see shifted positions and batched output differs from unbatched)."""
+    """Position ids for left-padded rows: 0 at each row's first real token (without this, padded
+    rows see shifted positions and batched output differs from unbatched)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def sample_token(logits, temperature=1.0, top_p=1.0, generator=None):
-    """One token per row from softmax(logits / temperature), restricted to the nucleus: the smallest
-    set of most likely tokens whose probability reaches top_p. temperature == 0 is greedy."""
+# Seeds. Every prompt carries its own seed (from the run's seed, the step, the example's index in the
+# global batch, the agent, the turn), and row g of a prompt draws its t-th token from a uniform number
+# that is a hash of (that seed, g, t). So a completion never depends on which other prompts share its
+# generate call, on rows that finished early, or on how a batch is split over calls or processes.
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment
+
+
+def _int64(x):
+    """A 64-bit pattern as the signed value torch's int64 holds."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def mix_seed(*parts):
+    """One 63-bit seed from integers (splitmix64 over the parts): mix_seed(seed, step, index, agent)."""
+    x = 0
+    for p in parts:
+        x = ((x ^ (int(p) & _MASK64)) + _GOLDEN) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
+def _shr(x, k):  # logical right shift of an int64 tensor (>> is arithmetic on signed values)
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def row_uniforms(keys, t):
+    """The uniform number in (0, 1) that row `keys[r]` uses for its t-th token: splitmix64's finaliser
+    over (key, t) on int64 tensors (multiplication wraps around, as the hash wants)."""
+    x = keys + _int64((t + 1) * _GOLDEN)
+    x = (x ^ _shr(x, 30)) * _int64(0xBF58476D1CE4E5B9)
+    x = (x ^ _shr(x, 27)) * _int64(0x94D049BB133111EB)
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 11).double() + 0.5) / 2.0 ** 53  # the top 53 bits, centred in their interval
+
+
+def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
+    """One token per row from softmax(logits / temperature), restricted to the top_k most likely
+    tokens (0: all) and then to the nucleus: the smallest set of most likely tokens whose probability
+    reaches top_p. temperature == 0 is greedy. `uniform` ([rows], in (0, 1)) is the random number
+    of each row (default: fresh torch.rand); the token is the first whose cumulative probability
+    exceeds it (inverse-CDF sampling), so the same number always gives the same token."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)
         outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # mass before this token already reaches top_p
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    cdf = probs.double().cumsum(-1)
+    target = uniform.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def prompt_seeds(seed, n):
+    """One seed per prompt: a list as given, or from a single int (prompt b: mix_seed(seed, b))."""
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise ValueError(f"generate got {len(seed)} seeds for {n} prompts")
+        return [int(s) for s in seed]
+    return [mix_seed(seed, b) for b in range(n)]
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
-             top_p=1.0, seed=None):
+             top_p=1.0, top_k=0, seed=None):
     """Sample `num_generations` completions for each prompt (Sec. 2, step 1: each agent samples a
     group of G completions from its own policy). A plain decode loop over model(...) with a KV cache:
     prefill each prompt once, repeat its cache G times, then one token per step for the rows that
-    have not yet emitted EOS (finished rows are dropped from the running batch)."""
+    have not yet emitted EOS (finished rows are dropped from the running batch).
+    seed: None (torch's global RNG), an int, or one int per prompt (see mix_seed)."""
     from transformers import DynamicCache  # local import keeps `import magrpo` light for the math tests
+    t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
 
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    if not ids or max_new_tokens < 1 or not all(ids):
-        raise ValueError("generate needs at least one prompt, no empty prompt, and max_new_tokens >= 1")
+    if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
+        raise ValueError("generate needs at least one prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     B = len(ids)
+    keys = None
+    if seed is not None:  # row b * G + g: hash of (prompt b's seed, g)
+        keys = torch.tensor([_int64(mix_seed(s, g)) for s in prompt_seeds(seed, B) for g in range(G)],
+                            dtype=torch.long, device=device)
 
     # Prefill once per prompt, then copy the cache G times: the G completions share their prompt.
     cache = DynamicCache()
@@ -140,9 +210,10 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # incl. EOS
     alive = torch.arange(N, device=device)  # original row index of each running row
     for t in range(max_new_tokens):
-        token = sample_token(logits, temperature, top_p, generator)
+        uniform = None if keys is None or temperature == 0 else row_uniforms(keys[alive], t)
+        token = sample_token(logits, temperature, top_p, top_k, uniform)
         completion[alive, t] = token
-        if temperature > 0:  # log softmax(logits / T) of the drawn token, before any nucleus cut
+        if temperature > 0:  # log softmax(logits / T) of the drawn token, before any top-k/top-p cut
             scaled = logits / temperature
             logprobs[alive, t] = scaled.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
@@ -167,7 +238,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     texts = [[decode_completion(tokenizer, rows[b * G + g], lens[b * G + g], eos_ids)
               for g in range(G)] for b in range(B)]
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0),
-                   completion, completion_mask, logprobs, texts, G)
+                   completion, completion_mask, logprobs, texts, G, time.perf_counter() - t_start)
 
 
 def decode_completion(tokenizer, ids, length, eos_ids):
@@ -177,16 +248,15 @@ def decode_completion(tokenizer, ids, length, eos_ids):
         ids = ids[:-1]
     return tokenizer.decode(ids, skip_special_tokens=True)
 
-
 # -----------------------------------------------------------------------------
-# Eq. 1 and Eq. 2
+# Eq. 1, Eq. 2 and the multi-turn return
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token, with grad (the log-prob term of Eq. 2).
     Logits are divided by the sampling temperature so the loss scores the distribution the tokens
-    were drawn from (Sec. 2 correctness point; with top_p < 1, that distribution before the
-    nucleus cut, as TRL's GRPO). Greedy (temperature 0) scores at T = 1.
+    were drawn from (with top_p < 1 or top_k, that distribution before the cut, as TRL's GRPO).
+    Greedy (temperature 0) scores at T = 1.
     Returns [rows, T] like `completion_ids`; positions after EOS hold values to be masked out."""
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
@@ -219,10 +289,6 @@ def group_advantages(rewards, mode="mean"):
     raise ValueError(f"unknown advantage mode {mode!r}: use mean, rloo or std")
 
 
-LOSS_TYPES = ("seq_sum", "token_mean", "seq_mean")
-ADVANTAGE_MODES = ("mean", "rloo", "std")
-
-
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
     """Eq. 2 as a loss to minimise: -A^(g) * log pi(a^(g) | h), one advantage per sequence.
     loss_type="seq_sum"   : -mean_s(A_s * sum_t m*lp)          (the paper: sum of a completion's log-probs)
@@ -249,8 +315,79 @@ def loss_normalizer(mask, loss_type):
     return float(mask.sum()) if loss_type == "token_mean" else mask.shape[0]
 
 
+def node_return(reward, child_returns, gamma):
+    """Sec. 3: the return of a node of the multi-turn tree, R_t = r_t + gamma * mean(R_{t+1} of its
+    children); a leaf (last turn, terminated, or not expanded) returns its own reward."""
+    child_returns = [float(r) for r in child_returns]
+    if not child_returns:
+        return float(reward)
+    return float(reward) + gamma * sum(child_returns) / len(child_returns)
+
+
 # -----------------------------------------------------------------------------
-# One MAGRPO update of all agents (Sec. 2, steps 1-6)
+# The knobs of a run
+
+LOSS_TYPES = ("seq_sum", "token_mean", "seq_mean")
+ADVANTAGE_MODES = ("mean", "rloo", "std")
+JOINT_MODES = ("aligned", "cross")
+EXPAND_MODES = ("best", "all")
+FEEDBACK_MODES = ("level", "plain", "expert")
+
+
+@dataclass
+class Config:
+    """What one MAGRPO step does. The names are TRL GRPOConfig's where one applies, and train.py's
+    flags are exactly these fields (--num-generations sets num_generations). Checked on creation:
+    a bad value raises ValueError("--flag-name: what is wrong")."""
+    num_generations: int = 4            # G, completions per agent per prompt (Sec. 2 step 1)
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0: no top-k cut
+    joint: str = "aligned"              # aligned: G joint actions; cross: all G^n (Sec. 2 step 2)
+    advantage: str = "mean"             # Eq. 1 as the paper ("mean"), or rloo / std
+    loss_type: str = "seq_sum"          # Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean
+    micro_batch_size: int = 8           # rows per log-prob forward/backward (memory, not maths)
+    num_turns: int = 1                  # T (Sec. 3); 1 is the single-turn algorithm
+    expand: str = "best"                # nodes that get children: the best of each group, or all
+    discount: float = 0.9               # gamma of node_return
+    termination_threshold: float = None  # a node whose reward reaches it is not expanded (None: env max)
+    turn_weights: tuple = None          # each turn's loss scaled by these (None: all 1)
+    feedback: str = "level"             # what the env says between turns: level, plain or expert
+    feedback_max_new_tokens: int = 256  # bound on the expert's review
+
+    def __post_init__(self):
+        if self.turn_weights is not None:
+            self.turn_weights = tuple(float(w) for w in self.turn_weights)
+        checks = [
+            ("num_generations", self.num_generations >= 1, "must be >= 1"),
+            ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            ("micro_batch_size", self.micro_batch_size >= 1, "must be >= 1"),
+            ("feedback_max_new_tokens", self.feedback_max_new_tokens >= 1, "must be >= 1"),
+            ("temperature", self.temperature >= 0, "must be >= 0 (0 is greedy)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)"),
+            ("joint", self.joint in JOINT_MODES, f"use one of {', '.join(JOINT_MODES)}"),
+            ("advantage", self.advantage in ADVANTAGE_MODES, f"use one of {', '.join(ADVANTAGE_MODES)}"),
+            ("loss_type", self.loss_type in LOSS_TYPES, f"use one of {', '.join(LOSS_TYPES)}"),
+            ("num_turns", self.num_turns >= 1, "must be >= 1"),
+            ("expand", self.expand in EXPAND_MODES, f"use one of {', '.join(EXPAND_MODES)}"),
+            ("discount", 0 <= self.discount <= 1, "must be in [0, 1]"),
+            ("feedback", self.feedback in FEEDBACK_MODES, f"use one of {', '.join(FEEDBACK_MODES)}"),
+            ("turn_weights", self.turn_weights is None or len(self.turn_weights) == self.num_turns,
+             f"give one weight per turn ({self.num_turns})"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(self, name)!r}")
+
+    def turn_weight(self, t):
+        """The loss weight of turn t (1-based)."""
+        return 1.0 if self.turn_weights is None else self.turn_weights[t - 1]
+
+
+# -----------------------------------------------------------------------------
+# A team's episode (Sec. 2 steps 1-3; Sec. 3): sample, join, score, and between turns feedback
 
 
 @dataclass
@@ -270,10 +407,211 @@ class Agent:
                                                   tokenize=False, add_generation_prompt=True)
 
 
+def joint_actions(num_agents, num_generations, mode="aligned"):
+    """Which completions form the joint actions of one prompt (Sec. 2, step 2), as index tuples
+    (g_0, ..., g_{n-1}): agent i contributes its g_i-th completion.
+    mode="aligned": the g-th completion of every agent forms joint action g (G joint actions);
+    mode="cross":   every combination (G^n joint actions)."""
+    if mode == "aligned":
+        return [(g,) * num_agents for g in range(num_generations)]
+    if mode == "cross":
+        return list(itertools.product(range(num_generations), repeat=num_agents))
+    raise ValueError(f"unknown joint mode {mode!r}: use aligned or cross")
+
+
+def credited_returns(returns, joint, num_agents, num_generations):
+    """The return each agent's completion is credited with, [B, G] per agent: the mean of the
+    shared returns of the joint actions it takes part in (aligned: exactly its one joint action).
+    `returns` is [B, len(joint)], in the order of `joint`."""
+    credit = []
+    for i in range(num_agents):
+        member = torch.zeros(len(joint), num_generations)  # member[j, g]: joint action j uses agent i's g
+        member[torch.arange(len(joint)), torch.tensor([idx[i] for idx in joint])] = 1.0
+        credit.append(returns @ member / member.sum(0))
+    return credit
+
+
+@dataclass
+class Group:
+    """One prompt per agent, each sampled `size` times (Sec. 2 step 1): an example's turn-1 prompts,
+    or at a later turn the revision prompts that follow one expanded node (Sec. 3)."""
+    example: int            # index of the example in the batch
+    parent: int             # the node of the previous turn this group revises (None at turn 1)
+    prompts: list           # one env prompt per agent
+    histories: list         # per agent: [(its own answer, the feedback it got), ...] of earlier turns
+    seed: int               # the group's sampling seed; agent i samples with mix_seed(seed, i)
+
+
+@dataclass
+class Turn:
+    """Everything sampled and scored at one turn for the whole batch. Node n = k * J + j is the
+    j-th joint action of group k (J = len(joint)); rollout rows k * size + g are group k's."""
+    groups: list
+    size: int               # completions per agent per group
+    rollouts: list          # one Rollout per agent
+    joint: list             # index tuples of one group's joint actions
+    outputs: list           # per node: one text per agent
+    rewards: list           # per node: the env's reward (float() of it is the number)
+    terminated: list        # per node: its reward reached the termination threshold
+    children: dict = field(default_factory=dict)  # expanded node -> its group at the next turn
+
+    def values(self):
+        """The rewards as numbers, [groups, J]."""
+        return torch.tensor([float(r) for r in self.rewards]).view(len(self.groups), len(self.joint))
+
+
+def sample_agent(agent, i, prompts, size, cfg, seeds):
+    """Agent i samples `size` completions for each of its prompts, in one generate call; prompt b
+    with seed mix_seed(seeds[b], i)."""
+    return generate(agent.model, agent.tokenizer, [agent.format(p) for p in prompts], size, cfg.max_new_tokens,
+                    cfg.temperature, cfg.top_p, cfg.top_k, seed=[mix_seed(s, i) for s in seeds])
+
+
+def sample_team(agents, prompts, size, cfg, seeds):
+    """Sec. 2 step 1 with decentralised execution: agent i samples `size` completions for each of
+    its own prompts prompts[i] from its own policy, seeing nothing of the others. One Rollout per
+    agent; seeds: one per prompt position, shared by the agents."""
+    return [sample_agent(agent, i, prompts[i], size, cfg, seeds) for i, agent in enumerate(agents)]
+
+
+@dataclass
+class ScoreError:
+    """The reward of a joint action whose scoring raised: 0, with the error kept for the logs."""
+    error: str
+
+    def __float__(self):
+        return 0.0
+
+
+def score_joint(env, examples, outputs, one=None):
+    """The shared reward of each (example, joint output) (Sec. 2 step 3): env.rewards on the whole
+    batch (an env may score it in parallel); if that raises, or with a per-sample scorer `one`
+    (default env.reward), sample by sample, where a sample whose scoring raises gets a ScoreError:
+    one bad sample costs only itself, and is counted (score_errors), never silently 0."""
+    if one is None:
+        try:
+            rewards = list(env.rewards(examples, outputs))
+            if len(rewards) == len(outputs):
+                return rewards
+        except Exception:
+            pass  # find the culprit below
+        one = env.reward
+    rewards = []
+    for ex, out in zip(examples, outputs):
+        try:
+            rewards.append(one(ex, out))
+        except Exception as e:
+            rewards.append(ScoreError(f"{type(e).__name__}: {e}"[:500]))
+    return rewards
+
+
+def sample_turn(agents, env, examples, groups, size, cfg):
+    """Sample every group of a turn (one generate call per agent), form the joint actions and
+    score them all with one env.rewards call (Sec. 2 steps 1-3)."""
+    n = len(agents)
+    rollouts = sample_team(agents, [[g.prompts[i] for g in groups] for i in range(n)], size, cfg,
+                           [g.seed for g in groups])
+    joint = joint_actions(n, size, cfg.joint)
+    outputs = [tuple(r.texts[k][j] for r, j in zip(rollouts, idx)) for k in range(len(groups)) for idx in joint]
+    rewards = score_joint(env, [examples[g.example] for g in groups for _ in joint], outputs)
+    return Turn(groups, size, rollouts, joint, outputs, rewards, [False] * len(outputs))
+
+
+def expand_nodes(turn, mode, threshold):
+    """The nodes of `turn` that get children (Sec. 3): every node ("all") or the best of each group
+    ("best", ties to the first), minus those whose reward reached the threshold (solved: no revision
+    needed). Marks turn.terminated."""
+    values, J = turn.values(), len(turn.joint)
+    turn.terminated = [float(v) >= threshold - 1e-9 for v in values.view(-1)]
+    if mode == "all":
+        nodes = range(len(turn.outputs))
+    else:
+        nodes = [k * J + int(values[k].argmax()) for k in range(len(turn.groups))]
+    return [n for n in nodes if not turn.terminated[n]]
+
+
+def team_feedback(env, examples, turn, nodes, cfg, expert=None):
+    """The env's feedback on each node's joint answer, one text per agent (Sec. 3). In "expert"
+    mode an expert model (an Agent) first reviews every node, greedily, in one generate call."""
+    J = len(turn.joint)
+    reviews = [None] * len(nodes)
+    if cfg.feedback == "expert":
+        if expert is None:
+            raise ValueError("--feedback expert needs an expert model (--feedback-model)")
+        prompts = [expert.format(env.expert_prompt(examples[turn.groups[n // J].example], turn.outputs[n]))
+                   for n in nodes]
+        r = generate(expert.model, expert.tokenizer, prompts, 1, cfg.feedback_max_new_tokens, temperature=0)
+        reviews = [texts[0] for texts in r.texts]
+    return [env.feedback(examples[turn.groups[n // J].example], turn.outputs[n], cfg.feedback,
+                         reward=turn.rewards[n], review=review) for n, review in zip(nodes, reviews)]
+
+
+def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
+    """One episode per example (Sec. 2 steps 1-3, and Sec. 3 for cfg.num_turns > 1): returns the
+    list of Turns. Turn 1: every agent samples cfg.num_generations completions of its own prompt and
+    the env scores the joint actions. Between turns the nodes chosen by cfg.expand (and not yet at
+    the termination threshold) get the env's feedback, and each one becomes a group of the next
+    turn: every agent's prompt is its own turn-1 prompt, its own earlier answers and the feedback
+    (never a partner's prompt or answer, unless the feedback quotes it), sampled `children` times
+    (default: G). seeds: one per example, e.g. mix_seed(run seed, step, example index)."""
+    threshold = cfg.termination_threshold
+    if threshold is None:
+        threshold = getattr(env, "max_reward", math.inf)
+    n, size = len(agents), cfg.num_generations
+    groups = [Group(b, None, list(env.prompts(ex)), [[] for _ in range(n)], mix_seed(seeds[b], 1))
+              for b, ex in enumerate(examples)]
+    turns = []
+    for t in range(1, cfg.num_turns + 1):
+        turn = sample_turn(agents, env, examples, groups, size, cfg)
+        turns.append(turn)
+        nodes = expand_nodes(turn, cfg.expand, threshold)
+        if t == cfg.num_turns or not nodes:
+            break
+        feedback = team_feedback(env, examples, turn, nodes, cfg, expert)
+        J, groups = len(turn.joint), []
+        for node, notes in zip(nodes, feedback):
+            parent = turn.groups[node // J]
+            histories = [h + [(turn.outputs[node][i], notes[i])] for i, h in enumerate(parent.histories)]
+            ex = examples[parent.example]
+            turn.children[node] = len(groups)
+            groups.append(Group(parent.example, node, [env.revision_prompt(ex, i, histories[i]) for i in range(n)],
+                                histories, mix_seed(parent.seed, t, node % J)))
+        size = children or cfg.num_generations
+    return turns
+
+
+def episode_returns(turns, gamma):
+    """Per turn, the return of every node as a [groups, J] tensor (node_return, from the last turn
+    back): a leaf returns its reward, an expanded node adds gamma * the mean of its children's."""
+    returns = [None] * len(turns)
+    for t in reversed(range(len(turns))):
+        turn, values = turns[t], []
+        for node, reward in enumerate(turn.rewards):
+            k = turn.children.get(node)
+            kids = [] if k is None else returns[t + 1][k].tolist()
+            values.append(node_return(reward, kids, gamma))
+        returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
+    return returns
+
+
+def episode_advantages(turns, cfg):
+    """Eq. 1 on the returns of every group of siblings: per turn, per agent, one advantage per
+    rollout row ([groups * size]); in cross mode a completion's return is credited (the mean over
+    the joint actions it takes part in) before the group baseline is taken."""
+    out = []
+    for turn, returns in zip(turns, episode_returns(turns, cfg.discount)):
+        credit = credited_returns(returns, turn.joint, len(turn.rollouts), turn.size)
+        out.append([group_advantages(c, cfg.advantage).view(-1) for c in credit])
+    return out
+
+# -----------------------------------------------------------------------------
+# The update (Sec. 2 steps 4-6): Eq. 1 on the returns, Eq. 2, one AdamW step per agent
+
+
 class MasterWeightAdamW:
     """AdamW over fp32 master copies of low-precision (bf16/fp16) weights. At RL learning rates an
-    update is far below bf16's resolution and would round away (Sec. 7 pitfall); the master copy
-    accumulates it, and the model's own weights are refreshed from it after every step."""
+    update is far below bf16's resolution and would round away; the master copy accumulates it,
+    and the model's own weights are refreshed from it after every step."""
 
     def __init__(self, params, **kwargs):
         self.params = [p for p in params if p.requires_grad]
@@ -292,40 +630,24 @@ class MasterWeightAdamW:
         for m, p in zip(self.master, self.params):
             p.copy_(m)
 
+    def state_dict(self):
+        return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        for m, p, saved in zip(self.master, self.params, state["master"]):
+            m.copy_(saved)
+            p.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
 
 def make_optimizer(model, learning_rate, weight_decay=0.0):
-    """AdamW per agent (Sec. 2, step 6): plain for fp32 weights, with fp32 master weights otherwise."""
+    """AdamW per agent (Sec. 2, step 6) over its trainable parameters: plain for fp32 weights, with
+    fp32 master weights otherwise."""
     params = [p for p in model.parameters() if p.requires_grad]
     if all(p.dtype == torch.float32 for p in params):
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
     return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
-
-
-JOINT_MODES = ("aligned", "cross")
-
-
-def joint_actions(num_agents, num_generations, mode="aligned"):
-    """Which completions form the joint actions of one prompt (Sec. 2, step 2), as index tuples
-    (g_0, ..., g_{n-1}): agent i contributes its g_i-th completion.
-    mode="aligned": the g-th completion of every agent forms joint action g (G joint actions);
-    mode="cross":   every combination (G^n joint actions)."""
-    if mode == "aligned":
-        return [(g,) * num_agents for g in range(num_generations)]
-    if mode == "cross":
-        return list(itertools.product(range(num_generations), repeat=num_agents))
-    raise ValueError(f"unknown joint mode {mode!r}: use aligned or cross")
-
-
-def credited_returns(rewards, joint, num_agents, num_generations):
-    """The return each agent's completion is credited with, [B, G] per agent: the mean of the
-    shared rewards of the joint actions it takes part in (aligned: exactly its one joint action).
-    `rewards` is [B, len(joint)], in the order of `joint`."""
-    credit = []
-    for i in range(num_agents):
-        member = torch.zeros(len(joint), num_generations)  # member[j, g]: joint action j uses agent i's g
-        member[torch.arange(len(joint)), torch.tensor([idx[i] for idx in joint])] = 1.0
-        credit.append(rewards @ member / member.sum(0))
-    return credit
 
 
 def global_grad_norm(model):
@@ -334,74 +656,103 @@ def global_grad_norm(model):
     return torch.stack(norms).norm().item() if norms else 0.0
 
 
-def update_agent(agent, rollout, advantages, temperature=1.0, loss_type="seq_sum", micro_batch_size=8):
-    """Eq. 2 for one agent: accumulate the policy-gradient loss over micro-batches (memory does not
-    grow with G), then one optimizer step. The loss is normalised once over the whole batch. A
-    non-finite loss or gradient skips the step with a warning rather than corrupting the weights.
-    Returns a dict of what happened (loss, grad_norm, skipped)."""
-    model, opt = agent.model, agent.optimizer
+def update_agent(agent, parts, cfg):
+    """Eq. 2 for one agent: parts = [(rollout, advantages, weight)], one per turn. Each turn's loss
+    is normalised once over that turn's whole batch and scaled by its weight; the losses of every
+    micro-batch of every turn accumulate into one gradient (memory does not grow with G), then one
+    optimizer step. Rows whose advantage is 0 carry no gradient and are not run. A non-finite loss
+    or gradient skips the step with a warning rather than corrupting the weights.
+    Returns {"loss", "grad_norm", "skipped"}."""
+    model, opt, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
     opt.zero_grad(set_to_none=True)
-    normalizer = loss_normalizer(rollout.completion_mask, loss_type)
     total = 0.0
-    for start in range(0, len(rollout), micro_batch_size):
-        mb = rollout.rows(start, start + micro_batch_size)
-        lp = completion_logprobs(model, mb, temperature)
-        loss = policy_loss(lp, mb.completion_mask, advantages[start:start + micro_batch_size],
-                           loss_type, normalizer)
-        loss.backward()
-        total = total + loss.detach()
+    for rollout, advantages, weight in parts:
+        normalizer = loss_normalizer(rollout.completion_mask, cfg.loss_type)
+        advantages = advantages.to(rollout.completion_ids.device)
+        for start in range(0, len(rollout), mbs):
+            adv = advantages[start:start + mbs]
+            if not adv.any():
+                continue
+            mb = rollout.rows(start, start + mbs)
+            lp = completion_logprobs(model, mb, cfg.temperature)
+            loss = weight * policy_loss(lp, mb.completion_mask, adv, cfg.loss_type, normalizer)
+            loss.backward()
+            total = total + loss.detach()
     total = float(total)
     grad_norm = global_grad_norm(model)  # logged only: the paper clips no gradients
     if not (math.isfinite(total) and math.isfinite(grad_norm)):
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
         opt.zero_grad(set_to_none=True)
         return {"loss": total, "grad_norm": grad_norm, "skipped": 1}
-    opt.step()
+    opt.step()  # parameters without a gradient (all advantages 0) are left alone
     opt.zero_grad(set_to_none=True)
     return {"loss": total, "grad_norm": grad_norm, "skipped": 0}
 
 
-def sample_agents(agents, env, examples, num_generations, max_new_tokens, temperature=1.0,
-                  top_p=1.0, seed=None):
-    """Sec. 2 step 1 (and decentralised execution, Sec. 1): every agent samples from its own
-    policy for its own prompt of each example, seeing nothing of the others. One Rollout per agent."""
-    return [generate(agent.model, agent.tokenizer, [agent.format(env.prompts(ex)[i]) for ex in examples],
-                     num_generations, max_new_tokens, temperature, top_p, None if seed is None else seed + i)
-            for i, agent in enumerate(agents)]
-
-
-def train_step(agents, env, examples, num_generations=4, max_new_tokens=256, temperature=1.0,
-               top_p=1.0, loss_type="seq_sum", advantage="mean", micro_batch_size=8, seed=None,
-               joint_mode="aligned"):
-    """One MAGRPO iteration on a batch of examples (Sec. 2):
-    1. every agent samples G completions for its own prompt of each example;
-    2. joint actions (aligned, or cross: every combination); 3. the env's shared reward for each;
-    4. Eq. 1 within each example's group, on the return credited to each completion;
-    5-6. Eq. 2 and one AdamW step for every agent.
-    Returns the step's metrics."""
-    rollouts = sample_agents(agents, env, examples, num_generations, max_new_tokens, temperature,
-                             top_p, seed)
-    joint = joint_actions(len(agents), num_generations, joint_mode)
-    texts = [tuple(r.texts[b][g] for r, g in zip(rollouts, idx)) for b in range(len(examples)) for idx in joint]
-    scores = env.rewards([ex for ex in examples for _ in joint], texts)
-    rewards = torch.tensor([float(s) for s in scores]).view(len(examples), len(joint))
-    advantages = [group_advantages(c, advantage).view(-1)
-                  for c in credited_returns(rewards, joint, len(agents), num_generations)]
-    zero_groups = int(torch.stack([a.view(len(examples), -1) == 0 for a in advantages]).all(0).all(-1).sum())
-    metrics = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-               "reward_max": rewards.max().item(), "zero_adv_groups": zero_groups}
-    for i, (agent, rollout, adv) in enumerate(zip(agents, rollouts, advantages)):
-        metrics[f"completion_len_{i}"] = rollout.completion_mask.sum(-1).float().mean().item()
-        if bool((adv == 0).all()):  # no learning signal in any group: nothing to update
-            metrics.update({f"loss_{i}": 0.0, f"grad_norm_{i}": 0.0, f"skipped_{i}": 0})
-            continue
-        out = update_agent(agent, rollout, adv.to(rollout.completion_ids.device), temperature,
-                           loss_type, micro_batch_size)
+def update_team(agents, turns, cfg):
+    """Sec. 2 steps 4-6 for every agent on an episode: the advantages of every turn (Eq. 1 on the
+    returns of each sibling group), then update_agent. Returns the per-agent metrics and
+    zero_adv_groups: groups whose advantages are 0 for every agent (no signal: count them, the
+    loss being ~0 is expected with centred advantages)."""
+    advantages = episode_advantages(turns, cfg)
+    metrics = {"zero_adv_groups": sum(
+        int(torch.stack([a.view(len(turn.groups), -1) == 0 for a in adv]).all(0).all(-1).sum())
+        for turn, adv in zip(turns, advantages))}
+    for i, agent in enumerate(agents):
+        parts = [(turn.rollouts[i], adv[i], cfg.turn_weight(t)) for t, (turn, adv) in enumerate(zip(turns, advantages), 1)]
+        out = update_agent(agent, parts, cfg)
         metrics.update({f"{k}_{i}": v for k, v in out.items()})
-    metrics["samples"] = texts[0]
+        lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1).float().cpu() for turn in turns])
+        metrics[f"completion_len_{i}"] = lengths.mean().item()
     return metrics
 
+
+def level_means(rewards):
+    """The mean of each reward level (a reward's `levels` dict; a level it lacks, gated off, is 0)."""
+    levels = [getattr(r, "levels", None) or {} for r in rewards]
+    names = dict.fromkeys(k for lv in levels for k in lv)
+    return {k: sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
+
+
+def episode_metrics(turns, num_turns):
+    """What an episode scored: reward_mean/std/max and level_<name> of turn 1 (the single-turn
+    numbers), and per turn t: reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t} (share of
+    nodes at the threshold, which are not revised), level_<name>_turn{t}, and for t > 1
+    improvement_turn{t} (mean over revised nodes of their children's mean reward minus their own);
+    None for a turn no node reached. sandbox_errors counts rewards whose sandbox could not run,
+    score_errors those whose scoring raised (both count as 0)."""
+    first = turns[0].values().view(-1)
+    m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if first.numel() > 1 else 0.0,
+         "reward_max": first.max().item(), **{f"level_{k}": v for k, v in level_means(turns[0].rewards).items()}}
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
+               ([f"improvement_turn{t}"] if t > 1 else [])
+        if t > len(turns):
+            m.update(dict.fromkeys(keys))
+            continue
+        turn, values = turns[t - 1], turns[t - 1].values()
+        m.update(zip(keys, [values.mean().item(), values.max().item(),
+                            sum(turn.terminated) / len(turn.terminated)]))
+        m.update({f"level_{k}_turn{t}": v for k, v in level_means(turn.rewards).items()})
+        if t > 1:
+            parents = torch.tensor([float(turns[t - 2].rewards[g.parent]) for g in turn.groups])
+            m[keys[-1]] = (values.mean(-1) - parents).mean().item()
+    rewards = [r for turn in turns for r in turn.rewards]
+    m["sandbox_errors"] = sum(getattr(r, "sandbox_error", None) is not None for r in rewards)
+    m["score_errors"] = sum(isinstance(r, ScoreError) for r in rewards)
+    return m
+
+
+def train_step(agents, env, examples, cfg, seeds, expert=None):
+    """One MAGRPO iteration on a batch of examples (Sec. 2; Sec. 3 when cfg.num_turns > 1):
+    sample and score an episode per example (rollout_team), then update every agent (update_team).
+    seeds: one per example. Returns the step's metrics, with `samples`: the first joint output of
+    the last turn."""
+    turns = rollout_team(agents, env, examples, cfg, seeds, expert)
+    metrics = {**episode_metrics(turns, cfg.num_turns), **update_team(agents, turns, cfg)}
+    metrics["samples"] = turns[-1].outputs[0]
+    return metrics
 
 # -----------------------------------------------------------------------------
 # Models: the built-in tiny model (CPU demo, tests) and real ones by hub name or local path
@@ -477,3 +828,106 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     return model.to(device), tok
+
+
+# -----------------------------------------------------------------------------
+# Command-line pieces that train.py and eval.py share (one declaration, one loader)
+
+
+def add_agent_flags(p):
+    p.add_argument("--model", action="append", help="hub name or local path; 'tiny' (default) is the "
+                   "built-in random-init model; repeat or give a comma list for one model per agent")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per "
+                   "agent; auto: agent i on GPU i mod the GPU count, else the CPU")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
+
+
+def add_sampling_flags(p, temperature, top_p):
+    p.add_argument("--max-new-tokens", type=int, help="tokens per completion (paper: 256)")
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-p", type=float, default=top_p)
+    p.add_argument("--top-k", type=int, default=0, help="0: no top-k cut")
+
+
+def add_turn_flags(p):
+    """Multi-turn (Sec. 3): the flags both training and evaluation need."""
+    p.add_argument("--num-turns", type=int, default=1, help="T: answer, get feedback, revise (1: single turn)")
+    p.add_argument("--feedback", default="level", help=f"between turns: {', '.join(FEEDBACK_MODES)}")
+    p.add_argument("--feedback-model", help="--feedback expert: the reviewing model (hub name or path)")
+    p.add_argument("--feedback-max-new-tokens", type=int, default=256, help="bound on the expert's review")
+    p.add_argument("--termination-threshold", type=float,
+                   help="a joint answer whose reward reaches it is not revised (default: the env's max)")
+
+
+def config_from_flags(args, **overrides):
+    """A Config from the flags that name its fields (the others keep its defaults)."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    values = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    return Config(**{**values, **overrides})
+
+
+def model_names(args):
+    """--model given repeated and/or as comma lists, flattened; the tiny model by default."""
+    return [m.strip() for spec in (args.model or [TINY]) for m in spec.split(",") if m.strip()]
+
+
+def per_agent(values, n, flag):
+    """A flag given once or as a list -> one value per agent."""
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
+    return values
+
+
+def agent_devices(device, n):
+    """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B
+    agents with their optimizers do not fit on one 80 GB GPU), else on the CPU."""
+    gpus = torch.cuda.device_count()
+    devices = [d.strip() for d in device.split(",") if d.strip()]
+    if devices == ["auto"]:
+        return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n)]
+    return per_agent(devices, n, "--device")
+
+
+def load_agent(name, device, dtype, seed, flag="--model", chat_template=False):
+    """An Agent (no optimizer yet) for one model name; a bad one raises ValueError naming the flag."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
+    try:
+        model, tok = load_agent_model(name, device, dtype, seed=seed)
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{flag}: {e}") from None
+    if chat_template and tok.chat_template is None:
+        raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
+    return Agent(model, tok, chat_template=chat_template)
+
+
+def load_expert(args, device):
+    """--feedback expert's reviewer, or None. It reads its prompt through its chat template when it
+    has one (an instruct model), raw otherwise; greedy, at most --feedback-max-new-tokens tokens."""
+    if args.feedback != "expert":
+        if args.feedback_model:
+            raise ValueError("--feedback-model: only used with --feedback expert")
+        return None
+    if not args.feedback_model:
+        raise ValueError("--feedback: expert needs --feedback-model NAME_OR_PATH (a local causal LM)")
+    expert = load_agent(args.feedback_model, device, args.dtype, seed=12345, flag="--feedback-model")
+    expert.chat_template = expert.tokenizer.chat_template is not None
+    return expert
+
+
+def chains(turns, num_turns):
+    """For an episode sampled with one child per revised node (evaluation), the node that each
+    turn-1 node has become at every turn: per turn-1 node, [(turn index, node) for turn 1..T]. A node
+    that was not revised (it reached the threshold) stands for itself at the later turns."""
+    out = []
+    for n in range(len(turns[0].rewards)):
+        path = [(0, n)]
+        for t in range(1, num_turns):
+            prev_t, prev = path[-1]
+            k = turns[prev_t].children.get(prev) if prev_t == t - 1 else None
+            path.append((t, k * len(turns[t].joint)) if k is not None else (prev_t, prev))
+        out.append(path)
+    return out

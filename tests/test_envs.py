@@ -268,22 +268,48 @@ def test_writing_prompts_and_reward():
     assert float(env.single_reward(env.examples[0], short)) == 0.0
 
 # -----------------------------------------------------------------------------
-# train.py end to end with the tiny model
+# train.py end to end: tiny agents whose sampler is scripted (conftest.script_agents), so that the
+# rewards vary within groups and the update can be checked
 
 
-@pytest.mark.parametrize("flags", [
-    ["--env", "coding", "--dataset", "humaneval"],
-    ["--env", "coding", "--num-agents", "1"],
-    ["--env", "tldr"],
-    ["--env", "arxiv"],
+LONG = " ".join(f"method{i % 60}" for i in range(150))
+SCRIPTS = {  # per env: the texts each agent's scripted sampler cycles through
+    "demo": [["abcdefgh", "abc", "xyz"], ["nopqrstu vwxyznopq", "nop", "abc"]],
+    "coding": [["def aux(x):\n    return x\n", "def aux(x):\n    pass\n", "prose only"],
+               ["    return aux(1)\n", "    return (\n", "    y = 1\n    return y\n"]],
+    "coding1": [["    return 0\n", "    return (\n", "no code"]],
+    "tldr": [["The post says that cats like warm places and long naps.", "Too short."],
+             ["First, the post explains that cats enjoy warm spots; moreover, they sleep for hours. "
+              "For example, a cat naps in the sun. However, cats wake at night, therefore plan play.", "Short."]],
+    "arxiv": [[" ".join(f"background{i % 50}" for i in range(140)), "Too short."], [LONG, LONG[:300]]],
+}
+
+
+def trained_away_from_init(out, n, seed=0):
+    """Whether every saved agent differs from the tiny model it started as."""
+    import magrpo
+    from transformers import AutoModelForCausalLM
+    tok = magrpo.tiny_tokenizer()
+    return [any(not p.equal(q) for p, q in zip(AutoModelForCausalLM.from_pretrained(out / f"agent_{i}").parameters(),
+                                               magrpo.tiny_model(tok, seed=seed + i).parameters()))
+            for i in range(n)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flags, script", [
+    (["--env", "coding", "--dataset", "humaneval"], "coding"),
+    (["--env", "coding", "--num-agents", "1"], "coding1"),
+    (["--env", "tldr"], "tldr"),
+    (["--env", "arxiv"], "arxiv"),
 ])
-def test_train_runs_each_env(tmp_path, flags):
-    n = 1 if "--num-agents" in flags else 2
-    train.train(train.parse_args(flags + ["--steps", "2", "--num-generations", "2",
-                                          "--max-new-tokens", "16", "--out", str(tmp_path)]))
-    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 2 and all("reward_mean" in json.loads(r) for r in rows)
+def test_train_runs_each_env(tmp_path, flags, script, script_agents):
+    script_agents(SCRIPTS[script])
+    n = len(SCRIPTS[script])
+    train.train(train.parse_args(flags + ["--steps", "2", "--num-generations", "3", "--out", str(tmp_path)]))
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["zero_adv_groups"] == 0 and r["reward_max"] > r["reward_mean"] for r in rows)
     assert sorted(p.name for p in tmp_path.glob("agent_*")) == [f"agent_{i}" for i in range(n)]
+    assert all(trained_away_from_init(tmp_path, n))
 
 
 def test_demo_reward_by_hand():
@@ -299,3 +325,102 @@ def test_demo_reward_by_hand():
     assert envs.DemoEnv(split="eval").examples != envs.DemoEnv().examples
     with pytest.raises(ValueError):
         envs.DemoEnv(dataset="x.jsonl")
+
+# -----------------------------------------------------------------------------
+# Multi-turn (Sec. 3): feedback and revision prompts
+
+
+def test_feedback_level_coding_reads_the_rewards_findings(humaneval, sandbox):
+    env, ex = envs.make_env("coding"), humaneval["HumanEval/0"]
+    wrong = "    gaps = aux(numbers)\n    return False\n"
+    r = env.reward(ex, (AUX0, wrong))
+    aux_notes, main_notes = env.feedback(ex, (AUX0, wrong), reward=r)
+    assert f"tests passed: {r.passed}/{r.n_tests}" in main_notes and 0 < r.passed < r.n_tests
+    first_fail = r.report.first_failure.splitlines()[0]
+    assert "assert candidate(" in first_fail and first_fail in main_notes  # the failing test's source
+    assert "your `has_close_elements` is defined" in main_notes and "your partner's `aux`" in main_notes
+    assert "your `aux` is defined" in aux_notes and "`has_close_elements` calls `aux`" in aux_notes
+    assert main_notes.endswith("Revise your function; output only the code.")
+    wrapper = env.feedback(ex, (AUX0, "    return aux(numbers)\n"))[1]
+    assert "only wraps `aux`" in wrapper
+    missing = env.feedback(ex, ("no code", "    return (\n"))
+    assert "your `aux` is missing" in missing[0] and "does not parse" in missing[1] and "line" in missing[1]
+    assert "does not call `aux`" in env.feedback(ex, (AUX0, ex["canonical_solution"]))[1]
+
+
+def test_feedback_level_writing_names_the_failed_level():
+    env = envs.make_env("tldr")
+    ex = env.examples[0]
+    short = env.feedback(ex, ("too short", "also short"))
+    assert all("has 2 words; each part needs 8 to 256" in s for s in short)
+    summary = "The text explains how the parser reads each token in order."
+    notes = env.feedback(ex, (summary, summary + " It also checks names."))
+    assert "the target is 1.6x to 3.2x: make your summary part shorter" in notes[0]
+    assert "make your detailed part longer" in notes[1]
+    assert notes[0].endswith("Write your summary part again; output only the text.")
+
+
+def test_feedback_level_demo_names_the_letters_and_the_ratio():
+    env = envs.make_env("demo")
+    notes = env.feedback(env.examples[0], ("abcxyz", "nop"))
+    assert "letters outside a to m: x y z" in notes[0] and "uses 3 distinct letters" in notes[0]
+    assert "the body is 0.5x as long as the headline (want 2x to 4x): write a shorter headline" in notes[0]
+    assert "write a longer body" in notes[1]
+
+
+def test_feedback_plain_and_expert():
+    env = envs.make_env("demo")
+    ex = env.examples[0]
+    assert env.feedback(ex, ("a", "b"), mode="plain") == ["Write the headline again.", "Write the body again."]
+    expert = env.feedback(ex, ("a", "b"), mode="expert", review=" Use more letters. ")
+    assert all(s.startswith("Here is the feedback from an expert:\nUse more letters.") for s in expert)
+    assert "[headline]\nabc" in env.expert_prompt(ex, ("abc", "nop")) and "[body]\nnop" in env.expert_prompt(ex, ("abc", "nop"))
+    with pytest.raises(ValueError, match="feedback mode"):
+        env.feedback(ex, ("a", "b"), mode="loud")
+
+
+def test_revision_prompt_coding_shows_own_answer_and_feedback(humaneval):
+    env, ex = envs.make_env("coding"), humaneval["HumanEval/0"]
+    p = env.revision_prompt(ex, 1, [(MAIN0, "Feedback:\ntests passed: 1/7")])
+    assert "#     gaps = aux(numbers)" in p and "# tests passed: 1/7" in p
+    assert p.endswith(env.prompts(ex)[1][env.prompts(ex)[1].index("def has_close_elements"):])
+    assert "def aux" not in p  # the partner's helper is not shown
+    q = env.revision_prompt(ex, 0, [(AUX0, "Feedback: a"), ("def aux(x):\n    return 1\n", "Feedback: b")])
+    assert q.count("# Your earlier `aux`:") == 2 and q.endswith("# The helper function:\n")
+
+
+def test_revision_prompt_writing_and_max_reward():
+    env = envs.make_env("arxiv")
+    ex = env.examples[0]
+    p = env.revision_prompt(ex, 0, [("My background.", "Feedback: too short")])
+    assert p.startswith(env.prompts(ex)[0]) and p.endswith("Feedback: too short\n\nRevised background and motivation:\n")
+    assert env.max_reward == 3.0 and envs.make_env("coding").max_reward == 4.0
+    assert envs.make_env("coding", num_agents=1).max_reward == 2.1 and envs.make_env("demo").max_reward == 3.0
+
+
+@pytest.fixture(scope="module")
+def expert_dir(tmp_path_factory):
+    """A tiny saved model to act as the expert reviewer (--feedback expert)."""
+    import magrpo
+    path = tmp_path_factory.mktemp("expert")
+    tok = magrpo.tiny_tokenizer()
+    magrpo.tiny_model(tok, seed=99, init_std=0.5).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feedback", ["level", "plain", "expert"])
+@pytest.mark.parametrize("env", ["demo", "coding", "tldr", "arxiv"])
+def test_train_runs_two_turns_for_each_env_and_feedback(tmp_path, env, feedback, expert_dir, script_agents):
+    calls = script_agents(SCRIPTS[env])
+    flags = ["--env", env, "--num-turns", "2", "--feedback", feedback, "--expand", "all",
+             "--termination-threshold", "99", "--steps", "1", "--num-generations", "2", "--out", str(tmp_path)]
+    if feedback == "expert":
+        flags += ["--feedback-model", expert_dir, "--feedback-max-new-tokens", "6"]
+    train.train(train.parse_args(flags))
+    (row,) = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert calls == [0, 1, 0, 1]  # one sampling call per agent per turn
+    assert row["reward_mean_turn2"] is not None and row["terminated_turn1"] == 0.0
+    assert row["zero_adv_groups"] < 1 + 2  # some group carried a signal ...
+    assert all(trained_away_from_init(tmp_path, 2))  # ... and both agents were updated

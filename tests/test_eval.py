@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 import pytest
 
+import torch
+
 import envs
 import eval as ev
+import magrpo
 
 FAST = ["--num-samples", "2", "--max-new-tokens", "16", "--k", "1,2", "--limit", "2"]
 
@@ -136,37 +139,49 @@ def test_writing_reward_levels_and_fields_are_reported():
 
 
 class FakeAgent:
+    """Stands in for magrpo.Agent: a name for its outputs and a time per generate call."""
     def __init__(self, name, seconds):
-        self.name, self.seconds = name, seconds
+        self.model, self.tokenizer, self.seconds = name, None, seconds
+
+    def format(self, prompt):
+        return prompt
+
+
+def fake_generate(seen):
+    """A scripted magrpo.generate: output "<agent><prompt index>.<g>", plus the end of its prompt when
+    it was sampled once (a prompt that shows one sample's partners); 3 tokens each."""
+    def generate(model, tokenizer, prompts, G, *args, seed=None, **kwargs):
+        agent = model
+        seen.append((agent.model, list(prompts)))
+        texts = [[f"{agent.model}{b}.{g}" + ("" if G > 1 else f"<{p[-6:]}>") for g in range(G)]
+                 for b, p in enumerate(prompts)]
+        N = len(prompts) * G
+        ones = torch.ones(N, 3, dtype=torch.long)
+        return magrpo.Rollout(None, None, ones, ones, None, texts, G, seconds=agent.seconds * N)
+    return generate
 
 
 def test_methods_with_scripted_agents(monkeypatch):
     """Aligned joint samples, who sees what, and the response-time rule: mean over parallel
-    agents, sum over sequential steps."""
+    agents, sum over sequential steps and rounds."""
     seen = []
-
-    def fake_sample(agent, prompts, seed, args, B):
-        seen.append((agent.name, list(prompts)))
-        G = args.num_samples
-        one_per_problem = len(prompts) == B
-        texts = [[f"{agent.name}{b}.{g}" + ("" if one_per_problem else f"<{prompts[b * G + g][-6:]}>")
-                  for g in range(G)] for b in range(B)]
-        return texts, [[3] * G for _ in range(B)], agent.seconds
-
-    monkeypatch.setattr(ev, "sample", fake_sample)
+    monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.DemoEnv(num_examples=3)
-    args = ev.parse_args(["--num-samples", "2"])
+    args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8"])
+    ev.check_flags(args)
     agents = [FakeAgent("h", 1.0), FakeAgent("b", 3.0)]
-    par = ev.run_parallel(env, agents, env.examples[:2], args, 0)
+    agents = [magrpo.Agent(a, None) for a in agents]
+    (par,) = ev.run_team(env, agents, env.examples[:2], args, 0)
     assert [s.outputs for s in par[1]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]
     assert par[0][0].seconds == 2.0 and par[0][0].tokens == 6
     seen.clear()
-    seq = ev.run_sequential(env, agents, env.examples[:2], args, 0)
+    (seq,) = ev.run_sequential(env, agents, env.examples[:2], args, 0)
     assert seq[0][0].seconds == 4.0
     assert "h1.1" in seen[1][1][3]  # the body agent's 4th prompt (problem 1, sample 1) shows h1.1
-    disc = ev.run_discussion(env, agents, env.examples[:2], args, 0)
+    (disc,) = ev.run_discussion(env, agents, env.examples[:2], args, 0)
     assert disc[0][0].seconds == 4.0 and disc[0][0].tokens == 12
-    assert disc[1][1].outputs[0].startswith("h1.1")
+    assert disc[1][1].outputs[0].startswith("h3.0")  # the revision of problem 1, sample 1 (prompt 3)
+    assert "h1.1" in seen[-2][1][3]
 
 
 def test_scoring_errors_never_abort(monkeypatch):
@@ -211,7 +226,8 @@ def test_every_method_runs_on_coding(tmp_path, capsys):
         assert {"pass@1", "pass@2", "pass_any@1", "acc@2", "coop_rate", "reward",
                 "tokens_per_sample", "seconds_per_sample"} <= set(m), name
     saved = json.loads(out.read_text())
-    assert set(saved) == {"methods", "details", "problems", "config"}
+    assert set(saved) == {"methods", "details", "problems", "config", "turns", "improvement"}
+    assert len(saved["turns"]) == 1 and saved["turns"][0]["methods"] == saved["methods"]
     assert len(saved["problems"]) == 2 * len(ev.METHODS)
     row = saved["problems"][0]
     assert row["task_id"].startswith("HumanEval/") and len(row["rewards"]) == len(row["passed"]) == 2

@@ -1,12 +1,14 @@
-"""Tests of the algorithm in magrpo.py: the sampler against transformers' own generate, the sampling
-distribution, log-probs, Eq. 1 and Eq. 2 on hand-computed numbers. CPU, tiny random models."""
+"""Tests of the algorithm in magrpo.py, one function at a time, each against an independent reference:
+transformers' own generate, a plain forward pass with log_softmax, hand-computed Eq. 1, Eq. 2 and
+multi-turn returns. `pytest -k NAME` runs a function's tests (sample_token, generate,
+completion_logprobs, group_advantages, policy_loss, node_return, ...). CPU, tiny random models."""
 import math
 
 import pytest
 import torch
 
 import magrpo
-from magrpo import completion_logprobs, generate, group_advantages, policy_loss
+from magrpo import completion_logprobs, generate, group_advantages, node_return, policy_loss, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
 
@@ -29,8 +31,74 @@ def hf_greedy(model, tok, prompts, max_new_tokens):
     return out[:, enc["input_ids"].shape[1]:]
 
 
+def total_variation(freq, probs):
+    return 0.5 * (freq - probs).abs().sum().item()
+
+# -----------------------------------------------------------------------------
+# sample_token and the seeded uniforms
+
+
+def test_sample_token_inverse_cdf_by_hand():
+    """The first token whose cumulative probability exceeds u: probs (0.5, 0.3, 0.2)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(5, 1)
+    u = torch.tensor([0.0, 0.49, 0.51, 0.79, 0.81], dtype=torch.float64)
+    assert sample_token(logits, 1.0, uniform=u).tolist() == [0, 0, 1, 1, 2]
+
+
+def test_sample_token_follows_softmax_at_the_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
+    torch.manual_seed(0)
+    for T in (1.5, 0.5):
+        freq = torch.bincount(sample_token(logits, T), minlength=6).float() / 40000
+        assert total_variation(freq, torch.softmax(logits[0] / T, -1)) < 0.01, T
+    assert total_variation(freq, torch.softmax(logits[0], -1)) > 0.05  # T = 0.5 is not T = 1
+
+
+def test_sample_token_top_p_keeps_the_nucleus():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
+    p = torch.softmax(logits[0], -1)  # [0.61, 0.22, 0.14, 0.08, ...] roughly
+    top_p = float(p[0] + p[1]) + 1e-3  # the smallest prefix reaching it needs the 3rd token too
+    torch.manual_seed(1)
+    s = sample_token(logits, 1.0, top_p)
+    assert set(s.tolist()) == {0, 1, 2}
+    kept = p[:3] / p[:3].sum()
+    assert torch.allclose(torch.bincount(s, minlength=6)[:3].float() / 40000, kept, atol=0.01)
+    assert set(sample_token(logits, 1.0, 0.3).tolist()) == {0}
+
+
+def test_sample_token_top_k_and_greedy():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(20000, 1)
+    torch.manual_seed(2)
+    s = sample_token(logits, 1.0, top_k=2)
+    assert set(s.tolist()) == {1, 3}
+    want = torch.softmax(torch.tensor([3.0, 2.0]), -1)
+    assert torch.allclose(torch.bincount(s, minlength=4)[[1, 3]].float() / 20000, want, atol=0.01)
+    assert sample_token(logits[:2], 0).tolist() == [1, 1]
+
+
+def test_row_uniforms_are_uniform_and_keyed():
+    keys = torch.arange(20000)
+    u = magrpo.row_uniforms(keys, 3)
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    hist = torch.histc(u.float(), 10, 0, 1) / 20000
+    assert (hist - 0.1).abs().max() < 0.01
+    assert torch.equal(magrpo.row_uniforms(keys[[5, 7]], 3), u[[5, 7]])  # a row's number is its own
+    assert not torch.equal(magrpo.row_uniforms(keys, 4), u)
+
+
+def test_mix_seed_is_a_deterministic_hash():
+    assert magrpo.mix_seed(1, 2, 3) == magrpo.mix_seed(1, 2, 3)
+    seen = {magrpo.mix_seed(a, b) for a in range(30) for b in range(30)}
+    assert len(seen) == 900 and all(0 <= s < 2 ** 63 for s in seen)
+    assert magrpo.mix_seed(1, 2) != magrpo.mix_seed(2, 1)
+
+# -----------------------------------------------------------------------------
+# generate
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-def test_greedy_matches_model_generate(tok, arch):
+def test_generate_greedy_matches_model_generate(tok, arch):
     model = build(tok, arch)
     ours = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=0)
     ref = hf_greedy(model, tok, PROMPTS, 20)
@@ -40,7 +108,7 @@ def test_greedy_matches_model_generate(tok, arch):
     assert len(set(ours.completion_ids[0].tolist())) > 3, "degenerate greedy output: test is too weak"
 
 
-def test_tokenizer_without_pad_token(tok):
+def test_generate_without_a_pad_token(tok):
     model = build(tok, "llama", seed=7)
     ref = generate(model, tok, PROMPTS, max_new_tokens=6, temperature=0)
     bare = magrpo.tiny_tokenizer()
@@ -52,7 +120,7 @@ def test_tokenizer_without_pad_token(tok):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_batched_equals_unbatched_and_groups_identical(tok, arch):
+def test_generate_batched_equals_unbatched(tok, arch):
     model = build(tok, arch, seed=1)
     batched = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=16, temperature=0)
     for b, prompt in enumerate(PROMPTS):
@@ -62,7 +130,7 @@ def test_batched_equals_unbatched_and_groups_identical(tok, arch):
             assert batched.texts[b][g] == alone.texts[0][0]
 
 
-def test_eos_stops_a_row_and_masks_after_it(tok):
+def test_generate_stops_a_row_at_eos_and_masks_after_it(tok):
     model = build(tok, "qwen2", seed=2)
     free = generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0)
     # Declare the 5th greedy token of row 0 an EOS: row 0 must stop there (EOS counted, pad after).
@@ -75,46 +143,26 @@ def test_eos_stops_a_row_and_masks_after_it(tok):
     assert (r.completion_ids[0, first + 1:] == tok.pad_token_id).all()
     assert torch.equal(r.completion_ids[0, :first + 1], free.completion_ids[0, :first + 1])
     assert r.texts[0][0] == tok.decode(free.completion_ids[0, :first].tolist())
-    # the other rows keep decoding exactly as before until they too emit stop_id
-    for row in range(1, len(PROMPTS)):
+    for row in range(1, len(PROMPTS)):  # the other rows decode as before until they emit stop_id
         ids = free.completion_ids[row].tolist()
         n = ids.index(stop_id) + 1 if stop_id in ids else 12
         assert torch.equal(r.completion_ids[row, :n], free.completion_ids[row, :n])
 
 
-def test_first_tokens_follow_softmax_over_temperature(tok):
+def test_generate_first_tokens_follow_softmax_at_the_temperature(tok):
     model = build(tok, "qwen2", seed=3)
     T, n = 0.7, 20000
     r = generate(model, tok, ["abc"], num_generations=n, max_new_tokens=1, temperature=T, seed=0)
     with torch.no_grad():
         enc = tok(["abc"], return_tensors="pt", add_special_tokens=False)
-        probs = torch.softmax(model(**enc).logits[0, -1] / T, -1)
-    freq = torch.bincount(r.completion_ids[:, 0], minlength=probs.numel()).float() / n
-    tv = 0.5 * (freq - probs).abs().sum().item()
+        logits = model(**enc).logits[0, -1]
+    freq = torch.bincount(r.completion_ids[:, 0], minlength=logits.numel()).float() / n
+    tv = total_variation(freq, torch.softmax(logits / T, -1))
     assert tv < 0.06, tv
-    # and not the temperature-1 distribution (the check can tell temperatures apart)
-    probs1 = torch.softmax(model(**enc).logits[0, -1], -1).detach()
-    assert 0.5 * (freq - probs1).abs().sum().item() > 2 * tv
+    assert total_variation(freq, torch.softmax(logits, -1)) > 2 * tv  # the check tells temperatures apart
 
 
-def test_sample_token_matches_distribution_and_nucleus():
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
-    g = torch.Generator().manual_seed(0)
-    probs = torch.softmax(logits[0] / 1.5, -1)
-    freq = torch.bincount(magrpo.sample_token(logits, 1.5, 1.0, g), minlength=6).float() / 40000
-    assert torch.allclose(freq, probs, atol=0.01)
-    # top_p: the nucleus is the smallest prefix of sorted tokens whose mass reaches top_p
-    p = torch.softmax(logits[0], -1)  # [0.61, 0.22, 0.14, 0.08, ...] roughly
-    top_p = float(p[0] + p[1]) + 1e-3  # needs the 3rd token too
-    s = magrpo.sample_token(logits, 1.0, top_p, g)
-    assert set(s.tolist()) == {0, 1, 2}
-    kept = p[:3] / p[:3].sum()
-    assert torch.allclose(torch.bincount(s, minlength=6)[:3].float() / 40000, kept, atol=0.01)
-    assert set(magrpo.sample_token(logits, 1.0, 0.3, g).tolist()) == {0}
-    assert magrpo.sample_token(logits[:2], 0, 1.0).tolist() == [0, 0]
-
-
-def test_top_p_in_generate_never_leaves_the_nucleus(tok):
+def test_generate_top_p_never_leaves_the_nucleus(tok):
     model = build(tok, "llama", seed=4)
     r = generate(model, tok, ["q"], num_generations=3000, max_new_tokens=1, temperature=1.0, top_p=0.5, seed=1)
     with torch.no_grad():
@@ -127,32 +175,72 @@ def test_top_p_in_generate_never_leaves_the_nucleus(tok):
     assert len(set(r.completion_ids[:, 0].tolist())) == len(nucleus) or len(nucleus) > 20
 
 
-def test_seed_makes_sampling_reproducible(tok):
+def test_generate_seed_reproduces_and_varies(tok):
     model = build(tok, "qwen2", seed=5)
     a = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
     b = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
     c = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=8)
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert len({t for texts in a.texts for t in texts}) > len(PROMPTS)  # the G rows of a prompt differ
+
+
+def test_generate_seeded_prompt_does_not_depend_on_its_batch(tok):
+    """A prompt's completions depend on its own seed only: not on the other prompts of the call, on
+    how many rows there are, or on how a batch is split into calls (data parallelism needs this)."""
+    model = build(tok, "qwen2", seed=6)
+    seeds = [11, 22, 33, 44]
+    whole = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=0.9, seed=seeds)
+    for b in range(len(PROMPTS)):
+        alone = generate(model, tok, [PROMPTS[b]], num_generations=3, max_new_tokens=10, temperature=0.9, seed=[seeds[b]])
+        assert alone.texts[0] == whole.texts[b]
+    fewer = generate(model, tok, PROMPTS[2:], num_generations=2, max_new_tokens=10, temperature=0.9, seed=seeds[2:])
+    assert [t[:2] for t in whole.texts[2:]] == fewer.texts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_on_cuda_matches_cpu(tok):
+    model = build(tok, "qwen2")
+    cpu = generate(model, tok, PROMPTS, max_new_tokens=16, temperature=0)
+    gpu = generate(model.cuda(), tok, PROMPTS, max_new_tokens=16, temperature=0)
+    assert gpu.completion_ids.is_cuda
+    assert cpu.texts == gpu.texts
+
+# -----------------------------------------------------------------------------
+# completion_logprobs: against a plain forward pass of each row alone
+
+
+def reference_logprobs(model, tok, prompt, completion_ids, temperature):
+    """log_softmax(logits / T) of each completion token, the row alone, unpadded."""
+    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(p) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_completion_logprobs_match_the_sampler(tok, arch):
+def test_completion_logprobs_match_a_plain_forward_pass(tok, arch):
     model = build(tok, arch, seed=6)
     T = 0.7
-    free = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=T, seed=3)
-    # make a token the sampler drew early an extra EOS, so that some rows stop and get padding
-    model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids[0, 2])]
-    r = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=T, seed=3)
+    free = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
+    model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids[0, 2])]  # some rows stop early
+    r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
     assert (r.completion_mask == 0).any(), "want some rows that stopped early"
     lp = completion_logprobs(model, r, temperature=T)
     assert lp.shape == r.completion_ids.shape and lp.requires_grad
-    m = r.completion_mask.bool()
-    assert torch.allclose(lp[m], r.logprobs[m], atol=1e-4)
-    # a micro-batch of rows (trimmed padding) gives the same values
-    sub = r.rows(3, 7)
+    for row in range(len(r)):
+        n = int(r.completion_mask[row].sum())
+        ref = reference_logprobs(model, tok, PROMPTS[row // 2], r.completion_ids[row, :n].tolist(), T)
+        assert torch.allclose(lp[row, :n], ref, atol=1e-4), row
+        assert torch.allclose(r.logprobs[row, :n], ref, atol=1e-4), row  # the sampler's own record too
+    sub = r.rows(3, 7)  # a micro-batch of rows (trimmed padding) gives the same values
     lp_sub = completion_logprobs(model, sub, temperature=T)
-    assert torch.allclose(lp_sub[sub.completion_mask.bool()], lp[3:7][m[3:7, :sub.completion_ids.shape[1]]], atol=1e-4)
+    m = sub.completion_mask.bool()
+    assert torch.allclose(lp_sub[m], lp[3:7, :m.shape[1]][m], atol=1e-4)
+
+# -----------------------------------------------------------------------------
+# Eq. 1, Eq. 2, the multi-turn return
 
 
 def test_group_advantages_eq1_by_hand():
@@ -166,6 +254,8 @@ def test_group_advantages_eq1_by_hand():
     assert torch.allclose(group_advantages([0.0, 4.0]), torch.tensor([-2.0, 2.0]))  # any leading dims
     with pytest.raises(ValueError):
         group_advantages(r, "median")
+    with pytest.raises(ValueError):
+        group_advantages([1.0])
 
 
 def test_policy_loss_eq2_by_hand_with_padding():
@@ -197,7 +287,15 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
         assert parts.item() == pytest.approx(whole.item(), abs=1e-6), loss_type
 
 
-def test_joint_actions_and_credit_aligned_and_cross():
+def test_node_return_by_hand():
+    assert node_return(2.0, [], 0.9) == 2.0  # a leaf: its reward
+    assert node_return(1.0, [2.0, 4.0], 0.9) == pytest.approx(1.0 + 0.9 * 3.0)
+    assert node_return(1.0, [2.0, 4.0], 0.0) == 1.0
+    assert node_return(1.5, [3.0], 1.0) == pytest.approx(4.5)
+    assert node_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5) == pytest.approx(1.5)
+
+
+def test_joint_actions_and_credited_returns():
     assert magrpo.joint_actions(2, 3) == [(0, 0), (1, 1), (2, 2)]
     cross = magrpo.joint_actions(2, 2, "cross")
     assert cross == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -210,45 +308,116 @@ def test_joint_actions_and_credit_aligned_and_cross():
         assert torch.equal(c, aligned)
     assert len(magrpo.joint_actions(3, 2, "cross")) == 8
 
-
-class ScriptedEnv:
-    """A reward that varies within every group: the joint text's character codes, mod 5."""
-    name, num_agents, examples = "scripted", 2, [{}]
-
-    def prompts(self, ex):
-        return ["p", "q"]
-
-    def rewards(self, examples, outputs):
-        return [sum(map(ord, o[0] + o[1])) % 5 for o in outputs]
+# -----------------------------------------------------------------------------
+# The multi-turn tree (Sec. 3) on scripted rewards: expand_nodes, episode_returns, episode_advantages
 
 
-def test_train_step_updates_every_agent_and_reports(tok):
-    agents = []
-    for i in range(2):
-        model = magrpo.tiny_model(tok, seed=i)
-        agents.append(magrpo.Agent(model, tok, magrpo.make_optimizer(model, 1e-2)))
-    before = [agent.model.lm_head.weight.detach().clone() for agent in agents]
-    m = magrpo.train_step(agents, ScriptedEnv(), [{}, {}], num_generations=4, max_new_tokens=6, seed=0,
-                          micro_batch_size=3)
-    for key in ("reward_mean", "reward_std", "zero_adv_groups", "loss_0", "grad_norm_1"):
-        assert key in m and math.isfinite(m[key])
-    assert m["skipped_0"] == 0 and m["skipped_1"] == 0
-    for agent, w in zip(agents, before):
-        assert not torch.equal(agent.model.lm_head.weight, w)
-    m = magrpo.train_step(agents, ScriptedEnv(), [{}], num_generations=3, max_new_tokens=4, seed=1,
-                          joint_mode="cross")
-    assert math.isfinite(m["loss_0"]) and len(m["samples"]) == 2
+def scripted_turn(rewards, groups_parents, size=2, joint=None, num_agents=2):
+    """A Turn with the given rewards ([groups][J]) and no model: what the tree functions read."""
+    joint = joint or magrpo.joint_actions(num_agents, size)
+    groups = [magrpo.Group(0, parent, [], [], 0) for parent in groups_parents]
+    flat = [r for row in rewards for r in row]
+    return magrpo.Turn(groups, size, [None] * num_agents, joint, [("", "")] * len(flat), flat, [False] * len(flat))
 
 
-def test_non_finite_loss_skips_the_step(tok):
+def test_expand_nodes_best_all_and_termination():
+    t = scripted_turn([[1.0, 3.0], [2.0, 2.0]], [None, None])
+    assert magrpo.expand_nodes(t, "best", threshold=4.0) == [1, 2]  # group 1's tie goes to the first
+    assert magrpo.expand_nodes(t, "all", threshold=4.0) == [0, 1, 2, 3]
+    assert magrpo.expand_nodes(t, "best", threshold=3.0) == [2]     # node 1 is solved: no revision
+    assert t.terminated == [False, True, False, False]
+    assert magrpo.expand_nodes(t, "all", threshold=2.0) == [0]
+
+
+def test_episode_returns_and_advantages_best_by_hand():
+    """G = 2, aligned, 2 turns, expand best: turn-1 group [1, 3]; node 1 is revised into [2, 4]."""
+    t1 = scripted_turn([[1.0, 3.0]], [None])
+    t2 = scripted_turn([[2.0, 4.0]], [1])
+    t1.children = {1: 0}
+    r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.5)
+    assert r2.tolist() == [[2.0, 4.0]]
+    assert r1.tolist() == [[1.0, 3.0 + 0.5 * 3.0]]  # the revised node adds gamma * mean(children)
+    cfg = magrpo.Config(num_generations=2, num_turns=2, discount=0.5)
+    (a1, b1), (a2, b2) = magrpo.episode_advantages([t1, t2], cfg)
+    assert a1.tolist() == b1.tolist() == [-1.75, 1.75]  # 1 and 4.5 around their mean 2.75
+    assert a2.tolist() == b2.tolist() == [-1.0, 1.0]
+
+
+def test_episode_returns_all_with_termination_by_hand():
+    """G = 2, expand all, threshold 3: turn-1 [1, 3]: node 1 is solved (a leaf), node 0 revised
+    into [0, 2]."""
+    t1 = scripted_turn([[1.0, 3.0]], [None])
+    assert magrpo.expand_nodes(t1, "all", threshold=3.0) == [0]
+    t1.children = {0: 0}
+    t2 = scripted_turn([[0.0, 2.0]], [0])
+    r1, _ = magrpo.episode_returns([t1, t2], gamma=0.9)
+    assert r1[0].tolist() == pytest.approx([1.0 + 0.9 * 1.0, 3.0])
+    cfg = magrpo.Config(num_generations=2, num_turns=2, discount=0.9, advantage="mean")
+    (a1, _), (a2, _) = magrpo.episode_advantages([t1, t2], cfg)
+    assert a1.tolist() == pytest.approx([-0.55, 0.55]) and a2.tolist() == [-1.0, 1.0]
+
+
+def test_episode_advantages_cross_credits_each_completion():
+    """cross: a completion's return is the mean over the joint actions it takes part in."""
+    t = scripted_turn([[1.0, 2.0, 3.0, 6.0]], [None], joint=magrpo.joint_actions(2, 2, "cross"))
+    (a0, a1), = magrpo.episode_advantages([t], magrpo.Config(num_generations=2, joint="cross"))
+    assert a0.tolist() == [-1.5, 1.5] and a1.tolist() == [-1.0, 1.0]
+
+# -----------------------------------------------------------------------------
+# Config
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("num_turns", 0, "--num-turns"), ("discount", 1.5, "--discount"), ("discount", -0.1, "--discount"),
+    ("expand", "some", "--expand"), ("feedback", "loud", "--feedback"), ("top_p", 0.0, "--top-p"),
+    ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"), ("advantage", "max", "--advantage"),
+    ("joint", "all", "--joint"), ("top_k", -1, "--top-k"),
+])
+def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
+    with pytest.raises(ValueError, match=f"^{flag}: "):
+        magrpo.Config(**{field: value})
+
+
+def test_config_turn_weights_need_one_per_turn():
+    assert magrpo.Config(num_turns=2, turn_weights=[1.2, 0.8]).turn_weight(2) == 0.8
+    with pytest.raises(ValueError, match="^--turn-weights: "):
+        magrpo.Config(num_turns=2, turn_weights=[1.0])
+
+# -----------------------------------------------------------------------------
+# The update: update_agent, MasterWeightAdamW
+
+
+def test_update_agent_skips_a_non_finite_step(tok):
     model = magrpo.tiny_model(tok)
     agent = magrpo.Agent(model, tok, magrpo.make_optimizer(model, 1e-2))
     r = generate(model, tok, ["a", "b"], num_generations=2, max_new_tokens=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.warns(UserWarning, match="non-finite"):
-        out = magrpo.update_agent(agent, r, torch.tensor([1.0, float("nan"), -1.0, 0.0]))
+        out = magrpo.update_agent(agent, [(r, torch.tensor([1.0, float("nan"), -1.0, 0.0]), 1.0)], magrpo.Config())
     assert out["skipped"] == 1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_update_agent_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
+    """Two turns with weights and micro-batches: with SGD (lr 1) the step is minus the gradient of
+    sum_t w_t * policy_loss(turn t), written out here on the whole batch."""
+    torch.manual_seed(0)
+    model = magrpo.tiny_model(tok, init_std=0.3)
+    ref = magrpo.tiny_model(tok, init_std=0.3)
+    before = [p.detach().clone() for p in model.parameters()]
+    r1 = generate(model, tok, ["ab", "c"], num_generations=2, max_new_tokens=5, seed=1)
+    r2 = generate(model, tok, ["abc d"], num_generations=3, max_new_tokens=4, seed=2)
+    a1, a2 = torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([2.0, 0.0, -2.0])
+    cfg = magrpo.Config(micro_batch_size=2, num_turns=2, turn_weights=(1.2, 0.8), loss_type="token_mean")
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    out = magrpo.update_agent(agent, [(r1, a1, 1.2), (r2, a2, 0.8)], cfg)
+    loss = sum(w * policy_loss(completion_logprobs(ref, r, 1.0), r.completion_mask, a, "token_mean")
+               for r, a, w in ((r1, a1, 1.2), (r2, a2, 0.8)))
+    loss.backward()
+    assert out["loss"] == pytest.approx(loss.item(), abs=1e-5) and out["skipped"] == 0
+    for p, b, q in zip(model.parameters(), before, ref.parameters()):
+        assert torch.allclose(b - p, q.grad, atol=1e-5)
+    assert sum(q.grad.abs().sum() for q in ref.parameters()) > 0
 
 
 def test_master_weights_keep_updates_bf16_would_round_away():
@@ -278,12 +447,3 @@ def test_tiny_model_saves_and_loads_back(tok, tmp_path):
     assert a.texts == b.texts
     with pytest.raises(ValueError, match="not a directory"):
         magrpo.load_agent_model(str(tmp_path / "missing"))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_generate_on_cuda_matches_cpu(tok):
-    model = build(tok, "qwen2")
-    cpu = generate(model, tok, PROMPTS, max_new_tokens=16, temperature=0)
-    gpu = generate(model.cuda(), tok, PROMPTS, max_new_tokens=16, temperature=0)
-    assert gpu.completion_ids.is_cuda
-    assert cpu.texts == gpu.texts

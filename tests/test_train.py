@@ -55,6 +55,15 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--dtype", "float16"], "--dtype"),
     (["--eval-every", "1", "--eval-limit", "0"], "--eval-limit"),
     (["--device", "cpu,cpu,cpu"], "--device"),
+    (["--num-turns", "0"], "--num-turns"),
+    (["--discount", "1.5"], "--discount"),
+    (["--discount", "-0.1"], "--discount"),
+    (["--num-turns", "2", "--feedback", "expert"], "--feedback"),
+    (["--num-turns", "2", "--feedback", "shouting"], "--feedback"),
+    (["--num-turns", "2", "--turn-weights", "1.2"], "--turn-weights"),
+    (["--num-turns", "2", "--turn-weights", "1.2,x"], "--turn-weights"),
+    (["--num-turns", "2", "--expand", "some"], "--expand"),
+    (["--top-k", "-3"], "--top-k"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -81,23 +90,31 @@ def test_in_training_eval_and_periodic_saves(tmp_path):
     assert (tmp_path / "agent_1" / "config.json").exists()
 
 
-def test_eval_reward_is_the_greedy_joint_reward(tmp_path):
+def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     import envs
     import magrpo
     env = envs.DemoEnv(split="eval")
     tok = magrpo.tiny_tokenizer()
     agents = [magrpo.Agent(magrpo.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
-    got = train.eval_reward(agents, env, max_new_tokens=10, limit=5, batch_size=2)
+    cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
+    got = train.eval_rewards(agents, env, cfg, limit=5, batch_size=2)
     outs = [magrpo.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
             for i, a in enumerate(agents)]
-    want = sum(float(env.reward(ex, (outs[0][b][0], outs[1][b][0]))) for b, ex in enumerate(env.examples[:5])) / 5
-    assert got == pytest.approx(want)
+    joint = [(outs[0][b][0], outs[1][b][0]) for b in range(5)]
+    first = [float(env.reward(ex, j)) for ex, j in zip(env.examples[:5], joint)]
+    assert got[0] == pytest.approx(sum(first) / 5)
+    revised = []  # turn 2 by hand: each agent greedily revises its own answer after its feedback
+    for ex, j in zip(env.examples[:5], joint):
+        notes = env.feedback(ex, j)
+        revised.append(tuple(magrpo.generate(a.model, tok, [env.revision_prompt(ex, i, [(j[i], notes[i])])], 1, 10, 0).texts[0][0]
+                             for i, a in enumerate(agents)))
+    assert got[1] == pytest.approx(sum(float(env.reward(ex, r)) for ex, r in zip(env.examples[:5], revised)) / 5)
 
 
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     import magrpo
     args = train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)])
-    env, agents = train.resolve(args)
+    env, agents, cfg, expert = train.resolve(args)
     assert all(a.model.dtype == torch.bfloat16 for a in agents)
     assert all(isinstance(a.optimizer, magrpo.MasterWeightAdamW) for a in agents)
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))

@@ -1,0 +1,43 @@
+"""Shared test helpers: scripted agents for end-to-end runs whose rewards must vary.
+
+Tiny random models write random bytes: on the coding and writing envs every joint answer scores 0,
+so every advantage is 0 and nothing is trained. `script_agents` makes the team's sampler return
+chosen texts instead (tokenized for real, so the log-prob pass and the update run on them as on
+sampled text): rewards differ within each group and the update can be checked."""
+import pytest
+import torch
+
+import magrpo
+
+
+def scripted_rollout(agent, prompts, size, texts_of):
+    """A Rollout as magrpo.generate returns it, with texts_of(prompt index, g) as the completions."""
+    tok = agent.tokenizer
+    eos = tok.eos_token_id
+    prompt_rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(size)]
+    texts = [[texts_of(b, g) for g in range(size)] for b in range(len(prompts))]
+    completions = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for row in texts for t in row]
+    prompt_ids, prompt_mask = magrpo.left_pad(prompt_rows, eos, "cpu")
+    width = max(len(c) for c in completions)
+    completion_ids = torch.tensor([c + [eos] * (width - len(c)) for c in completions])
+    completion_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions])
+    return magrpo.Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                          torch.zeros(completion_ids.shape), texts, size)
+
+
+@pytest.fixture
+def script_agents(monkeypatch):
+    """script_agents([texts of agent 0, texts of agent 1, ...]): from now on agent i's g-th completion
+    of its b-th prompt in its c-th call is texts[i][(b + g + c) % len(texts[i])]: groups mix the
+    texts, and the k-th texts of the agents meet in a joint action. Returns the list of the agents
+    called, in order."""
+    def install(choices):
+        calls = []
+
+        def sample_agent(agent, i, prompts, size, cfg, seeds):
+            calls.append(i)
+            options, c = choices[i], calls.count(i)
+            return scripted_rollout(agent, prompts, size, lambda b, g: options[(b + g + c) % len(options)])
+        monkeypatch.setattr(magrpo, "sample_agent", sample_agent)
+        return calls
+    return install

@@ -1,0 +1,129 @@
+"""Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team, update_team and train_step with
+tiny models on the demo env: what each agent sees at each turn, the batching of the sampler, and
+T = 1 against a single-turn MAGRPO step written out from the primitives. CPU, a few seconds."""
+import pytest
+import torch
+
+import envs
+import magrpo
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return magrpo.tiny_tokenizer()
+
+
+def team(tok, lr=1e-2, n=2, sgd=False):
+    """n tiny agents; with sgd, plain SGD (AdamW's first step is sign-like: exact comparisons of
+    weights after it are at the mercy of gradients near 0)."""
+    agents = []
+    for i in range(n):
+        model = magrpo.tiny_model(tok, seed=i, init_std=0.3)
+        opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else magrpo.make_optimizer(model, lr)
+        agents.append(magrpo.Agent(model, tok, opt))
+    return agents
+
+
+def test_rollout_team_turn_two_prompts_hold_own_history_and_feedback(tok):
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=3, max_new_tokens=12, num_turns=2, expand="all", termination_threshold=99)
+    examples = env.examples[:2]
+    turns = magrpo.rollout_team(team(tok), env, examples, cfg, seeds=[5, 6])
+    t1, t2 = turns
+    assert len(t1.outputs) == 6 and len(t2.groups) == 6 and len(t2.outputs) == 18
+    for node, k in t1.children.items():
+        group = t2.groups[k]
+        ex = examples[group.example]
+        assert group.parent == node and t1.groups[node // 3].example == group.example
+        feedback = env.feedback(ex, t1.outputs[node], reward=t1.rewards[node])
+        for i in range(2):
+            own, other = t1.outputs[node][i].strip(), t1.outputs[node][1 - i].strip()
+            prompt = group.prompts[i]
+            assert prompt.startswith(env.prompts(ex)[i])
+            assert own in prompt and feedback[i].strip() in prompt
+            assert group.histories[i] == [(t1.outputs[node][i], feedback[i])]
+            if len(other) >= 4 and other not in feedback[i]:
+                assert other not in prompt, "an agent must not see its partner's answer"
+            assert env.prompts(ex)[1 - i] not in prompt
+
+
+def test_rollout_team_one_generate_call_per_agent_per_turn(tok, monkeypatch):
+    calls = []
+    real = magrpo.generate
+
+    def counting(model, tokenizer, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return real(model, tokenizer, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(magrpo, "generate", counting)
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=6, num_turns=3, expand="all", termination_threshold=99)
+    turns = magrpo.rollout_team(team(tok), env, env.examples[:3], cfg, seeds=[1, 2, 3])
+    assert [len(t.groups) for t in turns] == [3, 6, 12]
+    assert calls == [3, 3, 6, 6, 12, 12]  # all nodes of a turn in one call per agent
+
+
+def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok):
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, num_turns=2, termination_threshold=99)
+    t1, t2 = magrpo.rollout_team(team(tok), env, env.examples[:2], cfg, seeds=[1, 2])
+    values = t1.values()
+    assert sorted(t1.children) == [k * 4 + int(values[k].argmax()) for k in range(2)]
+    solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
+    turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
+    assert len(turns) == 1 and all(turns[0].terminated)
+    m = magrpo.episode_metrics(turns, 2)
+    assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
+
+
+def single_turn_reference(agents, env, examples, G, T, seeds):
+    """One single-turn MAGRPO step from the primitives: generate, shared reward, Eq. 1, Eq. 2, AdamW."""
+    rollouts = [magrpo.generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], G, 8, T,
+                                seed=[magrpo.mix_seed(magrpo.mix_seed(s, 1), i) for s in seeds])
+                for i, a in enumerate(agents)]
+    rewards = torch.tensor([[float(env.reward(ex, (rollouts[0].texts[b][g], rollouts[1].texts[b][g])))
+                             for g in range(G)] for b, ex in enumerate(examples)])
+    adv = (rewards - rewards.mean(-1, keepdim=True)).view(-1)
+    for a, r in zip(agents, rollouts):
+        a.optimizer.zero_grad()
+        lp = magrpo.completion_logprobs(a.model, r, T)
+        (-(adv * (lp * r.completion_mask).sum(-1)).sum() / len(adv)).backward()
+        a.optimizer.step()
+    return rewards
+
+
+def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
+    env = envs.DemoEnv()
+    examples, seeds = env.examples[:2], [3, 4]
+    ours, ref = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, micro_batch_size=3)
+    m = magrpo.train_step(ours, env, examples, cfg, seeds)
+    rewards = single_turn_reference(ref, env, examples, 4, 0.9, seeds)
+    assert m["reward_mean"] == pytest.approx(rewards.mean().item())
+    assert m["reward_mean_turn1"] == m["reward_mean"] and m["reward_max"] == pytest.approx(rewards.max().item())
+    assert m["zero_adv_groups"] == 0 and m["loss_0"] != 0.0 and m["grad_norm_1"] > 0
+    for a, b in zip(ours, ref):
+        for p, q in zip(a.model.parameters(), b.model.parameters()):
+            assert torch.allclose(p, q, atol=1e-5)
+
+
+def test_train_step_two_turns_updates_both_agents_on_every_turn(tok):
+    env = envs.DemoEnv()
+    agents = team(tok)
+    before = [[p.detach().clone() for p in a.model.parameters()] for a in agents]
+    cfg = magrpo.Config(num_generations=3, max_new_tokens=8, num_turns=2, termination_threshold=99,
+                        turn_weights=(0.0, 1.0))  # only turn 2's loss: it alone must move the weights
+    m = magrpo.train_step(agents, env, env.examples[:2], cfg, seeds=[1, 2])
+    assert m["reward_mean_turn2"] is not None and m["improvement_turn2"] is not None
+    assert m["grad_norm_0"] > 0 and m["grad_norm_1"] > 0
+    for a, b in zip(agents, before):
+        assert any(not torch.equal(p, q) for p, q in zip(a.model.parameters(), b))
+    for key in ("reward_max_turn2", "terminated_turn1", "level_ratio_turn2", "level_variety"):
+        assert key in m
+
+
+def test_train_step_with_cross_joint_actions(tok):
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=3, max_new_tokens=6, joint="cross")
+    m = magrpo.train_step(team(tok), env, env.examples[:1], cfg, seeds=[0])
+    assert m["grad_norm_0"] > 0 and len(m["samples"]) == 2
