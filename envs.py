@@ -132,7 +132,7 @@ class Env(abc.ABC):
 class DemoReward:
     """The demo's shared reward, in levels like the paper's writing rewards (max 3.0)."""
     vocabulary: float  # mean over agents of the share of characters from that agent's own alphabet
-    variety: float     # mean over agents of min(1, distinct own-alphabet letters / 8)
+    variety: float     # mean over agents of min(1, distinct own-alphabet letters / letters wanted)
     ratio: float       # 1 when len(agent 1) / len(agent 0) is in the target band, ramps outside
     length_ratio: float
 
@@ -163,6 +163,7 @@ class DemoEnv(Env):
     agent_names = ("headline", "body")
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
+    distinct = 8                 # distinct letters wanted from each agent
 
     def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None):
         if num_agents != 2:
@@ -186,7 +187,8 @@ class DemoEnv(Env):
         text, alpha = outputs[i].strip(), self.alphabets[i]
         part, letters = ("headline", "a to m") if i == 0 else ("body", "n to z")
         bad = sorted(set(text) - alpha)
-        lines = [f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} (want 8)",
+        lines = [f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
+                 f"(want {self.distinct})",
                  f"letters outside {letters}: {' '.join(bad)}" if bad else f"no letter outside {letters}"]
         lo, hi = self.band[1], self.band[2]
         advice = ""
@@ -208,7 +210,7 @@ class DemoEnv(Env):
         texts = [o.strip() for o in outputs]
         shares = [sum(c in alpha for c in s) / len(s) if s else 0.0
                   for s, alpha in zip(texts, self.alphabets)]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / 8) for s, alpha in zip(texts, self.alphabets)]
+        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in zip(texts, self.alphabets)]
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         return DemoReward(sum(shares) / 2, sum(variety) / 2, band_score(ratio, self.band) or 0.0, ratio)
 

@@ -406,12 +406,8 @@ class Team:
                 for i, (m, d) in enumerate(zip(self.models, self.devices))]
 
     def trained(self):
-        dirs = [os.path.join(self.args.agents, f"agent_{i}") for i in range(self.n)]
-        missing = [d for d in dirs if not os.path.isdir(d)]
-        if missing:
-            raise ValueError(f"--agents: no {missing[0]} (want agent_0..agent_{self.n - 1} from train.py --out)")
         return [self.agent(d, dev, "--agents", self.args.seed + i)
-                for i, (d, dev) in enumerate(zip(dirs, self.devices))]
+                for i, (d, dev) in enumerate(zip(trained_dirs(self.args.agents, self.n), self.devices))]
 
     def single(self):
         name = self.args.single_model or self.models[0]
@@ -423,6 +419,22 @@ class Team:
         if method == "single":
             return self.single()
         return self.trained() if method == "magrpo" and self.args.agents else self.base()
+
+
+def trained_dirs(out, n):
+    """The agents of a train.py run: its final agents (OUT/agent_i, complete when OUT/final.json
+    exists), else those of its latest complete checkpoint (the run did not finish: said on stderr)."""
+    dirs = [os.path.join(out, f"agent_{i}") for i in range(n)]
+    if not os.path.isfile(os.path.join(out, "final.json")):
+        checkpoint = magrpo.latest_checkpoint(out)
+        if checkpoint is not None:
+            print(f"eval.py: note: the run in {out} did not finish: using its latest checkpoint, "
+                  f"{checkpoint[1]} (step {checkpoint[0]})", file=sys.stderr)
+            dirs = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(n)]
+    missing = [d for d in dirs if not os.path.isdir(d)]
+    if missing:
+        raise ValueError(f"--agents: no {missing[0]} (want agent_0..agent_{n - 1} from train.py --out)")
+    return dirs
 
 
 def problem_id(example, index):

@@ -810,6 +810,7 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
         tok = tiny_tokenizer()
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    quiet_transformers()
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
     if looks_local and not os.path.isdir(name_or_path):
         raise ValueError(f"{name_or_path!r} is not a directory")
@@ -828,6 +829,67 @@ def load_agent_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     return model.to(device), tok
+
+
+def quiet_transformers():
+    """No progress bar for every shard transformers loads or writes (a checkpoint per step would
+    bury the training bar)."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+
+def save_agent(agent, path):
+    """An agent as transformers saves a model (config, weights, tokenizer): it loads back with
+    from_pretrained, or as --model PATH."""
+    quiet_transformers()
+    agent.model.save_pretrained(path)
+    agent.tokenizer.save_pretrained(path)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints of a train.py run (written by train.py; eval.py reads them too)
+
+CHECKPOINT_STATE = "trainer_state.json"  # in every checkpoint-<step>: the step, the args, every file's size
+
+
+def checkpoint_problem(path):
+    """None if checkpoint directory `path` is complete, else what is wrong with it: its state file
+    lists every file with its size, so a missing or truncated file is found without reading it."""
+    import json
+    try:
+        with open(os.path.join(path, CHECKPOINT_STATE)) as f:
+            state = json.load(f)
+        files = state["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    for rel, size in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            return f"{rel} is missing"
+        if os.path.getsize(full) != size:
+            return f"{rel} is truncated ({os.path.getsize(full)} of {size} bytes)"
+    return None
+
+
+def checkpoints(out):
+    """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
+    found = []
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        step = name.removeprefix("checkpoint-")
+        if step != name and step.isdigit() and os.path.isdir(os.path.join(out, name)):
+            found.append((int(step), os.path.join(out, name)))
+    return sorted(found, reverse=True)
+
+
+def latest_checkpoint(out):
+    """(step, path) of the newest complete checkpoint under `out`, or None. A broken one (a file
+    missing or truncated: a disk that filled up, a copy cut short) is skipped with a warning."""
+    for step, path in checkpoints(out):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step, path
+        warnings.warn(f"skipping {path}: {problem}; trying the one before")
+    return None
 
 
 # -----------------------------------------------------------------------------

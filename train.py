@@ -18,11 +18,15 @@ Writes OUT/metrics.jsonl (one JSON object per step), OUT/args.json and OUT/agent
 which load back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
+import shutil
+import signal
 import sys
 import time
+import warnings
 
 import torch
 from tqdm import tqdm
@@ -32,8 +36,15 @@ import magrpo
 
 # Defaults that depend on the model: the tiny demo model learns from scratch (high lr, short
 # outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
-TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2)
-PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1)
+# A checkpoint every 50 steps: a step of two 3B agents takes ~15 s on an H100, so a crash costs at
+# most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
+TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
+                     save_every=50)
+PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
+                      save_every=50)
+# Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
+RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
+             "eval_every", "eval_split", "eval_limit"}
 
 
 def parse_args(argv=None):
@@ -58,8 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per log-prob forward/backward")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out", help="directory for metrics.jsonl and the trained agents")
-    p.add_argument("--save-every", type=int, default=0, help="also save the agents every N steps (0: only at the end)")
+    p.add_argument("--out", default="out", help="directory for metrics.jsonl, checkpoints and the trained agents")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest complete "
+                   "checkpoint (from step 0 if it has none)")
+    p.add_argument("--save-every", type=int, help="a checkpoint every N steps (default 50; 0: only at the end "
+                   "and on a signal)")
+    p.add_argument("--save-total-limit", type=int, default=2, help="keep the newest N checkpoints")
     p.add_argument("--eval-every", type=int, default=0, help="every N steps, the greedy joint reward on "
                    "--eval-split, logged as eval_reward_mean (0: off)")
     p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
@@ -74,16 +89,9 @@ def parse_weights(text):
         raise ValueError(f"--turn-weights: want a comma list of numbers, got {text!r}") from None
 
 
-def resolve(args):
-    """Fill the defaults and check every flag, then build what the run needs:
-    (env, agents, cfg, expert). A bad flag ends the program with one line naming it."""
-    try:
-        return _resolve(args)
-    except ValueError as e:
-        sys.exit(f"train.py: error: {e}")
-
-
-def _resolve(args):
+def resolve_flags(args):
+    """Fill the defaults that depend on the model and check every flag that needs no model: the
+    step's Config. Raises ValueError("--flag: what is wrong")."""
     models = magrpo.model_names(args)
     defaults = TINY_DEFAULTS if all(m == magrpo.TINY for m in models) else PAPER_DEFAULTS
     for key, value in defaults.items():
@@ -91,26 +99,236 @@ def _resolve(args):
             setattr(args, key, value)
     if args.num_generations < 2:
         raise ValueError(f"--num-generations: must be >= 2 for group-relative advantages, got {args.num_generations}")
-    for flag in ("steps", "batch_size", "eval_limit"):
+    for flag in ("steps", "batch_size", "eval_limit", "save_total_limit"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+    if args.save_every < 0:
+        raise ValueError(f"--save-every: must be >= 0, got {args.save_every}")
     if args.dtype in ("float16", "fp16"):  # fp16 gradients overflow without loss scaling, which we skip
         raise ValueError("--dtype: float16 training needs loss scaling, which this trainer does not do: use bfloat16")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
     turn_weights = parse_weights(args.turn_weights) if args.turn_weights else None
-    cfg = magrpo.config_from_flags(args, turn_weights=turn_weights)
+    return magrpo.config_from_flags(args, turn_weights=turn_weights)
+
+
+def build(args, checkpoint=None):
+    """(env, agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
+    (weights and optimizer state)."""
     env = envs.env_from_flags(args)
     devices = magrpo.agent_devices(args.device, env.num_agents)
-    names = magrpo.per_agent(models, env.num_agents, "--model")
+    names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
+    if checkpoint is not None:
+        names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
     expert = magrpo.load_expert(args, devices[0])
     agents = []
     for i, (name, device) in enumerate(zip(names, devices)):
         agent = magrpo.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
+        if checkpoint is not None:
+            agent.optimizer.load_state_dict(torch.load(os.path.join(name, "optimizer.pt"), map_location=device,
+                                                       weights_only=True))
         agents.append(agent)
+    return env, agents, expert
+
+
+def resolve(args):
+    """The flags checked and the team built for a new run: (env, agents, cfg, expert)."""
+    cfg = resolve_flags(args)
+    env, agents, expert = build(args)
     return env, agents, cfg, expert
 
+# -----------------------------------------------------------------------------
+# The run directory: refuse to clobber a run, resume one, write checkpoints atomically
+
+
+def holds_a_run(out):
+    return os.path.isdir(out) and any(
+        name in ("args.json", "metrics.jsonl", "final.json") or name.startswith(("checkpoint-", "agent_"))
+        for name in os.listdir(out))
+
+
+def prepare_out(args):
+    """Where the run starts: None (step 0) or the (step, path) of the checkpoint to resume from.
+    A new run refuses an --out that holds a run; --resume refuses flags that would change the run."""
+    if not args.resume:
+        if holds_a_run(args.out):
+            raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or pick another --out")
+        return None
+    for leftover in os.listdir(args.out) if os.path.isdir(args.out) else []:
+        if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
+            shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
+    checkpoint = magrpo.latest_checkpoint(args.out)
+    if checkpoint is None:
+        return None
+    with open(os.path.join(checkpoint[1], magrpo.CHECKPOINT_STATE)) as f:
+        saved = json.load(f)["args"]
+    changed = [k for k in saved if k not in RESUMABLE and saved[k] != vars(args).get(k)]
+    if changed:
+        k = changed[0]
+        raise ValueError(f"--{k.replace('_', '-')}: the run in {args.out!r} used {saved[k]!r}, not {vars(args).get(k)!r}; "
+                         "resume with the same flags (only --steps and the save/eval/device flags may change)")
+    if args.steps < checkpoint[0]:
+        raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
+    return checkpoint
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path):
+    """Everything under `path` on disk, directories included, before it is renamed into place."""
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            fsync_path(os.path.join(root, name))
+    fsync_path(path)
+
+
+def save_checkpoint(out, step, agents, args):
+    """OUT/checkpoint-<step> (named as HF Trainer does): each agent's weights (HF format) and
+    optimizer state, the RNG states, the step and the args. Written to a temporary directory,
+    fsync'd and renamed into place, so a kill at any instant leaves the previous complete
+    checkpoint or the new one. Keeps the newest --save-total-limit complete ones. A failed save (a full disk)
+    warns and leaves the earlier checkpoints alone: the run goes on. Returns whether it saved."""
+    final = os.path.join(out, f"checkpoint-{step}")
+    tmp = os.path.join(out, f".tmp-checkpoint-{step}")
+    if os.path.isdir(final) and magrpo.checkpoint_problem(final) is None:
+        return True  # saved already (a signal right after a periodic save)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for i, agent in enumerate(agents):
+            magrpo.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
+            torch.save(agent.optimizer.state_dict(), os.path.join(tmp, f"agent_{i}", "optimizer.pt"))
+        torch.save({"python": random.getstate(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                   os.path.join(tmp, "rng_state.pt"))
+        files = {os.path.relpath(os.path.join(root, f), tmp): os.path.getsize(os.path.join(root, f))
+                 for root, _, names in os.walk(tmp) for f in names}
+        # the data position is the step: batch_at derives step k's examples from (seed, k) alone
+        state = {"step": step, "data_position": step * args.batch_size, "args": vars(args), "files": files}
+        with open(os.path.join(tmp, magrpo.CHECKPOINT_STATE), "w") as f:
+            json.dump(state, f, indent=1)
+        fsync_tree(tmp)
+        if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
+            os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
+        os.rename(tmp, final)
+        fsync_path(out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = magrpo.latest_checkpoint(out)
+        warnings.warn(f"could not save checkpoint-{step} ({e}); the newest complete one is "
+                      f"{latest[1] if latest else 'none'}: the run goes on")
+        return False
+    complete = [c for c in magrpo.checkpoints(out) if magrpo.checkpoint_problem(c[1]) is None]
+    keep = {path for _, path in complete[:args.save_total_limit]}
+    for _, old in magrpo.checkpoints(out):
+        if old in keep:
+            continue  # the newest --save-total-limit complete ones; broken ones go too
+        trash = os.path.join(out, ".trash-" + os.path.basename(old))
+        with contextlib.suppress(OSError):
+            os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
+        shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
+    return True
+
+
+def save_final(out, step, agents):
+    """OUT/agent_i, the trained agents (what eval.py --agents OUT and --model OUT/agent_0 read),
+    then OUT/final.json: agents without final.json are not final. The files are hard links to the
+    last checkpoint's where it can (no second copy on disk)."""
+    source = os.path.join(out, f"checkpoint-{step}")
+    for i, agent in enumerate(agents):
+        tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if magrpo.checkpoint_problem(source) is None:
+            shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
+                            ignore=shutil.ignore_patterns("optimizer.pt"))
+        else:
+            magrpo.save_agent(agent, tmp)
+        fsync_tree(tmp)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)
+        os.rename(tmp, dest)
+    write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
+
+
+def link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def restore_rng(checkpoint):
+    path = os.path.join(checkpoint[1], "rng_state.pt")
+    state = torch.load(path, weights_only=False)
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def cut_metrics(path, step):
+    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+    write_atomic(path, "".join(rows))
+
+# -----------------------------------------------------------------------------
+# Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
+
+
+class Stop(Exception):
+    """Raised by the signal handler while the step can be abandoned (sampling and scoring)."""
+
+
+class Signals:
+    """While sampling, a signal abandons the step (nothing has changed yet); during the update it
+    waits for the step to finish, so the agents never hold half an update. Either way the run saves
+    a checkpoint and exits with 128 + the signal's number."""
+    NAMES = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def __init__(self):
+        self.received, self.abandonable = None, False
+        self.previous = {s: signal.signal(s, self.handle) for s in self.NAMES}
+
+    def handle(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+            tqdm.write(f"{signal.Signals(signum).name}: saving a checkpoint, then exiting", file=sys.stderr)
+        if self.abandonable:
+            self.abandonable = False
+            raise Stop()
+
+    @contextlib.contextmanager
+    def abandon_on_signal(self):
+        if self.received is not None:
+            raise Stop()
+        self.abandonable = True
+        try:
+            yield
+        finally:
+            self.abandonable = False
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 def batch_at(env, seed, step, batch_size):
     """The examples of a step: shuffled epochs (every example is seen once before any repeats),
@@ -137,63 +355,95 @@ def eval_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
     return [total / len(examples) for total in totals]
 
 
-def save_agents(agents, out):
-    for i, agent in enumerate(agents):
-        agent.model.save_pretrained(os.path.join(out, f"agent_{i}"))
-        agent.tokenizer.save_pretrained(os.path.join(out, f"agent_{i}"))
-
-
 def train(args):
-    env, agents, cfg, expert = resolve(args)
-    eval_env = None
-    if args.eval_every > 0:
-        try:
-            eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
-        except ValueError as e:
-            sys.exit(f"train.py: error: {e}")
-    torch.manual_seed(args.seed)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "args.json"), "w") as f:  # eval.py --agents reads it back
-        json.dump(vars(args), f, indent=1)
-    log_path = os.path.join(args.out, "metrics.jsonl")
-    recent, last_turn = [], f"reward_mean_turn{cfg.num_turns}"
-    bar = tqdm(range(args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True)
+    """A whole run: check the flags, prepare --out (refuse, or resume), then the steps. A bad flag
+    ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum."""
     try:
-        with open(log_path, "w") as log:
-            for step in bar:
-                batch = batch_at(env, args.seed, step, args.batch_size)
-                seeds = [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))]
-                t0 = time.time()
-                m = magrpo.train_step(agents, env, batch, cfg, seeds, expert)
-                m = {"step": step, **m, "seconds": round(time.time() - t0, 4)}
-                samples = m.pop("samples")
-                last = step == args.steps - 1
-                if m["sandbox_errors"]:
-                    tqdm.write(f"warning: step {step}: {m['sandbox_errors']} joint answers could not be scored "
-                               "(the sandbox failed, not the program)", file=sys.stderr)
-                if eval_env is not None and (step % args.eval_every == 0 or last):
-                    rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
-                    m["eval_reward_mean"] = rewards[0]
-                    m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
-                    tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
-                               f"({eval_env.name}, {args.eval_split})")
-                if args.save_every > 0 and step > 0 and step % args.save_every == 0:
-                    save_agents(agents, args.out)
-                log.write(json.dumps(m) + "\n")
-                log.flush()
-                shown = m[last_turn] if m[last_turn] is not None else m["reward_mean"]
-                recent = (recent + [shown])[-20:]
-                bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
-                if step % max(1, args.steps // 10) == 0 or last:
-                    tqdm.write(f"step {step:5d} reward " +
-                               " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
-                               " | " + " | ".join(repr(s[:60]) for s in samples))
-    except KeyboardInterrupt:
-        print("interrupted: saving the agents before exiting", file=sys.stderr)
+        cfg = resolve_flags(args)
+        checkpoint = prepare_out(args)
+        env, agents, expert = build(args, checkpoint)
+        eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split") if args.eval_every > 0 else None
+    except ValueError as e:
+        sys.exit(f"train.py: error: {e}")
+    start = 0
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "metrics.jsonl")
+    if checkpoint is not None:
+        start = checkpoint[0]
+        restore_rng(checkpoint)
+        print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
+    cut_metrics(log_path, start)
+    write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
+    signals = Signals()
+    step = start
+    try:
+        with open(log_path, "a") as log:
+            step = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
     finally:
-        save_agents(agents, args.out)  # never lose the work done so far
+        signals.restore()
+    if signals.received is not None:
+        save_checkpoint(args.out, step, agents, args)
+        sys.exit(128 + signals.received)
+    if not save_checkpoint(args.out, step, agents, args):
+        sys.exit(f"train.py: error: could not save the final checkpoint under {args.out!r} (see the warning above)")
+    save_final(args.out, step, agents)
     print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
     return log_path
+
+
+def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
+    """Steps start .. --steps - 1, a checkpoint every --save-every; returns the number of steps
+    done when it stops (at the end, or at a signal)."""
+    recent, last_turn = [], f"reward_mean_turn{cfg.num_turns}"
+    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start, total=args.steps)
+    for step in bar:
+        batch = batch_at(env, args.seed, step, args.batch_size)
+        seeds = [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))]
+        t0 = time.time()
+        try:
+            with signals.abandon_on_signal():  # sampling and scoring change nothing: a signal drops the step
+                turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert)
+        except Stop:
+            return step
+        m = {"step": step, **magrpo.episode_metrics(turns, cfg.num_turns), **magrpo.update_team(agents, turns, cfg)}
+        m["seconds"] = round(time.time() - t0, 4)
+        warn_scoring(m, step, len([r for t in turns for r in t.rewards]))
+        last = step == args.steps - 1
+        if eval_env is not None and (step % args.eval_every == 0 or last):
+            rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
+            m["eval_reward_mean"] = rewards[0]
+            m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
+            tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
+                       f"({eval_env.name}, {args.eval_split})")
+        log.write(json.dumps(m) + "\n")
+        log.flush()
+        if args.save_every and (step + 1) % args.save_every == 0 and not last:
+            os.fsync(log.fileno())
+            save_checkpoint(args.out, step + 1, agents, args)
+        shown = m[last_turn] if m[last_turn] is not None else m["reward_mean"]
+        recent = (recent + [shown])[-20:]
+        bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
+        if step % max(1, args.steps // 10) == 0 or last:
+            tqdm.write(f"step {step:5d} reward " +
+                       " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
+                       " | " + " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
+        if signals.received is not None:
+            return step + 1
+    return args.steps
+
+
+def warn_scoring(m, step, total):
+    """Joint answers that could not be scored count as 0: say so at every step it happens, and stop
+    when nothing could be scored (the sandbox or the env is broken, not the agents)."""
+    bad = m["sandbox_errors"] + m["score_errors"]
+    if bad == total:
+        sys.exit(f"train.py: error: step {step}: none of the {total} joint answers could be scored "
+                 f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
+    if bad:
+        tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count as 0 "
+                   f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)", file=sys.stderr)
 
 
 if __name__ == "__main__":

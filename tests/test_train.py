@@ -1,16 +1,21 @@
 """train.py end to end on the CPU demo: the reward rises, the outputs are written and load back, and a
 bad flag is one clear line."""
 import json
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import magrpo
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.integration  # whole runs of train.py: after the unit tests
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +85,14 @@ def test_heterogeneous_team_and_loss_variants(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-def test_in_training_eval_and_periodic_saves(tmp_path):
+def test_in_training_eval_and_periodic_checkpoints(tmp_path):
     train.train(train.parse_args(["--steps", "4", "--eval-every", "2", "--eval-limit", "3",
                                   "--save-every", "2", "--out", str(tmp_path)]))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval_reward_mean" in r] == [0, 2, 3]
     assert all(0.0 <= r["eval_reward_mean"] <= 3.0 for r in rows if "eval_reward_mean" in r)
     assert json.loads((tmp_path / "args.json").read_text())["eval_every"] == 2
-    assert (tmp_path / "agent_1" / "config.json").exists()
+    assert (tmp_path / "agent_1" / "config.json").exists() and (tmp_path / "checkpoint-2" / "agent_1").is_dir()
 
 
 def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
@@ -120,3 +125,140 @@ def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["skipped_0"] == 0 for r in rows)
+
+# -----------------------------------------------------------------------------
+# Runs that survive: checkpoints, --resume, signals, no clobbering
+
+QUICK = ["--steps", "6", "--num-generations", "4", "--max-new-tokens", "8", "--batch-size", "1"]
+
+
+def rows_of(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_run(a, b):
+    """Two runs' metrics agree step by step on everything but the wall time."""
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    return strip(a) == strip(b)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    train.train(train.parse_args(QUICK + ["--out", str(out)]))
+    return rows_of(out)
+
+
+def cli(*flags, timeout=120):
+    return subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    train.train(train.parse_args(QUICK[:1] + ["2"] + QUICK[2:] + ["--save-every", "1", "--out", out]))
+    assert [c[0] for c in magrpo.checkpoints(out)] == [2, 1]  # the newest --save-total-limit (2)
+    train.train(train.parse_args(QUICK + ["--resume", "--out", out]))
+    assert same_run(rows_of(out), uninterrupted)
+    state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["args"]["steps"] == 6 and "agent_0/optimizer.pt" in state["files"]
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 6
+
+
+def test_a_broken_checkpoint_is_skipped_for_the_one_before(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    train.train(train.parse_args(QUICK[:1] + ["3"] + QUICK[2:] + ["--save-every", "1", "--out", str(out)]))
+    weights = out / "checkpoint-3" / "agent_1" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a copy cut short
+    with pytest.warns(UserWarning, match="checkpoint-3: agent_1/model.safetensors is truncated"):
+        train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
+    assert same_run(rows_of(out), uninterrupted)  # resumed at 2: step 2 ran again, once in the log
+    assert [c[0] for c in magrpo.checkpoints(str(out))] == [6, 2]  # the broken one is gone
+    (out / "checkpoint-6" / "rng_state.pt").unlink()
+    with pytest.warns(UserWarning, match="rng_state.pt is missing"):
+        assert magrpo.latest_checkpoint(str(out))[0] == 2
+
+
+def test_an_existing_run_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "run"
+    train.train(train.parse_args(["--steps", "1", "--num-generations", "2", "--max-new-tokens", "4", "--out", str(out)]))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    p = cli("--steps", "1", "--out", str(out))
+    assert p.returncode != 0 and "--resume" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    p = cli("--steps", "3", "--num-generations", "2", "--max-new-tokens", "4", "--learning-rate", "0.1",
+            "--resume", "--out", str(out))
+    assert p.returncode != 0 and "--learning-rate" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_resume_without_a_checkpoint_starts_at_step_zero(tmp_path):
+    out = tmp_path / "new"  # does not exist yet: a preemptible job script can always pass --resume
+    train.train(train.parse_args(["--steps", "2", "--num-generations", "2", "--max-new-tokens", "4",
+                                  "--resume", "--out", str(out)]))
+    assert [r["step"] for r in rows_of(out)] == [0, 1]
+
+
+def test_a_failed_save_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    import errno
+    real, calls = torch.save, []
+
+    def full_disk(obj, path, *a, **k):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="could not save checkpoint-1 .*No space left"):
+        train.train(train.parse_args(["--steps", "3", "--num-generations", "2", "--max-new-tokens", "4",
+                                      "--save-every", "1", "--out", str(out)]))
+    assert [c[0] for c in magrpo.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
+    assert len(rows_of(out)) == 3
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", "--steps", "500", "--save-every", "0", "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not ((out / "metrics.jsonl").exists() and rows_of(out)):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and time.time() - t0 < 10
+    step, path = magrpo.latest_checkpoint(str(out))
+    assert step == len(rows_of(out)) >= 1 and not (out / "final.json").exists()
+    assert "SIGTERM: saving a checkpoint" in proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_run(tmp_path, uninterrupted):
+    """Three SIGKILLs at random instants (seeded) of a run that saves every step, each followed by
+    --resume; the finished run's metrics equal the uninterrupted run's."""
+    out = str(tmp_path / "run")
+    rng = random.Random(1234)
+    flags = [*QUICK, "--save-every", "1", "--resume", "--out", out]
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "train.py", *flags], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(2.0, 7.0))  # start-up takes a few seconds: some kills land mid-run
+        proc.kill()
+        proc.wait()
+    p = cli(*flags, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert same_run(rows_of(out), uninterrupted)
+
+
+def test_eval_uses_the_final_agents_or_else_the_latest_checkpoint(tmp_path, capsys):
+    import eval as ev
+    out = tmp_path / "run"
+    train.train(train.parse_args(["--steps", "2", "--num-generations", "2", "--max-new-tokens", "4",
+                                  "--save-every", "1", "--out", str(out)]))
+    assert ev.trained_dirs(str(out), 2) == [str(out / "agent_0"), str(out / "agent_1")]
+    (out / "final.json").unlink()  # as if the run had been killed before its end
+    capsys.readouterr()
+    assert ev.trained_dirs(str(out), 2) == [str(out / "checkpoint-2" / f"agent_{i}") for i in range(2)]
+    assert "did not finish: using its latest checkpoint" in capsys.readouterr().err
