@@ -46,18 +46,26 @@ def need_namespaces(level, why):
         pytest.skip(f"the rlimits level does not promise this: {why}")
 
 
-def tag_env():
+@pytest.fixture
+def tagged(monkeypatch):
+    """(tag, env): a fork server of its own whose environment holds the tag (the processes it
+    forks keep its environment block), and env= for the runs (for what they exec)."""
     tag = uuid.uuid4().hex
-    return tag, {"MAGRPO_TEST_TAG": tag}
+    sandbox._stop_fork_server()
+    monkeypatch.setitem(sandbox._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
+    yield tag, {"MAGRPO_TEST_TAG": tag}
+    sandbox._stop_fork_server()  # the next test gets an untagged one
 
 
 def tagged_processes(tag):
-    """Live processes whose environment holds the tag (zombies have no environment left)."""
+    """Live processes whose environment holds the tag (zombies have no environment left), but
+    this process's fork server."""
     needle, found = f"MAGRPO_TEST_TAG={tag}".encode(), []
+    server = sandbox._FORK_SERVER["proc"].pid if sandbox._FORK_SERVER else None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
+                if needle in f.read() and int(pid) != server:
                     found.append(int(pid))
         except OSError:
             pass
@@ -169,8 +177,16 @@ def test_run_site_packages_importable(level):
     assert r.stdout == "ok\n", r.stderr
 
 
-def test_run_reports_a_sandbox_that_cannot_start(monkeypatch, level):
+@pytest.fixture
+def broken_fork_server(monkeypatch):
+    """A fork server that exits at once."""
+    sandbox._stop_fork_server()
     monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+    yield
+    sandbox._stop_fork_server()
+
+
+def test_run_reports_a_sandbox_that_cannot_start(broken_fork_server, level):
     r = sandbox.run("print(1)", isolation=level)
     assert not r.ok and r.infra_error
 
@@ -206,10 +222,10 @@ SPAWN = {
 
 @pytest.mark.parametrize("how", list(SPAWN))
 @pytest.mark.parametrize("then", ["exit", "hang"])
-def test_run_kills_grandchildren(level, how, then):
+def test_run_kills_grandchildren(level, how, then, tagged):
     if how in ("setsid", "double_fork"):
         need_namespaces(level, "a descendant that leaves the process group escapes it")
-    tag, env = tag_env()
+    tag, env = tagged
     program = SPAWN[how] + ("\nprint('spawned')" if then == "exit" else "\nwhile True: pass")
     r, wall = timed(sandbox.run, program, timeout=1.0, isolation=level, env=env)
     assert (r.ok if then == "exit" else r.timed_out), r
@@ -217,24 +233,24 @@ def test_run_kills_grandchildren(level, how, then):
     assert_nothing_left(tag)
 
 
-def test_run_leftover_scan_sees_sandboxed_processes(level):
+def test_run_leftover_scan_sees_sandboxed_processes(level, tagged):
     """Positive control for assert_nothing_left: the scan does see a live sandbox's processes."""
-    tag, env = tag_env()
+    tag, env = tagged
     program = SPAWN["popen"] + "\nimport time\ntime.sleep(4)"
     thread = threading.Thread(target=sandbox.run, args=(program,),
                               kwargs=dict(timeout=4.0, isolation=level, env=env))
     thread.start()
     seen = 0
-    while thread.is_alive() and seen < 3:  # the child, the program and the sleeping grandchild
+    while thread.is_alive() and seen < 4:  # first process, supervisor, program, grandchild
         seen = len(tagged_processes(tag))
         time.sleep(0.05)
     thread.join()
-    assert seen >= 3
+    assert seen >= 4
     assert_nothing_left(tag)
 
 
-def test_run_fork_flood(level):
-    tag, env = tag_env()
+def test_run_fork_flood(level, tagged):
+    tag, env = tagged
     program = code("""
         import os, time
         for i in range(300):
@@ -252,9 +268,9 @@ def test_run_fork_flood(level):
 
 @pytest.mark.skipif(ROOT, reason="the kernel exempts real root from RLIMIT_NPROC: an unbounded "
                                  "fork bomb would be held by the timeout only")
-def test_run_fork_bomb(level):
+def test_run_fork_bomb(level, tagged):
     need_namespaces(level, "RLIMIT_NPROC would count all of the user's processes")
-    tag, env = tag_env()
+    tag, env = tagged
     program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     r, wall = timed(sandbox.run, program, timeout=2.0, isolation=level, env=env)
     assert r.timed_out and wall < 2.0 + SLACK
@@ -669,8 +685,7 @@ def test_run_tests_broken_inputs_give_clear_reports():
     assert rep.passed == 0 and "can't go to the program" in rep.infra_error
 
 
-def test_run_tests_reports_a_sandbox_that_cannot_start(monkeypatch, level):
-    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+def test_run_tests_reports_a_sandbox_that_cannot_start(broken_fork_server, level):
     rep = sandbox.run_tests(PLUS_ONE, CHECK3, "f", isolation=level)
     assert rep.passed == 0 and rep.infra_error and rep.error is None
 
@@ -928,8 +943,8 @@ def test_run_tests_benchmark_data_hidden(level):
     assert rep.passed == 0 and "No such file" in rep.error, rep
 
 
-def test_run_tests_tests_leave_nothing_running(level):
-    tag, env = tag_env()
+def test_run_tests_tests_leave_nothing_running(level, tagged):
+    tag, env = tagged
     program = code("""
         import subprocess, os, time
         def f(x):
@@ -977,10 +992,12 @@ def test_run_tests_after_a_crash_the_program_is_loaded_again(level):
 @pytest.mark.parametrize("survivor", ["plain", "escapes"])
 def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
     """SIGKILL the caller (a process running run_tests on a sleeping program): every sandbox
-    process dies with it, even one that left the group and cleared its own death signal."""
+    process (its fork server too) dies with it, even one that left the group and cleared its
+    own death signal."""
     if survivor == "escapes":
         need_namespaces(level, "a process that leaves the group and clears its death signal")
-    tag, env = tag_env()
+    tag = uuid.uuid4().hex
+    env = {"MAGRPO_TEST_TAG": tag}
     program = code("""
         import ctypes, os, time
         def f(x):
@@ -994,13 +1011,15 @@ def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
         import sys
         sys.path.insert(0, {ROOT_DIR!r})
         import sandbox
+        sandbox._SERVER_ENV.update({env!r})
         sandbox.run_tests({program!r}, {CHECK3!r}, 'f', timeout=600, isolation={level!r},
                           env={env!r})
         """)
     proc = subprocess.Popen([sys.executable, "-c", caller])
     try:
         deadline = time.monotonic() + 30
-        while len(tagged_processes(tag)) < (4 if survivor == "escapes" else 3):
+        while len(tagged_processes(tag)) < (6 if survivor == "escapes" else 5):  # server, first,
+            # supervisor, tester, program (and its child)
             assert time.monotonic() < deadline and proc.poll() is None, "the sandbox never started"
             time.sleep(0.05)
         time.sleep(0.2)  # let it sleep in the call
@@ -1085,20 +1104,23 @@ def test_run_tests_many_humaneval_broken_solutions_fail(humaneval, human_eval_ch
 # rewards.code_reward carries a sandbox failure to the trainer
 
 
-def test_code_reward_reports_sandbox_error(monkeypatch):
+def test_code_reward_reports_sandbox_error():
     import rewards
     main = "def f(x):\n    return x + 1\n"
     r = rewards.code_reward("", main, "f", CHECK3)
     assert r.sandbox_error is None and r.passed == 2
-    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
-    r = rewards.code_reward("", main, "f", CHECK3)
-    assert r.sandbox_error and r.passed == 0
-    [r] = rewards.code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
-    assert r.sandbox_error
     test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
     r = rewards.code_reward("", main, "f", test, imports="import math")  # encode is missing
     assert r.sandbox_error and "encode" in r.sandbox_error
-    monkeypatch.undo()
     r = rewards.code_reward("", main, "f", test, imports="import math",
                             test_setup="def encode(x):\n    return 2 * x\n")
     assert r.sandbox_error is None and r.passed == 1
+
+
+def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
+    import rewards
+    main = "def f(x):\n    return x + 1\n"
+    r = rewards.code_reward("", main, "f", CHECK3)
+    assert r.sandbox_error and r.passed == 0
+    [r] = rewards.code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
+    assert r.sandbox_error and r.passed == 0
