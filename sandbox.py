@@ -531,10 +531,12 @@ def _remove_tree(path):
 
 def _fork_server(job):
     """The fork server (`python -I -S -u -c _BOOT`, see _start_fork_server): for each message on
-    its socket, fork a run's first process on the descriptors that came with it."""
+    its socket, fork a run's first process on the descriptors that came with it. Not dumpable:
+    a program of the same uid (rlimits level) can't ptrace it to bend later runs."""
     import posix
     import socket
     import sys
+    _libc()("prctl", 4, 0)  # PR_SET_DUMPABLE = 0
     sys.path += job["site_packages"]
     for name in job["preload"]:
         try:

