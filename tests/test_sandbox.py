@@ -271,7 +271,8 @@ def test_run_fork_flood(level, tagged):
 def test_run_fork_bomb(level, tagged):
     need_namespaces(level, "RLIMIT_NPROC would count all of the user's processes")
     tag, env = tagged
-    program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \
+              "        pass"
     r, wall = timed(sandbox.run, program, timeout=2.0, isolation=level, env=env)
     assert r.timed_out and wall < 2.0 + SLACK
     assert_nothing_left(tag)
@@ -569,8 +570,8 @@ def test_run_tests_failing_setup_fails_its_test(level):
             assert candidate(3) == 4
         """)
     rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
-    assert rep.outcomes == ["passed", "failed", "passed"] and "ZeroDivisionError" in rep.first_failure
-    assert "x = 1 / 0" in rep.first_failure
+    assert rep.outcomes == ["passed", "failed", "passed"]
+    assert "x = 1 / 0" in rep.first_failure and "ZeroDivisionError" in rep.first_failure
 
 
 def test_run_tests_nested_def_asserts_count(level):
@@ -703,7 +704,7 @@ def test_run_tests_broken_inputs_give_clear_reports():
     assert (rep.passed, rep.total) == (0, 3) and "'g' is not defined" in rep.error
     rep = sandbox.run_tests("import no_such_module_xyz\n" + PLUS_ONE, CHECK3, "f")
     assert rep.passed == 0 and "ModuleNotFoundError" in rep.error and rep.infra_error is None
-    rep = sandbox.run_tests(PLUS_ONE, "def check(candidate):\n    assert candidate(lambda: 1)\n", "f")
+    rep = sandbox.run_tests(PLUS_ONE, "def check(candidate):\n    assert candidate(len)\n", "f")
     assert rep.passed == 0 and "can't go to the program" in rep.infra_error
 
 
@@ -714,8 +715,9 @@ def test_run_tests_reports_a_sandbox_that_cannot_start(broken_fork_server, level
 
 def test_run_tests_many_keeps_order():
     jobs = [(PLUS_ONE.replace("+ 1", f"+ {k % 3}"), CHECK3, "f") for k in range(12)]
-    jobs.append(("def f(x):\n    return g(x)\n", "def check(candidate):\n    assert candidate(1) == 2\n",
-                 "f", "def g(x):\n    return x + 1\n"))  # setup is the tester's, not the program's
+    test = "def check(candidate):\n    assert candidate(1) == 2\n"
+    jobs.append(("def f(x):\n    return g(x)\n", test, "f", "def g(x):\n    return x + 1\n"))
+    # (setup is the tester's, not the program's: g is not defined there)
     reports = sandbox.run_tests_many(jobs, workers=4)
     assert [r.passed for r in reports] == [[0, 2, 1][k % 3] for k in range(12)] + [0]
 
@@ -806,78 +808,176 @@ SECRET_CHECK = code("""
         assert candidate(2) == 69621
         assert candidate(3) == 16807
     """)  # no constant, no guess passes: only a program that knows the test does
+FORGED_LINES = ["(0, 'passed', '', 0)", "(1, 'passed', '', 0)", "(2, 'passed', '', 0)",
+                "('loaded',)", "('done',)"]
 FAKES = {  # each tries to pass SECRET_CHECK without knowing it
-    "eq_always_true": "class A:\n    def __eq__(self, other):\n        return True\n"
-                      "    __hash__ = object.__hash__\ndef f(x):\n    return A()\n",
-    "int_subclass_lies": "class L(int):\n    def __eq__(self, other):\n        return True\n"
-                         "    __hash__ = int.__hash__\ndef f(x):\n    return L(0)\n",
+    "eq_always_true": code("""
+        class A:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+        def f(x):
+            return A()
+        """),
+    "int_subclass_lies": code("""
+        class L(int):
+            def __eq__(self, other):
+                return True
+            __hash__ = int.__hash__
+        def f(x):
+            return L(0)
+        """),
     "list_of_liars": "class A:\n    __eq__ = lambda s, o: True\ndef f(x):\n    return [A()]\n",
-    "patched_builtins": "import builtins\nbuiltins.AssertionError = type('X', (BaseException,), {})\n"
-                        "builtins.isinstance = builtins.len = lambda *a: True\n"
-                        "def f(x):\n    return 0\n",
-    "patched_posix_write": ("import posix\nw = posix.write\n"
-                            "def write(fd, data):\n"
-                            "    return w(fd, bytes(data).replace(b'failed', b'passed'))\n"
-                            "posix.write = write\nimport os\nos.write = write\n"
-                            "def f(x):\n    return 0\n"),
-    "forged_verdicts_at_load": ("import os\nfor fd in range(3, 256):\n"
-                                "    for line in [\"(0, 'passed', '', 0)\", \"(1, 'passed', '', 0)\",\n"
-                                "                 \"(2, 'passed', '', 0)\", \"('loaded',)\", \"('done',)\"]:\n"
-                                "        try:\n            os.write(fd, (line + '\\n').encode())\n"
-                                "        except OSError:\n            pass\n"
-                                "os._exit(0)\ndef f(x):\n    return 0\n"),
-    "forged_verdicts_in_call": ("import os\ndef f(x):\n    for fd in range(256):\n"
-                                "        try:\n            os.write(fd, b\"(0, 'passed', '', 0)\\n('done',)\\n\")\n"
-                                "        except OSError:\n            pass\n    os._exit(0)\n"),
-    "forged_frames": ("import os\ndef f(x):\n    frame = b'R2:N'\n    for fd in range(3, 256):\n"
-                      "        try:\n            os.write(fd, len(frame).to_bytes(4, 'big') + frame)\n"
-                      "        except OSError:\n            pass\n    return 0\n"),
-    "printed_verdicts": "print('All tests passed')\nprint(\"('done',)\")\n"
-                        "def f(x):\n    print(\"(1, 'passed', '', 0)\")\n    return None\n",
+    "patched_builtins": code("""
+        import builtins
+        builtins.AssertionError = type('X', (BaseException,), {})
+        builtins.isinstance = builtins.len = lambda *a: True
+        def f(x):
+            return 0
+        """),
+    "patched_posix_write": code("""
+        import os, posix
+        write = posix.write
+        def rewrite(fd, data):
+            return write(fd, bytes(data).replace(b'failed', b'passed'))
+        posix.write = os.write = rewrite
+        def f(x):
+            return 0
+        """),
+    "forged_verdicts_at_load": code(f"""
+        import os
+        for fd in range(3, 256):
+            for line in {FORGED_LINES!r}:
+                try:
+                    os.write(fd, (line + '\\n').encode())
+                except OSError:
+                    pass
+        os._exit(0)
+        def f(x):
+            return 0
+        """),
+    "forged_verdicts_in_call": code(f"""
+        import os
+        def f(x):
+            for fd in range(256):
+                try:
+                    os.write(fd, ''.join(line + '\\n' for line in {FORGED_LINES!r}).encode())
+                except OSError:
+                    pass
+            os._exit(0)
+        """),
+    "forged_frames": code("""
+        import os
+        def f(x):
+            frame = b'R2:N'
+            for fd in range(3, 256):
+                try:
+                    os.write(fd, len(frame).to_bytes(4, 'big') + frame)
+                except OSError:
+                    pass
+            return 0
+        """),
+    "printed_verdicts": code("""
+        print('All tests passed')
+        print("('done',)")
+        def f(x):
+            print("(1, 'passed', '', 0)")
+            return None
+        """),
     "exit_at_load": "import os\nos._exit(0)\n" + PLUS_ONE,
     "sys_exit_at_load": "import sys\nsys.exit(0)\n" + PLUS_ONE,
     "kill_group_at_load": "import os\nos.killpg(0, 9)\n" + PLUS_ONE,
     "reads_the_environment": "import os\ndef f(x):\n    return len(str(dict(os.environ)))\n",
-    "scans_proc": ("import os, re\ndef f(x):\n    found = []\n    for pid in os.listdir('/proc'):\n"
-                   "        for name in ('cmdline', 'environ', 'fd/0', 'fd/3', 'fd/4', 'fd/5', 'mem'):\n"
-                   "            try:\n                data = open(f'/proc/{pid}/{name}', 'rb').read(1 << 20)\n"
-                   "            except OSError:\n                continue\n"
-                   "            found += [int(n) for n in re.findall(rb'== (\\d{5})', data)]\n"
-                   "    return found[x - 1] if len(found) >= x else 0\n"),
+    "scans_proc": code("""
+        import os, re
+        def f(x):
+            found = []
+            for pid in os.listdir('/proc'):
+                for name in ('cmdline', 'environ', 'fd/0', 'fd/3', 'fd/4', 'fd/5', 'mem'):
+                    try:
+                        data = open(f'/proc/{pid}/{name}', 'rb').read(1 << 20)
+                    except OSError:
+                        continue
+                    found += [int(n) for n in re.findall(rb'== (\\d{5})', data)]
+            return found[x - 1] if len(found) >= x else 0
+        """),
     "exit_in_call": "def f(x):\n    import os\n    os._exit(0)\n",
     "sys_exit_in_call": "def f(x):\n    import sys\n    sys.exit(0)\n",
     "exit_builtin_in_call": "def f(x):\n    exit(0)\n",
     "sigkill_self": "def f(x):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n",
-    "atexit_exit": "import atexit, os\natexit.register(os._exit, 0)\ndef f(x):\n    raise SystemExit(0)\n",
-    "kill_everything_in_call": "def f(x):\n    import os\n    for how in (lambda: os.kill(-1, 9), lambda: os.killpg(0, 9),\n"
-                               "                lambda: os.kill(1, 9)):\n        try:\n            how()\n"
-                               "        except OSError:\n            pass\n    return 0\n",
-    "stop_everything": "def f(x):\n    import os, signal\n    for how in (lambda: os.kill(-1, signal.SIGSTOP),\n"
-                       "                lambda: os.killpg(0, signal.SIGSTOP)):\n        try:\n"
-                       "            how()\n        except OSError:\n            pass\n    return 0\n",
+    "atexit_exit": code("""
+        import atexit, os
+        atexit.register(os._exit, 0)
+        def f(x):
+            raise SystemExit(0)
+        """),
+    "kill_everything_in_call": code("""
+        import os
+        def f(x):
+            for how in (lambda: os.kill(-1, 9), lambda: os.killpg(0, 9), lambda: os.kill(1, 9)):
+                try:
+                    how()
+                except OSError:
+                    pass
+            return 0
+        """),
+    "stop_everything": code("""
+        import os, signal
+        def f(x):
+            for how in (lambda: os.kill(-1, signal.SIGSTOP), lambda: os.killpg(0, signal.SIGSTOP)):
+                try:
+                    how()
+                except OSError:
+                    pass
+            return 0
+        """),
     "closes_its_pipes": "def f(x):\n    import os\n    os.closerange(3, 1024)\n    return x + 1\n",
-    "frame_reading": ("import sys\ndef f(x):\n    frame = sys._getframe(1)\n    while frame:\n"
-                      "        for name, value in frame.f_locals.items():\n"
-                      "            if name not in ('x', 'frame') and type(value) is int:\n"
-                      "                return value\n"
-                      "        for c in frame.f_code.co_consts:\n"
-                      "            if type(c) is int and c not in (0, x):\n                return c\n"
-                      "        frame = frame.f_back\n    return 0\n"),
-    "memory_scan": ("import gc\ndef f(x):\n    for o in gc.get_objects():\n"
-                    "        if type(o).__name__ == 'code' and 'candidate' in o.co_names:\n"
-                    "            return [c for c in o.co_consts if type(c) is int][-1]\n"
-                    "    return 0\n"),
+    "frame_reading": code("""
+        import sys
+        def f(x):
+            frame = sys._getframe(1)
+            while frame:
+                for name, value in frame.f_locals.items():
+                    if name not in ('x', 'frame') and type(value) is int:
+                        return value
+                for c in frame.f_code.co_consts:
+                    if type(c) is int and c not in (0, x):
+                        return c
+                frame = frame.f_back
+            return 0
+        """),
+    "memory_scan": code("""
+        import gc
+        def f(x):
+            for o in gc.get_objects():
+                if type(o).__name__ == 'code' and 'candidate' in o.co_names:
+                    return [c for c in o.co_consts if type(c) is int][-1]
+            return 0
+        """),
     "stop_iteration": "def f(x):\n    raise StopIteration\n",
     "huge_reply": "def f(x):\n    return 'x' * (64 << 20)\n",
-    "deep_reply": "def f(x):\n    v = []\n    for _ in range(1000):\n        v = [v]\n    return v\n",
+    "deep_reply": code("""
+        def f(x):
+            v = []
+            for _ in range(1000):
+                v = [v]
+            return v
+        """),
     "recursive_reply": "def f(x):\n    v = []\n    v.append(v)\n    return v\n",
     "generator_reply": "def f(x):\n    return (y for y in [x + 1])\n",
-    "keeps_talking": ("import os, threading\ndef spam():\n    while True:\n"
-                      "        for fd in range(3, 64):\n            try:\n"
-                      "                os.write(fd, b\"(0, 'passed', '', 0)\\n\" * 50)\n"
-                      "            except OSError:\n                pass\n"
-                      "threading.Thread(target=spam, daemon=True).start()\n"
-                      "def f(x):\n    spam()\n"),
+    "keeps_talking": code("""
+        import os, threading
+        def spam():
+            while True:
+                for fd in range(3, 64):
+                    try:
+                        os.write(fd, b"(0, 'passed', '', 0)\\n" * 50)
+                    except OSError:
+                        pass
+        threading.Thread(target=spam, daemon=True).start()
+        def f(x):
+            spam()
+        """),
 }
 
 
@@ -996,8 +1096,13 @@ def test_run_tests_crash_costs_only_its_test(level):
 
 
 def test_run_tests_after_a_crash_the_program_is_loaded_again(level):
-    program = "import os\nloads = []\nloads.append(1)\ndef f(x):\n    if x < 0:\n        os._exit(0)\n" \
-              "    return x + len(loads)\n"
+    program = code("""
+        import os
+        def f(x):
+            if x < 0:
+                os._exit(0)
+            return x + 1
+        """)
     test = code("""
         def check(candidate):
             base = 10
