@@ -236,9 +236,9 @@ def test_run_kills_grandchildren(level, how, then, tagged):
 def test_run_leftover_scan_sees_sandboxed_processes(level, tagged):
     """Positive control for assert_nothing_left: the scan does see a live sandbox's processes."""
     tag, env = tagged
-    program = SPAWN["popen"] + "\nimport time\ntime.sleep(4)"
+    program = SPAWN["popen"] + "\nimport time\ntime.sleep(2)"
     thread = threading.Thread(target=sandbox.run, args=(program,),
-                              kwargs=dict(timeout=4.0, isolation=level, env=env))
+                              kwargs=dict(timeout=2.0, isolation=level, env=env))
     thread.start()
     seen = 0
     while thread.is_alive() and seen < 4:  # first process, supervisor, program, grandchild
@@ -414,6 +414,38 @@ def test_run_leaves_nothing_for_the_next_run(level):
     assert r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
     if level == "rlimits" and os.path.exists(f"/tmp/{mark}"):
         os.remove(f"/tmp/{mark}")
+
+
+def test_run_python_from_a_virtualenv_in_tmp(level):
+    """A caller's Python may live below a covered directory (a virtualenv in /tmp): it stays
+    usable inside, read-only."""
+    need_namespaces(level, "nothing is covered")
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        venv = os.path.join(d, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                        venv], check=True, timeout=120)
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        site_packages = os.path.join(venv, "lib", version, "site-packages")
+        with open(os.path.join(site_packages, "magrpo_venv_probe.py"), "w") as f:
+            f.write("WHERE = 'venv'\n")
+        program = code(f"""
+            import subprocess, sys
+            import magrpo_venv_probe
+            print(magrpo_venv_probe.WHERE == 'venv')
+            print(subprocess.run([sys.executable, '-c', 'import magrpo_venv_probe; print(7)'],
+                                 capture_output=True, text=True).stdout.strip())
+            try:
+                open({venv!r} + '/pwned', 'w')
+            except OSError as e:
+                print(e.errno)
+            """)
+        caller = (f"import sys\nsys.path.insert(0, {ROOT_DIR!r})\nimport sandbox\n"
+                  f"r = sandbox.run({program!r}, isolation='namespaces')\n"
+                  "print(r.stdout, r.stderr, r.infra_error)\n")
+        r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", caller], capture_output=True,
+                           text=True, timeout=120)
+        assert r.stdout.split()[:3] == ["True", "7", "30"], r.stdout + r.stderr  # 30: EROFS
+        assert not os.path.exists(os.path.join(venv, "pwned"))
 
 
 def test_run_secrets_not_inherited(level, monkeypatch):
@@ -895,7 +927,8 @@ FAKES = {  # each tries to pass SECRET_CHECK without knowing it
             for pid in os.listdir('/proc'):
                 for name in ('cmdline', 'environ', 'fd/0', 'fd/3', 'fd/4', 'fd/5', 'mem'):
                     try:
-                        data = open(f'/proc/{pid}/{name}', 'rb').read(1 << 20)
+                        fd = os.open(f'/proc/{pid}/{name}', os.O_RDONLY | os.O_NONBLOCK)
+                        data = os.read(fd, 1 << 20)
                     except OSError:
                         continue
                     found += [int(n) for n in re.findall(rb'== (\\d{5})', data)]
