@@ -52,8 +52,9 @@ uses names neither it nor setup define): verdicts are missing, so surface it, ne
 Isolation levels, probed once (isolation_level(); MAGRPO_SANDBOX=rlimits|namespaces forces one).
   Both: the verdict guarantees against any trick inside the program's process; the time cap;
     rlimits (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps); a
-    scrubbed environment; stdin at EOF; capped output; tester and supervisor not dumpable (no
-    ptrace, /proc/<pid>/mem or fd of them for another uid's code: not for root's).
+    scrubbed environment; stdin at EOF; capped output; the fork server, supervisor and tester not
+    dumpable (no ptrace, /proc/<pid>/mem or fd of them for code of the same uid; but real root's
+    code has CAP_SYS_PTRACE).
   "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
     program process has a pid namespace, session and /proc of its own: it sees and signals nothing
     but its own processes (not the tester, not the caller, not with kill -1), and it gives up all

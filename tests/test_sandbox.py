@@ -934,6 +934,18 @@ FAKES = {  # each tries to pass SECRET_CHECK without knowing it
                     found += [int(n) for n in re.findall(rb'== (\\d{5})', data)]
             return found[x - 1] if len(found) >= x else 0
         """),
+    "reads_every_descriptor": code("""
+        import os, re
+        def f(x):
+            found = []
+            for fd in range(256):
+                try:
+                    os.set_blocking(fd, False)
+                    found += [int(n) for n in re.findall(rb'== (\\d{5})', os.read(fd, 1 << 20))]
+                except OSError:
+                    pass
+            return found[x - 1] if len(found) >= x else 0
+        """),
     "exit_in_call": "def f(x):\n    import os\n    os._exit(0)\n",
     "sys_exit_in_call": "def f(x):\n    import sys\n    sys.exit(0)\n",
     "exit_builtin_in_call": "def f(x):\n    exit(0)\n",
