@@ -8,10 +8,44 @@ early failure gives a small, informative reward instead of noise from the later 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
     arXiv (Sec. 5, max 3.0)  same levels, other numbers                             arxiv_reward
+    single-agent writing: split_single_output(text) -> the two parts to score
 
 Model code never runs in this process: sandbox.py runs every test assertion in a killable
 subprocess. Everything else here is stdlib text processing and must never raise on model output
 (empty, prose, broken unicode, NUL bytes, megabytes of garbage).
+
+authors=True (every reward, and code_reward_many) gives the value of the authors' first public
+release on any output, for comparing with their numbers: writing, OpenMLRL/LLM_Collab_Writing
+rewards/{tldr,arxiv}_rewards.py (first release, before the VERBOSE switch; its reward logic is
+unchanged at 45c74e50); code, shady-cs15/LLM_Collab_Code_Generation@ae03036b
+rewards/code_rewards.py + code_utils.py. Their tests still run in our sandbox, 10 s each, given
+up after 3 timeouts, as theirs. Where theirs raised or ran in-process, we differ: None, NUL
+bytes and lone surrogates crashed their reward (here: 0, or a syntax failure); a program that
+exits, hangs with signals ignored, or swallows their timeout exception killed or hung their
+trainer (here: a failed test); state a test leaves in the interpreter carried over to later
+samples there, not here.
+
+Our defaults depart from theirs where theirs is, we think, a bug or an accident:
+  code   the program keeps the prompt's helper functions (HumanEval/10, 32, 38, 50 need them);
+         extraction by the ast (theirs, by lines, loses the lines after a nested def and drops
+         sentence-like lines inside a function), body-only completions completed by the
+         signature; L1 needs an ast `return` (theirs: the text "return " anywhere, e.g. in
+         a docstring) and a main without one still reaches L2; L2 compiles (theirs ast.parse:
+         `break` outside a loop passes); tests are check()'s statements as HumanEval runs them
+         (theirs: single lines starting `assert` that name candidate, so multi-line asserts and
+         asserts in loops fail, HumanEval/32 has no test, duplicate asserts count once, and a
+         call `f(...) == x` runs twice); cooperation is an ast call of aux not shadowed by a
+         nested def (theirs: the text `aux(`, comments and strings included); a wrapper is
+         `return aux(...)` or `v = aux(...); return v` (theirs: any one-line `return ...aux...`,
+         and every function whose docstring closes on its own line); a discarded result is any
+         statement `aux(...)` (their regex only matches `aux (x)`: one space, one character).
+  writing connectives match whole words (theirs substrings: "so" in "also", "as" in "has");
+         our stopword list (theirs drops good/great/new/first/last... and keeps about/into/
+         through...); words keep inner apostrophes and split at underscores; two texts without
+         content words have Jaccard 0 (theirs 1.0: full credit); lengths of the stripped texts,
+         newlines normalised (theirs count surrounding whitespace); arXiv connectives are the
+         union over the two texts (theirs: in text1 + text2, so a phrase may span the seam).
+  single output: no marker -> no second part (theirs: an arbitrary cut at a third).
 """
 import ast
 import math
@@ -20,36 +54,73 @@ import textwrap
 from dataclasses import dataclass, field
 
 # -----------------------------------------------------------------------------
-# Data: connectives and stopwords for the writing rewards (Sec. 5), written for this project.
-# Phrases match whole words, case-insensitively ("so" does not fire inside "also").
+# Data for the writing rewards (Sec. 5). TRANSITIONS are the authors' 12 categories and phrase lists
+# (OpenMLRL/LLM_Collab_Writing, rewards/tldr_rewards.py, first release); one phrase may sit in
+# several categories ("indeed": explanation and emphasis). By default a phrase matches whole words,
+# case-insensitively ("so" does not fire inside "also"); authors=True matches substrings, as they do.
 
 TRANSITIONS = {
-    "addition": ["furthermore", "moreover", "additionally", "in addition", "besides", "what is more",
-                 "as well as", "not only", "along with", "also"],
-    "example": ["for example", "for instance", "such as", "to illustrate", "namely", "in particular",
-                "specifically", "as an example"],
-    "clarification": ["in other words", "that is to say", "to put it simply", "simply put",
-                      "to clarify", "put differently", "essentially", "in essence"],
+    "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
+                    "what is more", "not only", "as well as", "along with", "coupled with",
+                    "together with", "likewise", "similarly", "equally important",
+                    "by the same token", "in the same way", "correspondingly", "in like manner",
+                    "comparatively", "analogously"],
+    "examples": ["for example", "for instance", "specifically", "particularly", "namely", "such as",
+                 "including", "especially", "in particular", "to illustrate", "as an illustration",
+                 "case in point", "to demonstrate", "as evidence", "to exemplify", "notably",
+                 "markedly", "chiefly", "mainly", "primarily", "above all", "most importantly"],
+    "explanation": ["that is", "in other words", "to put it simply", "to clarify", "indeed",
+                    "in fact", "actually", "clearly", "obviously", "to put it another way",
+                    "to rephrase", "more precisely", "specifically speaking", "what this means is",
+                    "the point is", "essentially", "basically", "fundamentally", "at its core",
+                    "in essence", "simply put", "stated differently"],
     "cause_effect": ["therefore", "thus", "consequently", "as a result", "hence", "accordingly",
-                     "for this reason", "because", "due to", "so that"],
-    "contrast": ["however", "on the other hand", "in contrast", "by contrast", "whereas",
-                 "conversely", "instead", "on the contrary", "but", "yet"],
-    "concession": ["although", "even though", "though", "despite", "in spite of", "nevertheless",
-                   "nonetheless", "admittedly", "granted", "even so"],
-    "sequence": ["first", "firstly", "second", "secondly", "thirdly", "next", "finally", "lastly",
-                 "to begin with", "subsequently", "afterwards", "afterward"],
-    "time": ["meanwhile", "eventually", "previously", "later", "at the same time", "currently",
-             "recently", "during", "until", "before", "after", "when"],
-    "emphasis": ["indeed", "in fact", "certainly", "undoubtedly", "notably", "above all",
-                 "especially", "importantly", "clearly", "of course"],
-    "comparison": ["similarly", "likewise", "in the same way", "equally", "compared to",
-                   "compared with", "in comparison", "just as"],
-    "condition": ["if", "unless", "provided that", "as long as", "in case", "otherwise",
-                  "assuming that", "given that", "even if"],
-    "summary": ["in summary", "in conclusion", "to sum up", "overall", "in short", "in brief",
-                "all in all", "to conclude", "ultimately", "on the whole"],
+                     "for this reason", "due to this", "because of this", "so", "then", "thereby",
+                     "wherefore", "thence", "ergo", "as a consequence", "in consequence",
+                     "it follows that", "this leads to", "this results in", "this causes",
+                     "this brings about", "owing to", "on account of", "thanks to",
+                     "resulting from"],
+    "contrast": ["however", "nevertheless", "nonetheless", "on the other hand", "in contrast",
+                 "while", "whereas", "although", "even though", "despite this", "but", "yet",
+                 "still", "conversely", "on the contrary", "rather", "instead", "alternatively",
+                 "otherwise", "in opposition", "by contrast", "contrarily", "notwithstanding",
+                 "regardless", "all the same", "even so", "be that as it may", "in any case",
+                 "at any rate"],
+    "sequence": ["first", "second", "third", "next", "then", "after that", "finally", "lastly",
+                 "initially", "subsequently", "meanwhile", "to begin with", "to start with",
+                 "in the beginning", "at first", "at the outset", "primarily", "secondly",
+                 "thirdly", "following this", "afterward", "later", "later on", "in the meantime",
+                 "simultaneously", "concurrently", "at the same time", "in conclusion",
+                 "to conclude", "ultimately", "in the end", "to summarize", "in summary"],
+    "emphasis": ["indeed", "certainly", "surely", "undoubtedly", "without doubt", "definitely",
+                 "absolutely", "positively", "unquestionably", "indubitably", "of course",
+                 "naturally", "obviously", "clearly", "evidently", "manifestly", "undeniably",
+                 "admittedly", "granted", "to be sure", "in fact", "as a matter of fact", "notably",
+                 "significantly"],
+    "summary": ["in summary", "in conclusion", "to summarize", "to conclude", "in short",
+                "in brief", "briefly", "to sum up", "on the whole", "overall", "all in all",
+                "in essence", "essentially", "basically", "fundamentally", "in the final analysis",
+                "after all", "ultimately", "in the end", "when all is said and done",
+                "the bottom line is"],
+    "comparison": ["similarly", "likewise", "in the same way", "equally", "just as",
+                   "comparable to", "in comparison", "by the same token", "correspondingly",
+                   "in like manner", "along the same lines", "in similar fashion", "analogously",
+                   "by analogy", "just like", "much like", "as with"],
+    "concession": ["although", "though", "even though", "while", "whereas", "despite",
+                   "in spite of", "regardless of", "notwithstanding", "admittedly", "granted",
+                   "even if", "be that as it may", "nevertheless", "nonetheless", "however", "yet",
+                   "still", "all the same"],
+    "condition": ["if", "unless", "provided that", "assuming that", "supposing that", "in case",
+                  "in the event that", "on condition that", "given that", "as long as",
+                  "so long as", "only if", "even if", "whether or not", "should", "were", "had",
+                  "otherwise", "or else"],
+    "time": ["when", "while", "as", "after", "before", "until", "since", "during", "meanwhile",
+             "simultaneously", "at the same time", "concurrently", "previously", "formerly",
+             "earlier", "later", "afterward", "subsequently", "eventually", "finally", "recently",
+             "lately", "nowadays", "currently", "presently", "immediately"],
 }
 
+# Jaccard drops these function words (ours, the usual English list).
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
 below between both but by can could did do does doing down during each few for from further had
@@ -60,7 +131,19 @@ this those through to too under until up very was we were what when where which 
 why will with would you your yours yourself yourselves
 """.split())
 
+# The authors' stopwords (authors=True): they also drop content words (good, great, new, old,
+# first, last, left, right, long, low, many, much, little, bad) and keep about, after, because,
+# between, into, over, she, through, under, while...
+AUTHORS_STOPWORDS = frozenset("""
+a all also an and any are as at bad be been being both but by can could did do does each few first
+for from good great had has have he her here him his how i if in is it its just last left little
+long low many may me might more most much must my new no not now of old on only or other our own
+right same shall should so some such than that the their them then there these they this those to
+too us very was we were what when where which who why will with would you your
+""".split())
+
 _WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
+_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscores included
 
 
 def _phrase_index():
@@ -109,9 +192,14 @@ def strip_fences(text):
     return "\n".join(keep)
 
 
-def prompt_imports(prompt):
+def prompt_imports(prompt, authors=False):
     """The import lines of a HumanEval prompt ("from typing import List"), the only part of the
-    prompt that goes into the program besides the agents' functions (Sec. 4)."""
+    prompt that goes into the program besides the agents' functions (Sec. 4).
+    authors=True: their rule, every line that is an import once stripped (indented ones too, as
+    HumanEval/115's `import math` inside the function), stripped and deduplicated."""
+    if authors:
+        kept = (line.strip() for line in _raw(prompt).split("\n"))
+        return "\n".join(dict.fromkeys(s for s in kept if _AUTHORS_IMPORT_RE.match(s)))
     out, in_parens = [], False
     for line in _clean(prompt).split("\n"):
         if in_parens or re.match(r"import\s+\w|from\s+[\w.]+\s+import\b", line):
@@ -211,6 +299,7 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
+    bonus: tuple = ()          # authors mode: coop's steps, in the order their code adds them
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -225,7 +314,10 @@ class CodeReward:
 
     @property
     def total(self):
-        return self.structure + self.syntax + self.tests + self.coop
+        total = self.structure + self.syntax + self.tests
+        for step in self.bonus or (self.coop,):  # float sums depend on the order: theirs, stepwise
+            total += step
+        return total
 
     @property
     def levels(self):
@@ -333,7 +425,7 @@ def _test_side(test, setup):
 
 
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
-                test_setup=None):
+                test_setup=None, authors=False):
     """The shared code reward of one joint action (Sec. 4), max 4.0; empty aux is the
     single-agent baseline (max 2.1).
 
@@ -344,7 +436,12 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     outputs that are a body only; timeout: seconds per test (None: sandbox's default);
     test_setup: the problem's own code the test needs, run on the test's side, never the model's
     (the prompt's code before the entry function; None: `imports`).
+    authors=True: the value of the authors' first code-reward release (_authors_judge_text;
+    imports: the prompt or its prompt_imports, their import rule applies; signature unused).
     """
+    if authors:
+        item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports)
+        return _authors_code_reward_many([item], 1, timeout)[0]
     r = _judge_text(aux, main, entry_point, imports, signature)
     if r.syntax == 0:
         return r
@@ -354,10 +451,12 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     return _judge_tests(r, sandbox.run_tests(r.program, test, entry_point, **kw))
 
 
-def code_reward_many(items, workers=None, timeout=None):
+def code_reward_many(items, workers=None, timeout=None, authors=False):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
     one sandbox.run_tests_many call for just the programs that parse. items: dicts with the keys
     of code_reward (main, entry_point, test; optional aux, imports, signature, test_setup)."""
+    if authors:
+        return _authors_code_reward_many(items, workers, timeout)
     judged = [_judge_text(it.get("aux", ""), it["main"], it["entry_point"], it.get("imports", ""),
                           it.get("signature")) for it in items]
     todo = [i for i, r in enumerate(judged) if r.syntax > 0]
@@ -371,6 +470,208 @@ def code_reward_many(items, workers=None, timeout=None):
         for i, report in zip(todo, sandbox.run_tests_many(jobs, workers=workers, **kw)):
             _judge_tests(judged[i], report)
     return judged
+
+# -----------------------------------------------------------------------------
+# The authors' code reward, exactly (authors=True): their first release, shady-cs15/
+# LLM_Collab_Code_Generation@ae03036b rewards/code_rewards.py + code_utils.py, re-implemented.
+# Their extraction, level rules and cooperation checks run here on text; their tests (assert
+# lines, run one by one) run in our sandbox, never in this process.
+
+_AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
+_AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
+_AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
+_AUTHORS_CODE_MARKS = ("def ", "return ", "if ", "for ", "while ", "=", "(", ")", "[", "]")
+_AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
+_QUOTES = ('"""', "'''")
+AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given up after 3 timeouts
+AUTHORS_MAX_TIMEOUTS = 3
+
+
+def _authors_indent(line):
+    return len(line) - len(line.lstrip())
+
+
+def _authors_cleanup(code):
+    """Their cleanup_code: fences removed (```python plus the whitespace after it, so the next
+    line loses its indentation), then the blocks that start at a `def` line at any indentation
+    (a nested def starts a new block, and the outer body's lines after it are lost), with
+    sentence-like lines dropped from them; "" when no def is left."""
+    code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
+    lines, blocks, block, base, i = code.split("\n"), [], None, 0, 0
+    while i < len(lines):
+        line, s = lines[i], lines[i].strip()
+        if _AUTHORS_ANY_DEF.match(line):
+            if block:
+                blocks.append(block)
+            block, base = [line], _authors_indent(line)
+        elif block is not None:
+            if not s or line.startswith(" " * (base + 1)) or line.startswith("\t"):
+                block.append(line)
+            elif s.startswith(_QUOTES):  # a docstring at the def's own indentation: kept whole
+                block.append(line)
+                if not (s.endswith(s[:3]) and len(s) > 3):
+                    while i + 1 < len(lines):
+                        i += 1
+                        block.append(lines[i])
+                        if s[:3] in lines[i]:
+                            break
+            else:
+                blocks.append(block)
+                block = None
+        i += 1
+    if block:
+        blocks.append(block)
+    kept = [line for line in "\n\n".join("\n".join(b) for b in blocks).split("\n")
+            if not (line.strip() and not line.strip().startswith(("#",) + _QUOTES)
+                    and not any(mark in line for mark in _AUTHORS_CODE_MARKS)
+                    and _AUTHORS_PROSE.match(line.strip()))]
+    result = "\n".join(kept).strip()
+    return result if re.search(r"def\s+\w+\s*\(", result) else ""
+
+
+def _authors_function(code, name):
+    """Their extract_specific_function: in the cleaned code, from the first `def name(` line (a
+    later one, even nested, starts over) to the first line neither blank nor indented deeper."""
+    pattern, found, base = re.compile(rf"\s*def\s+{re.escape(name)}\s*\("), None, 0
+    for line in _authors_cleanup(code).split("\n") if code else ():
+        if pattern.match(line):
+            found, base = [line], _authors_indent(line)
+        elif found is not None:
+            if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
+                break
+            found.append(line)
+    return "\n".join(found).strip() if found else ""
+
+
+def _authors_is_wrapper(func):
+    """Their is_wrapper_function, on lines: skip blanks, comments, `def ` lines and docstrings;
+    a wrapper is nothing left, one line `return ...aux...` (`return aux(x) + 1` too), or
+    `v = aux(...)` then `return v`. Closing quotes alone on a line open a new docstring that never
+    closes, so a function with such a docstring is always a wrapper."""
+    body, in_doc = [], False
+    for line in func.split("\n"):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith(_QUOTES):
+            in_doc = in_doc or not (s.endswith(s[:3]) and len(s) > 3)
+            continue
+        if in_doc:
+            in_doc = not any(q in s for q in _QUOTES)
+            continue
+        if not s.startswith(("#", "def ")):
+            body.append(s)
+    if not body:
+        return True
+    if len(body) == 1:
+        return body[0].startswith("return ") and AUX_NAME in body[0]
+    if len(body) == 2:
+        m = re.search(rf"(\w+)\s*=\s*{AUX_NAME}\s*\(", body[0])
+        return bool(m) and body[1] == f"return {m.group(1)}"
+    return False
+
+
+def _authors_discards(func):
+    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (their regex
+    `aux\\s\\([^)]\\)`: one whitespace character before the parenthesis, one character inside), so
+    the usual `aux(x)` alone on a line never counts."""
+    lines = (line.strip() for line in func.split("\n"))
+    return AUX_NAME in func and any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", s) for s in lines
+                                    if s and not s.startswith("#"))
+
+
+def _authors_tests(test, entry_point):
+    """Their extract_test_cases: the lines of check's body (up to a blank line + `def`) that start
+    with `assert`+whitespace and mention candidate, stripped, deduplicated, candidate renamed.
+    A multi-line assert is cut to its first line (a syntax error: failed); asserts on names set
+    by other statements of check (loops, setup) fail, as they did for them."""
+    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test or "", re.DOTALL)
+    if not m or not entry_point:
+        return []
+    lines = (line.strip() for line in m.group(1).strip().split("\n"))
+    cases = [s for s in lines if s.startswith("assert") and "candidate" in s
+             and re.match(r"assert\s+[^\n]*candidate", s)]
+    return [s.replace("candidate", entry_point) for s in dict.fromkeys(cases)]
+
+
+# Their test loop as a check() of one statement per test, so the sandbox times and counts each:
+# for `assert f(args) == expected` (the first `)` followed by `==`) they first eval the call and
+# the expected text in the program's globals and format both for a log line (a second call of the
+# function; an error there fails the test), then exec the assert line in those globals.
+_AUTHORS_RUNNER = """
+def __authors_case(g, case, call):
+    if call:
+        actual, expected = eval(call[0], g), eval(call[1], g)
+        format(expected, ""), format(actual, "")
+    exec(case, g)
+    return True
+
+
+def check(candidate):
+"""
+
+
+def _authors_check(cases):
+    """A HumanEval-style test whose check() replays their loop over `cases`."""
+    lines = []
+    for case in cases:
+        m = _AUTHORS_CALL.search(case)
+        call = (f"{m.group(1)}({m.group(2)})", m.group(3)) if m else None
+        lines.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
+    return _AUTHORS_RUNNER + "".join(lines)
+
+
+def _authors_judge_text(aux, main, entry_point, imports=""):
+    """Their levels before the tests. L1: +0.4 for an `aux` and +0.6 for the entry function whose
+    text has `return` + whitespace; without the latter the reward stops. L2: +0.5 if the program
+    (their prompt imports, then aux and main each cleaned once more, joined by blank lines) passes
+    ast.parse (not compile: `break` outside a loop passes, then the program fails to load). And
+    their cooperation facts: calls aux = `aux(` anywhere in main's text (comments, strings, a
+    nested def aux count), their wrapper and discard rules."""
+    r = CodeReward()
+    aux_fn, main_fn = _authors_function(_raw(aux), AUX_NAME), _authors_function(_raw(main), entry_point)
+    r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
+    aux_ok, main_ok = (re.search(r"return\s+", fn) is not None for fn in (aux_fn, main_fn))
+    r.structure = 0.4 * aux_ok + 0.6 * main_ok
+    if not main_ok:
+        return r
+    parts = (prompt_imports(imports, authors=True), _authors_cleanup(aux_fn), _authors_cleanup(main_fn))
+    r.program = "\n\n".join(p for p in parts if p)
+    try:
+        ast.parse(r.program)
+    except Exception as e:  # theirs caught SyntaxError only: NUL bytes, surrogates crashed it
+        r.syntax_error = f"{type(e).__name__}: {e}"
+        return r
+    r.syntax = 0.5
+    r.calls_aux = re.search(rf"\b{AUX_NAME}\s*\(", main_fn) is not None
+    r.wrapper, r.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
+    return r
+
+
+def _authors_code_reward_many(items, workers=None, timeout=None):
+    """The authors' code reward of each item (keys of code_reward; signature ignored). Their
+    tests run in our sandbox, AUTHORS_TEST_TIMEOUT seconds each (timeout overrides), given up
+    after 3 timeouts as they did; no assert line found (HumanEval/32): no test level, no bonus."""
+    judged = [_authors_judge_text(it.get("aux", ""), it["main"], it["entry_point"],
+                                  it.get("imports", "")) for it in items]
+    cases = [_authors_tests(it["test"], it["entry_point"]) if r.syntax else []
+             for it, r in zip(items, judged)]
+    todo = [i for i, c in enumerate(cases) if c]
+    if todo:
+        import sandbox
+        jobs = [(judged[i].program, _authors_check(cases[i]), items[i]["entry_point"]) for i in todo]
+        seconds = AUTHORS_TEST_TIMEOUT if timeout is None else timeout
+        reports = sandbox.run_tests_many(jobs, workers=workers, timeout=seconds,
+                                         max_timeouts=AUTHORS_MAX_TIMEOUTS)
+        for i, report in zip(todo, reports):
+            r = judged[i]
+            r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
+            r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
+            if r.passed > 0 and r.has_aux and r.calls_aux:
+                r.bonus = (0.5,) + ((1.0,) if not r.wrapper else ()) + ((-0.5,) if r.discards_aux else ())
+                r.coop = sum(r.bonus)
+    return judged
+
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style
@@ -423,13 +724,19 @@ class WritingReward:
         return float(self.total)
 
 
-def words(text):
-    """Lowercased words, punctuation stripped."""
-    return _WORD_RE.findall(text.lower())
+def words(text, authors=False):
+    """Lowercased words, punctuation stripped (ours: inner apostrophes kept, "don't"; authors:
+    their \\b\\w+\\b, so "don't" is "don" and "t" and snake_case is one word)."""
+    return (_AUTHORS_WORD_RE if authors else _WORD_RE).findall(text.lower())
 
 
-def transition_categories(text):
-    """The connective categories (of 12) that occur in text; a phrase matches consecutive words."""
+def transition_categories(text, authors=False):
+    """The connective categories (of 12) that occur in text. Ours: a phrase matches consecutive
+    words. authors=True: their rule, a phrase anywhere in the lowercased text ("so" in "also",
+    "as" in "has", "if" in "life")."""
+    if authors:
+        low = text.lower()
+        return {cat for cat, phrases in TRANSITIONS.items() if any(p in low for p in phrases)}
     ws, found = words(text), set()
     for i, w in enumerate(ws):
         for phrase, cat in _PHRASES.get(w, ()):
@@ -443,14 +750,19 @@ def transition_score(n_categories):
     return 0.0 if n_categories == 0 else min(1.0, 0.4 + 0.05 * (n_categories - 1))
 
 
-def jaccard(words1, words2):
-    """|A & B| / |A | B| over the word sets without stopwords; 0 when both are empty."""
-    a, b = set(words1) - STOPWORDS, set(words2) - STOPWORDS
-    return len(a & b) / len(a | b) if a | b else 0.0
+def jaccard(words1, words2, authors=False):
+    """|A & B| / |A | B| over the word sets without stopwords. When neither text has a word
+    left: 0 (ours), 1.0 (authors: two stopword-only texts earn the full Jaccard share)."""
+    stop = AUTHORS_STOPWORDS if authors else STOPWORDS
+    a, b = set(words1) - stop, set(words2) - stop
+    if not a | b:
+        return 1.0 if authors else 0.0
+    return len(a & b) / len(a | b)
 
 
 def band_score(x, band):
-    """Trapezoid score in [0, 1] of x, or None (stop) when x is outside the band's zero edges."""
+    """Trapezoid score in [0, 1] of x, or None (stop) when x is outside the band's zero edges.
+    The ramps are written as the authors write them, so both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
     if not zero_lo <= x <= zero_hi:
         return None
@@ -458,27 +770,42 @@ def band_score(x, band):
         return (x - zero_lo) / (one_lo - zero_lo)
     if x <= one_hi:
         return 1.0
-    return (zero_hi - x) / (zero_hi - one_hi)
+    return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
 def _ratio(denominator, numerator):
     return numerator / denominator if denominator else 0.0
 
 
-def writing_reward(text1, text2, spec):
+def _raw(text):
+    """Model output as the authors' code saw it: a str, nothing stripped or normalised."""
+    if text is None:
+        return ""
+    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def writing_reward(text1, text2, spec, authors=False):
     """The leveled writing reward of two outputs under spec's numbers (Sec. 5); gated: the
-    first failed level ends the sum, the levels before it keep what they earned."""
-    t1, t2 = _clean(text1).strip(), _clean(text2).strip()
+    first failed level ends the sum, the levels before it keep what they earned.
+    authors=True: the value of the authors' first release on any pair of texts (their words,
+    stopwords, substring connectives, raw lengths; the module docstring lists ours)."""
+    if authors:
+        t1, t2 = _raw(text1), _raw(text2)  # their lengths count surrounding whitespace
+    else:
+        t1, t2 = _clean(text1).strip(), _clean(text2).strip()
     r = WritingReward(tokens=(len(t1.split()), len(t2.split())), length_ratio=_ratio(len(t1), len(t2)))
     w_tokens, w_length, w_vocab, w_style = spec.weights
     lo, hi = spec.tokens
     if not all(lo <= n <= hi for n in r.tokens):
         return r  # the other diagnostics only for texts of bounded size: cheap on any input
-    w1, w2 = words(t1), words(t2)
-    found = transition_categories(t2)
-    if spec.transitions_in == "both":
-        found |= transition_categories(t1)
-    r.unique_ratio, r.jaccard = _ratio(len(set(w1)), len(set(w2))), jaccard(w1, w2)
+    w1, w2 = words(t1, authors), words(t2, authors)
+    if spec.transitions_in == "second":
+        found = transition_categories(t2, authors)
+    elif authors:
+        found = transition_categories(t1 + t2, authors=True)  # one string: a match may span the seam
+    else:
+        found = transition_categories(t1) | transition_categories(t2)
+    r.unique_ratio, r.jaccard = _ratio(len(set(w1)), len(set(w2))), jaccard(w1, w2, authors)
     r.categories, r.transition = len(found), transition_score(len(found))
     r.levels["structure"] = w_tokens
     for name, x, band, weight in (("length", r.length_ratio, spec.length_band, w_length),
@@ -492,11 +819,41 @@ def writing_reward(text1, text2, spec):
     return r
 
 
-def tldr_reward(summary, detailed):
+def tldr_reward(summary, detailed, authors=False):
     """TLDR (Sec. 5): agent 1's concise summary, agent 2's detailed one. Max 3.0."""
-    return writing_reward(summary, detailed, TLDR)
+    return writing_reward(summary, detailed, TLDR, authors)
 
 
-def arxiv_reward(background, methods):
+def arxiv_reward(background, methods, authors=False):
     """arXiv introduction expansion (Sec. 5): agent 1's background, agent 2's methods. Max 3.0."""
-    return writing_reward(background, methods, ARXIV)
+    return writing_reward(background, methods, ARXIV, authors)
+
+
+SPLIT_MARK = "[PARAGRAPH_SPLIT]"  # the authors' single-agent delimiter
+_PARA2 = re.compile(r"Paragraph 2:\s*", re.IGNORECASE)
+_DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
+
+
+def split_single_output(text, authors=False):
+    """The two parts of a single model's output, for the writing rewards (the GRPO baseline: one
+    model writes both). The authors' rule (OpenMLRL/LLM_Collab_Writing train_grpo.py, first
+    release): the stripped text cut at the first [PARAGRAPH_SPLIT], else at the first
+    "Paragraph 2:" (any case), each part stripped and a leading "Paragraph 1:" / "Paragraph 2:"
+    label removed. With neither marker theirs (authors=True) cuts at a third of the characters,
+    mid-word too; ours also accepts a line of only --- (before the "Paragraph 2:" marker), and
+    otherwise keeps the whole text as part 1 and an empty part 2, so an output that ignored the
+    format earns nothing (L1 needs words in both parts) instead of a reward for an arbitrary cut."""
+    text = _raw(text).strip()
+    if SPLIT_MARK in text:
+        first, second = text.split(SPLIT_MARK, 1)
+    elif not authors and _DASH_LINE.search(text):
+        first, second = _DASH_LINE.split(text, 1)
+    elif m := _PARA2.search(text):
+        first, second = text[:m.start()], text[m.end():]
+    elif authors:
+        cut = len(text) // 3 or 1
+        first, second = text[:cut], text[cut:]
+    else:
+        first, second = text, ""
+    return (re.sub(r"^Paragraph 1:\s*", "", first.strip(), flags=re.IGNORECASE),
+            re.sub(r"^Paragraph 2:\s*", "", second.strip(), flags=re.IGNORECASE))

@@ -257,8 +257,10 @@ def test_hostile_that_parses_is_sanitised(fake_sandbox):
 
 W = ["q" + a + b + "x" for a in string.ascii_lowercase for b in string.ascii_lowercase]  # nonsense
 T1 = " ".join(W[:10])
-CONNECTIVES = ["furthermore", "namely", "essentially", "therefore", "however", "nevertheless",
-               "finally", "meanwhile", "indeed", "likewise", "unless", "overall"]  # 12 categories
+# one phrase of each of the authors' 12 categories, each in that category only
+CONNECTIVES = ["furthermore", "for example", "in other words", "therefore", "on the other hand",
+               "to begin with", "certainly", "to sum up", "by analogy", "in spite of", "unless",
+               "nowadays"]
 
 
 def test_tldr_cases():
@@ -274,11 +276,11 @@ def test_tldr_cases():
 def test_tldr_near_perfect():
     summary = " ".join(W[:10] * 2)
     own = W[100:120]
-    detailed = W[:3] + CONNECTIVES + own  # 3 shared words, 35 unique
+    detailed = W[:3] + CONNECTIVES + own  # 3 shared words, 45 unique (22 in the connectives)
     while len(" ".join(detailed)) < 2.9 * len(summary):
         detailed.append(own[len(detailed) % len(own)])
     r = tldr_reward(summary, " ".join(detailed))
-    assert r.length_ratio == pytest.approx(2.9, abs=0.05) and r.unique_ratio == pytest.approx(3.5)
+    assert r.length_ratio == pytest.approx(2.9, abs=0.05) and r.unique_ratio == pytest.approx(4.5)
     assert r.categories == 12 and r.transition == pytest.approx(0.95)
     assert 2.75 <= float(r) <= 3.0
     assert r.levels["style"] == pytest.approx(0.4 * 0.95 + 0.6 * 1.0)
@@ -330,7 +332,257 @@ def test_arxiv_cases():
 
 
 def test_arxiv_counts_transitions_in_both_texts():
-    background = " ".join(W[:159] + ["however"])
+    background = " ".join(W[:159] + ["furthermore"])
     methods = " ".join(W[160:339] + ["therefore"])
     assert arxiv_reward(background, methods).categories == 2
     assert tldr_reward(background, methods).categories == 1  # TLDR looks at output 2 only
+
+
+def test_transition_categories_are_the_authors_twelve():
+    assert list(R.TRANSITIONS) == ["elaboration", "examples", "explanation", "cause_effect", "contrast",
+                                   "sequence", "emphasis", "summary", "comparison", "concession",
+                                   "condition", "time"]
+    assert sum(map(len, R.TRANSITIONS.values())) == 279
+    assert "so" in R.TRANSITIONS["cause_effect"] and "as" in R.TRANSITIONS["time"]
+    for phrase in CONNECTIVES:  # each names exactly one category, in both matchers
+        assert len(R.transition_categories(phrase)) == 1 == len(R.transition_categories(phrase, authors=True))
+    assert R.transition_categories("However, it rained.") == {"contrast", "concession"}  # in two lists
+
+
+def test_transition_categories_authors_match_substrings():
+    text = "alsoso thusly ifx butter"
+    assert R.transition_categories(text) == set()
+    assert R.transition_categories(text, authors=True) == {
+        "elaboration", "cause_effect", "condition", "contrast"}  # also, so/thus, if, but
+    assert R.transition_categories("My personal shadow has a life.", authors=True) == {
+        "cause_effect", "condition", "time"}  # per-SO-nal, s-HAD-ow (condition), h-AS, l-IF-e
+    assert R.transition_categories("FOR EXAMPLE", authors=True) == {"examples"}  # case-insensitive
+
+# -----------------------------------------------------------------------------
+# writing rewards, authors=True: the authors' first release, exactly. Expected values marked
+# "theirs" were computed by running their tldr_combined_reward / arxiv_combined_reward
+# (OpenMLRL/LLM_Collab_Writing rewards/*_rewards.py, first release, the content stored as
+# junho328/LLM_Collab_Code_Generation@3b067f62; unchanged logic at 45c74e50) on these texts.
+
+PLAIN = [w for w in W if not any(s in w for s in ("as", "if", "so"))]  # no connective even inside
+PAIRS = " ".join(w for w in PLAIN[:5] for _ in (0, 1))  # 10 words, 5 distinct, 49 characters
+THEIR_STOPWORDS_ONLY = ("the good and the bad, as we must do",
+                        "you were here and they had some very old and new little, so all of them "
+                        "may be right or left")
+TLDR_THEIRS = {  # name: (summary, detailed, their reward, our default reward)
+    "so_inside_personal": (" ".join(PLAIN[:10]), " ".join(PLAIN[10:40]) + " personal",
+                           2.1463945578231294, 1.9863945578231292),
+    "shared_stopword_good": (" ".join(PLAIN[:10]) + " good", " ".join(PLAIN[20:45]) + " good",
+                             2.0, 2.5555555555555554),
+    "stopwords_only": (*THEIR_STOPWORDS_ONLY, 2.7800000000000002, 2.18),
+    "trailing_newlines": (" ".join(PLAIN[:10]) + "\n" * 30, " ".join(PLAIN[10:50]), 2.0, 1.5215419501133787),
+    "apostrophes_underscores": ("don't won't can't isn't snake_case some_name x_1 it's",
+                                " ".join(PLAIN[:30]) + " don't", 2.6, 2.5),
+    "ratio_1_1_edge": (PAIRS + ".", " ".join(PLAIN[10:21]) + " ", 1.0, 0.5),
+    "ratio_5_0_edge": (PAIRS + ".", " ".join(PLAIN[10:60]) + ".", 1.0, 1.0),
+    "upper_ramp_to_the_bit": (PAIRS + ".", " ".join(PLAIN[10:43]) + "..",  # 166/50: their
+                              1.9333333333333336, 1.9333333333333336),  # 1 - (x - 3.2) / 1.8 form
+    "tokens_7": (" ".join(PLAIN[:7]), " ".join(PLAIN[10:40]), 0.0, 0.0),
+    "tokens_257": (" ".join(PLAIN[:10]), " ".join(PLAIN[:257]), 0.0, 0.0),
+}
+ARXIV_THEIRS = {
+    "seam_then": (" ".join(PLAIN[:140]) + " qzth", "enqz " + " ".join(PLAIN[150:300]), 2.18, 2.0),
+    "connectives": (" ".join(PLAIN[:140]) + " however, in other words",
+                    "therefore, for example " + " ".join(PLAIN[150:290]) + " in summary",
+                    2.2800000000000002, 2.2800000000000002),
+    "shared_words": (" ".join(PLAIN[:140]), " ".join(PLAIN[100:250]), 2.417391304347826, 2.417391304347826),
+    "tokens_127": (" ".join(PLAIN[:127]), " ".join(PLAIN[150:290]), 0.0, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(TLDR_THEIRS))
+def test_tldr_reward_authors_reference_values(name):
+    summary, detailed, theirs, ours = TLDR_THEIRS[name]
+    assert float(tldr_reward(summary, detailed, authors=True)) == theirs  # to the last bit
+    assert float(tldr_reward(summary, detailed)) == pytest.approx(ours)
+
+
+@pytest.mark.parametrize("name", list(ARXIV_THEIRS))
+def test_arxiv_reward_authors_reference_values(name):
+    background, methods, theirs, ours = ARXIV_THEIRS[name]
+    assert float(arxiv_reward(background, methods, authors=True)) == theirs
+    assert float(arxiv_reward(background, methods)) == pytest.approx(ours)
+
+
+def test_tldr_reward_authors_by_hand():
+    summary, detailed = TLDR_THEIRS["so_inside_personal"][:2]
+    r = tldr_reward(summary, detailed, authors=True)  # ratio 158/49 = 3.22: just past 3.2
+    assert r.categories == 1 and r.transition == pytest.approx(0.4) and r.jaccard == 0.0
+    assert r.levels["length"] == pytest.approx(1 - (158 / 49 - 3.2) / 1.8)
+    assert r.levels["style"] == pytest.approx(0.4 * 0.4)
+    assert tldr_reward(summary, detailed).categories == 0  # ours: no connective as a word
+    r = tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2], authors=True)
+    assert r.jaccard == 0.0  # "good" is one of their stopwords, not one of ours (1/36 there)
+    assert tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2]).jaccard == pytest.approx(1 / 36)
+    r = tldr_reward(*THEIR_STOPWORDS_ONLY, authors=True)
+    assert r.jaccard == 1.0 and r.categories == 2  # both texts: only stopwords; "so", "had"
+    assert r.levels["style"] == pytest.approx(0.4 * 0.45 + 0.6)
+    r = tldr_reward(*TLDR_THEIRS["trailing_newlines"][:2], authors=True)
+    assert r.length_ratio == pytest.approx(199 / 79)  # their lengths count the 30 newlines
+    assert tldr_reward(*TLDR_THEIRS["trailing_newlines"][:2]).length_ratio == pytest.approx(199 / 49)
+    r = tldr_reward(*TLDR_THEIRS["apostrophes_underscores"][:2], authors=True)
+    assert r.unique_ratio == pytest.approx(32 / 10)  # don,t,won,can,isn,snake_case,some_name,x_1,it,s
+    assert tldr_reward(*TLDR_THEIRS["apostrophes_underscores"][:2]).unique_ratio == pytest.approx(31 / 11)
+
+
+def test_tldr_reward_authors_band_edges():
+    r = tldr_reward(*TLDR_THEIRS["ratio_1_1_edge"][:2], authors=True)
+    assert r.length_ratio == 1.1 and r.levels["length"] == 0.0 and r.levels["vocabulary"] == 0.5
+    r = tldr_reward(*TLDR_THEIRS["ratio_5_0_edge"][:2], authors=True)
+    assert r.length_ratio == 5.0 and r.levels["length"] == 0.0 and "style" in r.levels
+    assert float(tldr_reward(PAIRS + ".", " ".join(PLAIN[10:60]) + "..", authors=True)) == 0.5  # 5.02
+    r = tldr_reward(*TLDR_THEIRS["upper_ramp_to_the_bit"][:2], authors=True)
+    assert r.levels["length"] == 0.9333333333333336 == 1.0 - (166 / 50 - 3.2) / (5.0 - 3.2)
+    assert r.levels["length"] != (5.0 - 166 / 50) / (5.0 - 3.2)  # same maths, another last bit
+    r = tldr_reward(" ".join(PLAIN[:8]), " ".join(PLAIN[:256]), authors=True)
+    assert r.tokens == (8, 256) and r.levels == {"structure": 0.5}  # L1 passes, ratio 32 stops
+
+
+def test_arxiv_reward_authors_connectives_across_the_seam():
+    background, methods = ARXIV_THEIRS["seam_then"][:2]
+    assert arxiv_reward(background, methods, authors=True).categories == 2  # "qzth"+"enqz": then
+    assert arxiv_reward(background, methods).categories == 0
+
+
+def test_writing_reward_authors_never_raises(no_sandbox):
+    for text in list(HOSTILE.values()) + [b"bytes \xff here", 12345]:
+        for reward in (tldr_reward, arxiv_reward):
+            for a, b in ((text, text), ("a b c d e f g h", text), (text, "a b c d e f g h")):
+                assert 0.0 <= float(reward(a, b, authors=True)) <= 3.0
+
+# -----------------------------------------------------------------------------
+# code reward, authors=True: their first release, shady-cs15/LLM_Collab_Code_Generation@ae03036b
+# rewards/code_rewards.py (execution_reward_aux) + code_utils.py. "theirs" values were computed by
+# running that code (in a throwaway process) on these outputs with entry point f, prompt "".
+
+TEST3 = ("def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5\n"
+         "    assert candidate(3) == 7\n")
+CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
+    "docstring_makes_a_wrapper": (AUX, 'def f(x):\n    """Doubles x,\n    then adds one.\n    """\n'
+                                       '    y = aux(x)\n    return y + 1\n', TEST, 3.0, 4.0),
+    "return_aux_plus_one_is_a_wrapper": (AUX, f("return aux(x) + 1"), TEST, 3.0, 4.0),
+    "discard_with_space": (AUX, f("aux (x)\nreturn 2 * x + 1"), TEST, 3.5, 3.5),
+    "discard_plain_not_seen": (AUX, f("aux(x)\nreturn 2 * x + 1"), TEST, 4.0, 3.5),
+    "aux_in_a_comment": (AUX, f("# aux(x) would help\nreturn 2 * x + 1"), TEST, 4.0, 2.5),
+    "nested_def_drops_the_rest": (AUX, f("def aux(y):\n    return y\nreturn aux(x) * 2 + 1"), TEST, 1.5, 2.5),
+    "return_paren_is_no_return": (AUX, "def f(x):\n    return(2 * x + 1)\n", TEST, 0.4, 2.5),
+    "break_outside_loop_parses": (AUX, f("break\nreturn 2 * x + 1"), TEST, 1.5, 1.0),
+    "sentence_line_dropped": (AUX, f("Note: this doubles x and adds one.\nreturn 2 * x + 1"), TEST, 2.5, 1.0),
+    "multiline_assert_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
+                               "    assert candidate(1) == \\\n        3\n    assert candidate(2) == 5\n", 3.5, 4.0),
+    "assert_in_loop_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
+                             "    for x in (1, 2):\n        assert candidate(x) == 2 * x + 1\n", 1.5, 4.0),
+    "no_assert_line_no_tests": (AUX, f("y = aux(x)\nreturn y + 1"),
+                                "def check(candidate):\n    ok = candidate(1) == 3\n    assert ok\n", 1.5, 4.0),
+    "duplicate_asserts_once": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
+                               "    assert candidate(1) == 3\n    assert candidate(1) == 3\n"
+                               "    assert candidate(2) == 4\n", 3.5, 3.6666666666666665),
+    "called_twice_per_test": (AUX, "def f(x, _calls=[0]):\n    _calls[0] += 1\n    if _calls[0] % 2 == 0:\n"
+                                   "        return 0\n    return aux(x) + 1\n", TEST, 1.5, 3.5),
+    "a_third_with_discard": (AUX, f("aux (x)\nreturn 3"), TEST3, 2.833333333333333, 2.833333333333333),
+    "a_third_wrapper_discard": (AUX, 'def f(x):\n    """Doc\n    """\n    aux (x)\n    return 3\n', TEST3,
+                                1.833333333333333, 2.833333333333333),
+    "fences_and_prose": ("Helper:\n```python\ndef aux(x):\n    return 2 * x\n```\nDone.",
+                         "```python\ndef f(x):\n    y = aux(x)\n    return y + 1\n```\nThis works.", TEST, 4.0, 4.0),
+}
+
+
+@pytest.mark.parametrize("name", list(CODE_THEIRS))
+def test_code_reward_authors_reference_values(name):
+    pytest.importorskip("sandbox")
+    aux, main, test, theirs, ours = CODE_THEIRS[name]
+    assert float(code_reward(aux, main, "f", test, authors=True)) == theirs  # to the last bit
+    assert float(code_reward(aux, main, "f", test)) == pytest.approx(ours)
+
+
+def test_code_reward_many_authors_matches_code_reward():
+    pytest.importorskip("sandbox")
+    items = [dict(aux=a, main=m, entry_point="f", test=t) for a, m, t, _, _ in CODE_THEIRS.values()]
+    got = [float(r) for r in code_reward_many(items, authors=True)]
+    assert got == [v[3] for v in CODE_THEIRS.values()]
+
+
+def test_code_reward_authors_text_levels(no_sandbox):
+    """Their L1/L2 gates, no code run: main needs `return` + whitespace, else the reward stops."""
+    assert float(code_reward(AUX, "", "f", TEST, authors=True)) == 0.4
+    assert float(code_reward("def aux(x):\n    print(x)\n", "", "f", TEST, authors=True)) == 0.0
+    assert float(code_reward(AUX, "def f(x):\n    pass\n", "f", TEST, authors=True)) == 0.4
+    r = code_reward(AUX, "def f(x):\n    return (2 * x +\n", "f", TEST, authors=True)
+    assert (r.structure, r.syntax) == (1.0, 0.0) and "SyntaxError" in r.syntax_error
+    r = code_reward(AUX, "def f(x):\n    return 1\n", "f", "def check(candidate):\n    pass\n", authors=True)
+    assert float(r) == 1.5 and r.n_tests == 0  # no assert line: no test level, nothing run
+    r = code_reward("", "    return 2 * x + 1\n", "f", TEST, signature="def f(x):", authors=True)
+    assert float(r) == 0.0  # a body alone is no function for them
+
+
+def test_code_reward_authors_sandbox_settings(fake_sandbox, monkeypatch):
+    """Their 10 s per test and 3 timeouts go to the sandbox; the program is imports + aux + main."""
+    seen = {}
+
+    def run_tests_many(jobs, workers=None, timeout=None, **kw):
+        seen.update(kw, timeout=timeout, jobs=jobs)
+        return [types.SimpleNamespace(passed=2, total=2) for _ in jobs]
+
+    monkeypatch.setattr(fake_sandbox, "run_tests_many", run_tests_many, raising=False)
+    prompt = "from typing import List\n\n\ndef f(x):\n    import math\n    '''Doc.'''\n"
+    r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST, imports=prompt, authors=True)
+    assert seen["timeout"] == 10.0 and seen["max_timeouts"] == 3
+    program, test, entry = seen["jobs"][0]
+    assert program == ("from typing import List\nimport math\n\n" + AUX.strip() + "\n\n"
+                       + f("y = aux(x)\nreturn y + 1").strip()) == r.program
+    assert entry == "f" and test.count("assert __authors_case(") == 2 and "'f(1)', '3'" in test
+    code_reward(AUX, f("return aux(x) + 1"), "f", TEST, authors=True, timeout=2.5)
+    assert seen["timeout"] == 2.5
+
+
+def test_code_reward_authors_bonus_order():
+    """The bonus is added step by step, as their loop does: 1.5 + 1/3 + 0.5 - 0.5 is not
+    1.5 + 1/3 + 0.0 in floats."""
+    r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, coop=0.0, bonus=(0.5, -0.5))
+    assert float(r) == 1.833333333333333 != 1.0 + 0.5 + 1 / 3 + 0.0
+
+
+def test_prompt_imports_authors():
+    prompt = ("from typing import List\nimport math\n\n\ndef max_fill(grid):\n    import math\n"
+              '    """\n    import this module\n    from the list, import nothing\n    """\n')
+    assert prompt_imports(prompt) == "from typing import List\nimport math"
+    assert prompt_imports(prompt, authors=True) == "from typing import List\nimport math\nimport this module"
+    assert prompt_imports("from typing import (\n    List,\n)\n", authors=True) == "from typing import ("
+
+
+def test_code_reward_authors_extraction():
+    fn = R._authors_function
+    assert fn("```python\n    def f(x):\n        return x\n```", "f") == "def f(x):\n        return x"
+    assert fn("Sure.\ndef f(x):\n    return x\nThis works.", "f") == "def f(x):\n    return x"
+    assert fn("def f(x):\n    def g(y):\n        return y\n    return g(x)\n", "f") == \
+        "def f(x):\n\n    def g(y):\n        return y"  # the line after the nested def is lost
+    assert fn("def f(x):\n    It returns x.\n    return x\n", "f") == "def f(x):\n    return x"
+    assert fn("def fx(x):\n    return x", "f") == "" and fn("", "f") == ""
+    assert R._authors_is_wrapper("def f(x):\n    return aux(x) + 1")
+    assert R._authors_is_wrapper('def f(x):\n    """A\n    """\n    y = g(x)\n    return y')
+    assert not R._authors_is_wrapper('def f(x):\n    """A."""\n    y = aux(x)\n    return y + 1')
+    assert R._authors_discards("def f(x):\n    aux (x)\n    return 1")
+    assert not R._authors_discards("def f(x):\n    aux(x)\n    aux (xy)\n    return 1")
+
+# -----------------------------------------------------------------------------
+# single-agent writing: one output, two parts
+
+
+@pytest.mark.parametrize("text,ours,theirs", [
+    ("Paragraph 1: Short.\n[PARAGRAPH_SPLIT]\nParagraph 2: Long one.", ("Short.", "Long one."), None),
+    ("Short.\nparagraph 2:  Long one.", ("Short.", "Long one."), None),
+    ("Short.\n---\nParagraph 2: Long one.", ("Short.", "Paragraph 2: Long one."[13:]),
+     ("Short.\n---", "Long one.")),
+    ("  abcdefghi  ", ("abcdefghi", ""), ("abc", "defghi")),  # theirs: a third of the characters
+    ("", ("", ""), ("", "")),
+    ("a [PARAGRAPH_SPLIT] b [PARAGRAPH_SPLIT] c", ("a", "b [PARAGRAPH_SPLIT] c"), None),
+])
+def test_split_single_output(text, ours, theirs):
+    assert R.split_single_output(text) == ours
+    assert R.split_single_output(text, authors=True) == (theirs or ours)
+    assert R.split_single_output(None) == ("", "")
