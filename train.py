@@ -14,8 +14,9 @@ One model per agent (a heterogeneous team), each on its own GPU (--device auto, 
 spreads the agents over the visible GPUs):
     python train.py --env coding --model Qwen/Qwen2.5-Coder-1.5B,Qwen/Qwen2.5-Coder-3B --device cuda:0,cuda:1
 
-Writes OUT/metrics.jsonl (one JSON object per step), OUT/args.json and OUT/agent_0, OUT/agent_1, ...
-which load back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig.
+Writes OUT/metrics.jsonl (one JSON object per step), OUT/curve.svg (the learning curve), OUT/args.json,
+OUT/checkpoint-<step>/ (resume with --resume) and at the end OUT/agent_0, OUT/agent_1, ... which load
+back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig.
 """
 import argparse
 import contextlib
@@ -38,10 +39,13 @@ import magrpo
 # outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
 # A checkpoint every 50 steps: a step of two 3B agents takes ~15 s on an H100, so a crash costs at
 # most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
+# With a real model the env's own defaults (the authors' configs: sampling, and the writing lr) come
+# first: envs.CodingEnv.defaults, envs.WritingEnv.defaults. Tests run in the sandbox 10 s each as
+# the authors' (3 s with the tiny model, which never writes code that runs long).
 TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
-                     save_every=50)
+                     save_every=50, temperature=1.0, top_p=1.0, test_timeout=3.0)
 PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
-                      save_every=50)
+                      save_every=50, temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit"}
@@ -52,7 +56,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     magrpo.add_agent_flags(p)
-    magrpo.add_sampling_flags(p, temperature=1.0, top_p=1.0)
+    magrpo.add_sampling_flags(p, temperature=None, top_p=None)
     p.add_argument("--num-generations", type=int, help="G, completions per agent per prompt (>= 2)")
     p.add_argument("--learning-rate", type=float)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -90,11 +94,15 @@ def parse_weights(text):
 
 
 def resolve_flags(args):
-    """Fill the defaults that depend on the model and check every flag that needs no model: the
-    step's Config. Raises ValueError("--flag: what is wrong")."""
-    models = magrpo.model_names(args)
-    defaults = TINY_DEFAULTS if all(m == magrpo.TINY for m in models) else PAPER_DEFAULTS
-    for key, value in defaults.items():
+    """Fill the defaults (the tiny model's, or the paper's and the env's for a real model), build
+    the env and check every flag that needs no model: (env, the step's Config). args then holds
+    the resolved values (args.json records them). Raises ValueError("--flag: what is wrong")."""
+    tiny = all(m == magrpo.TINY for m in magrpo.model_names(args))
+    defaults = TINY_DEFAULTS if tiny else PAPER_DEFAULTS
+    if args.test_timeout is None:
+        args.test_timeout = defaults["test_timeout"]
+    env = envs.env_from_flags(args)
+    for key, value in {**defaults, **({} if tiny else env.defaults)}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.num_generations < 2:
@@ -109,13 +117,12 @@ def resolve_flags(args):
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
     turn_weights = parse_weights(args.turn_weights) if args.turn_weights else None
-    return magrpo.config_from_flags(args, turn_weights=turn_weights)
+    return env, magrpo.config_from_flags(args, turn_weights=turn_weights)
 
 
-def build(args, checkpoint=None):
-    """(env, agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
+def build(args, env, checkpoint=None):
+    """(agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
     (weights and optimizer state)."""
-    env = envs.env_from_flags(args)
     devices = magrpo.agent_devices(args.device, env.num_agents)
     names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
@@ -129,13 +136,13 @@ def build(args, checkpoint=None):
             agent.optimizer.load_state_dict(torch.load(os.path.join(name, "optimizer.pt"), map_location=device,
                                                        weights_only=True))
         agents.append(agent)
-    return env, agents, expert
+    return agents, expert
 
 
 def resolve(args):
     """The flags checked and the team built for a new run: (env, agents, cfg, expert)."""
-    cfg = resolve_flags(args)
-    env, agents, expert = build(args)
+    env, cfg = resolve_flags(args)
+    agents, expert = build(args, env)
     return env, agents, cfg, expert
 
 # -----------------------------------------------------------------------------
@@ -359,9 +366,9 @@ def train(args):
     """A whole run: check the flags, prepare --out (refuse, or resume), then the steps. A bad flag
     ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum."""
     try:
-        cfg = resolve_flags(args)
+        env, cfg = resolve_flags(args)
         checkpoint = prepare_out(args)
-        env, agents, expert = build(args, checkpoint)
+        agents, expert = build(args, env, checkpoint)
         eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split") if args.eval_every > 0 else None
     except ValueError as e:
         sys.exit(f"train.py: error: {e}")
@@ -394,9 +401,12 @@ def train(args):
 
 
 def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
-    """Steps start .. --steps - 1, a checkpoint every --save-every; returns the number of steps
-    done when it stops (at the end, or at a signal)."""
+    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps;
+    returns the number of steps done when it stops (at the end, or at a signal)."""
     recent, last_turn = [], f"reward_mean_turn{cfg.num_turns}"
+    curve = os.path.join(args.out, "curve.svg")
+    with open(log.name) as f:
+        history = [json.loads(line) for line in f if line.strip()]
     bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start, total=args.steps)
     for step in bar:
         batch = batch_at(env, args.seed, step, args.batch_size)
@@ -419,6 +429,9 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
                        f"({eval_env.name}, {args.eval_split})")
         log.write(json.dumps(m) + "\n")
         log.flush()
+        history.append(m)
+        if step % 10 == 9 or last or signals.received is not None:
+            write_curve(curve, history)
         if args.save_every and (step + 1) % args.save_every == 0 and not last:
             os.fsync(log.fileno())
             save_checkpoint(args.out, step + 1, agents, args)
@@ -432,6 +445,49 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
         if signals.received is not None:
             return step + 1
     return args.steps
+
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def curve_series(rows):
+    """What curve.svg draws, per key: the first turn's reward and each of its levels, the last
+    turn's reward (multi-turn) and the in-training eval reward."""
+    keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    last = max((int(k.removeprefix("reward_mean_turn")) for k in rows[0] if k.startswith("reward_mean_turn")), default=1)
+    keys += [f"reward_mean_turn{last}"] if last > 1 else []
+    keys += ["eval_reward_mean"] if any("eval_reward_mean" in r for r in rows) else []
+    return {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
+
+
+def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
+    """The learning curve as a small hand-written SVG (no plotting library): each series of
+    curve_series over the steps, smoothed by a running mean over 1/30 of the run."""
+    series = {k: v for k, v in curve_series(rows).items() if v} if rows else {}
+    if not series:
+        return
+    steps = [s for v in series.values() for s, _ in v]
+    top = max(max(y for _, y in v) for v in series.values()) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right = width - legend  # the plot's right edge; the legend stands beyond it
+    X = lambda s: pad + (s - x0) / (x1 - x0) * (right - pad)  # noqa: E731
+    Y = lambda y: height - pad - max(0.0, y) / top * (height - 2 * pad)  # noqa: E731
+    w = max(1, len(rows) // 30)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
+             f'<text x="{pad - 5}" y="{Y(top) + 4:.1f}" text-anchor="end">{top:.3g}</text>',
+             f'<text x="{pad - 5}" y="{Y(0) + 4:.1f}" text-anchor="end">0</text>',
+             f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
+             f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
+    for n, (key, points) in enumerate(series.items()):
+        ys = [y for _, y in points]
+        smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
+        color = COLORS[n % len(COLORS)]
+        line = " ".join(f"{X(s):.1f},{Y(y):.1f}" for (s, _), y in zip(points, smooth))
+        parts += [f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>',
+                  f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{key}</text>']
+    write_atomic(path, "\n".join(parts + ["</svg>\n"]))
 
 
 def warn_scoring(m, step, total):

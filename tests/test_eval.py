@@ -129,7 +129,8 @@ def test_writing_reward_levels_and_fields_are_reported():
     good, bad = rewards.tldr_reward(short, long), rewards.tldr_reward("too short", long)
     m, details = ev.aggregate([records(good, bad)], [1])
     assert m["reward"] == pytest.approx((float(good) + float(bad)) / 2)
-    assert details["level/structure"] == pytest.approx(0.25)          # 0.5 earned by one of two
+    assert m["level_structure"] == pytest.approx(0.25)                # 0.5 earned by one of two
+    assert m["level_coordination"] == pytest.approx(good.levels["coordination"] / 2)
     assert details["earned/structure"] == 0.5
     assert details["length_ratio"] == pytest.approx((good.length_ratio + bad.length_ratio) / 2)
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
@@ -305,3 +306,30 @@ def test_bad_flags_name_the_flag():
     fails_naming("--temperature", "--temperature", "-1")
     fails_naming("--env", "--env", "chess")
     fails_naming("--dtype", "--dtype", "int3")
+
+
+def test_latency_at_batch_one_and_levels_by_name():
+    report = run("--methods", "concat,sequential", "--latency-problems", "2", *FAST)
+    for name in ("concat", "sequential"):
+        m = report["methods"][name]
+        assert m["latency_seconds"] > 0 and {"level_vocabulary", "level_variety", "level_ratio"} <= set(m)
+    assert "latency_seconds" not in run("--methods", "concat", "--latency-problems", "0", *FAST)["methods"]["concat"]
+
+
+def test_single_agent_writing_evaluates(monkeypatch):
+    """--num-agents 1 on a writing env: one model writes both parts; a scripted writer whose output
+    has the authors' [PARAGRAPH_SPLIT] is scored on its two parts."""
+    seen = []
+    monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
+    env = envs.make_env("tldr", num_agents=1)
+    args = ev.parse_args(["--env", "tldr", "--num-agents", "1", "--num-samples", "2", "--max-new-tokens", "8"])
+    ev.check_flags(args)
+    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], args, 0)
+    assert len(samples[0][0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
+    good = "The post says cats like warm places and naps.\n[PARAGRAPH_SPLIT]\n" + DETAILED
+    rec = ev.sample_record(env.reward(env.examples[0], (good,)))
+    assert rec["reward"] > 1.0 and set(rec["levels"]) == {"structure", "coordination", "vocabulary", "style"}
+
+
+DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. For "
+            "example, a cat may nap in the sun. However, they wake at night, therefore owners plan play time.")

@@ -293,7 +293,7 @@ def test_tldr_gating():
     assert float(tldr_reward(summary, too_long)) == pytest.approx(0.5)
     same_words = " ".join(W[:10] * 4 + ["however", "therefore"])  # ratio ~4.4 in the ramp, u2/u1 1.2
     r = tldr_reward(summary, same_words)
-    assert r.unique_ratio == pytest.approx(1.2) and set(r.levels) == {"structure", "length"}
+    assert r.unique_ratio == pytest.approx(1.2) and set(r.levels) == {"structure", "coordination"}
     assert float(r) == pytest.approx(0.5 + (5.0 - r.length_ratio) / 1.8)
 
 
@@ -413,7 +413,7 @@ def test_tldr_reward_authors_by_hand():
     summary, detailed = TLDR_THEIRS["so_inside_personal"][:2]
     r = tldr_reward(summary, detailed, authors=True)  # ratio 158/49 = 3.22: just past 3.2
     assert r.categories == 1 and r.transition == pytest.approx(0.4) and r.jaccard == 0.0
-    assert r.levels["length"] == pytest.approx(1 - (158 / 49 - 3.2) / 1.8)
+    assert r.levels["coordination"] == pytest.approx(1 - (158 / 49 - 3.2) / 1.8)
     assert r.levels["style"] == pytest.approx(0.4 * 0.4)
     assert tldr_reward(summary, detailed).categories == 0  # ours: no connective as a word
     r = tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2], authors=True)
@@ -432,13 +432,13 @@ def test_tldr_reward_authors_by_hand():
 
 def test_tldr_reward_authors_band_edges():
     r = tldr_reward(*TLDR_THEIRS["ratio_1_1_edge"][:2], authors=True)
-    assert r.length_ratio == 1.1 and r.levels["length"] == 0.0 and r.levels["vocabulary"] == 0.5
+    assert r.length_ratio == 1.1 and r.levels["coordination"] == 0.0 and r.levels["vocabulary"] == 0.5
     r = tldr_reward(*TLDR_THEIRS["ratio_5_0_edge"][:2], authors=True)
-    assert r.length_ratio == 5.0 and r.levels["length"] == 0.0 and "style" in r.levels
+    assert r.length_ratio == 5.0 and r.levels["coordination"] == 0.0 and "style" in r.levels
     assert float(tldr_reward(PAIRS + ".", " ".join(PLAIN[10:60]) + "..", authors=True)) == 0.5  # 5.02
     r = tldr_reward(*TLDR_THEIRS["upper_ramp_to_the_bit"][:2], authors=True)
-    assert r.levels["length"] == 0.9333333333333336 == 1.0 - (166 / 50 - 3.2) / (5.0 - 3.2)
-    assert r.levels["length"] != (5.0 - 166 / 50) / (5.0 - 3.2)  # same maths, another last bit
+    assert r.levels["coordination"] == 0.9333333333333336 == 1.0 - (166 / 50 - 3.2) / (5.0 - 3.2)
+    assert r.levels["coordination"] != (5.0 - 166 / 50) / (5.0 - 3.2)  # same maths, another last bit
     r = tldr_reward(" ".join(PLAIN[:8]), " ".join(PLAIN[:256]), authors=True)
     assert r.tokens == (8, 256) and r.levels == {"structure": 0.5}  # L1 passes, ratio 32 stops
 

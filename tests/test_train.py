@@ -262,3 +262,33 @@ def test_eval_uses_the_final_agents_or_else_the_latest_checkpoint(tmp_path, caps
     capsys.readouterr()
     assert ev.trained_dirs(str(out), 2) == [str(out / "checkpoint-2" / f"agent_{i}") for i in range(2)]
     assert "did not finish: using its latest checkpoint" in capsys.readouterr().err
+
+
+def test_real_model_defaults_come_from_the_authors_configs(tmp_path):
+    """No model is loaded: resolve_flags only fills and checks the flags (args.json records them)."""
+    args = train.parse_args(["--env", "tldr", "--model", "Qwen/Qwen3-1.7B"])
+    env, cfg = train.resolve_flags(args)
+    assert (args.learning_rate, cfg.temperature, cfg.top_p, cfg.top_k) == (5e-6, 0.7, 0.9, 0)
+    assert (args.num_generations, args.max_new_tokens, args.test_timeout) == (4, 256, 10.0)
+    args = train.parse_args(["--env", "coding", "--model", "Qwen/Qwen2.5-Coder-3B", "--top-k", "20"])
+    _, cfg = train.resolve_flags(args)
+    assert (args.learning_rate, cfg.temperature, cfg.top_p, cfg.top_k) == (1e-5, 0.7, 0.9, 20)
+    che = str(ROOT / "tests" / "fixtures" / "coophumaneval_sample.json")
+    args = train.parse_args(["--env", "coding", "--dataset", che, "--split", ":", "--model", "m/m", "--temperature", "0.5"])
+    _, cfg = train.resolve_flags(args)
+    assert (cfg.temperature, cfg.top_p) == (0.5, 0.95)  # a flag given wins over the env's default
+    args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults
+    _, cfg = train.resolve_flags(args)
+    assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 3.0)
+
+
+def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
+    train.train(train.parse_args(["--steps", "3", "--num-generations", "2", "--max-new-tokens", "6",
+                                  "--out", str(tmp_path)]))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        levels = [r[f"level_{k}"] for k in ("vocabulary", "variety", "ratio")]
+        assert sum(levels) == pytest.approx(r["reward_mean"])  # the demo's reward is the sum of its levels
+    svg = (tmp_path / "curve.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") == 4 and "level_variety" in svg
+    assert json.loads((tmp_path / "args.json").read_text())["top_p"] == 1.0
