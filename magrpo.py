@@ -656,19 +656,56 @@ def global_grad_norm(model):
     return torch.stack(norms).norm().item() if norms else 0.0
 
 
+# Data parallelism (torchrun, train.py): every process samples and scores its own share of the
+# batch's prompts; the loss's denominators and then the gradients are summed over the processes,
+# so each one takes the very step a single process would take on the whole batch, and all keep
+# identical weights. Alone, these sums are the values themselves.
+
+
+def data_parallel():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def all_sum(values, device="cpu"):
+    """The element-wise sum over the data-parallel processes of a list of numbers."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if data_parallel():
+        torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+@torch.no_grad()
+def sum_gradients(model):
+    """Each parameter's gradient summed over the processes (summed, not averaged: each process's
+    loss is already divided by the whole batch's count). A gradient no process has stays None."""
+    if not data_parallel():
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
+    has = all_sum([float(p.grad is not None) for p in params], device)
+    for p, n in zip(params, has):
+        if n:
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            torch.distributed.all_reduce(grad)
+            p.grad = grad
+
+
 def update_agent(agent, parts, cfg):
-    """Eq. 2 for one agent: parts = [(rollout, advantages, weight)], one per turn. Each turn's loss
-    is normalised once over that turn's whole batch and scaled by its weight; the losses of every
-    micro-batch of every turn accumulate into one gradient (memory does not grow with G), then one
-    optimizer step. Rows whose advantage is 0 carry no gradient and are not run. A non-finite loss
-    or gradient skips the step with a warning rather than corrupting the weights.
-    Returns {"loss", "grad_norm", "skipped"}."""
+    """Eq. 2 for one agent: parts = [(rollout or None, advantages, weight)], one per turn. Each
+    turn's loss is normalised once over that turn's whole batch (all processes) and scaled by its
+    weight; the losses of every micro-batch of every turn accumulate into one gradient (memory does
+    not grow with G), then one optimizer step. Rows whose advantage is 0 carry no gradient and are
+    not run. A non-finite loss or gradient skips the step with a warning rather than corrupting
+    the weights. Returns {"loss", "grad_norm", "skipped"}."""
     model, opt, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
     opt.zero_grad(set_to_none=True)
+    normalizers = all_sum([0.0 if r is None else float(loss_normalizer(r.completion_mask, cfg.loss_type))
+                           for r, _, _ in parts])
     total = 0.0
-    for rollout, advantages, weight in parts:
-        normalizer = loss_normalizer(rollout.completion_mask, cfg.loss_type)
+    for (rollout, advantages, weight), normalizer in zip(parts, normalizers):
+        if rollout is None:
+            continue
         advantages = advantages.to(rollout.completion_ids.device)
         for start in range(0, len(rollout), mbs):
             adv = advantages[start:start + mbs]
@@ -679,7 +716,8 @@ def update_agent(agent, parts, cfg):
             loss = weight * policy_loss(lp, mb.completion_mask, adv, cfg.loss_type, normalizer)
             loss.backward()
             total = total + loss.detach()
-    total = float(total)
+    sum_gradients(model)
+    (total,) = all_sum([float(total)])
     grad_norm = global_grad_norm(model)  # logged only: the paper clips no gradients
     if not (math.isfinite(total) and math.isfinite(grad_norm)):
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
@@ -696,51 +734,75 @@ def update_team(agents, turns, cfg):
     zero_adv_groups: groups whose advantages are 0 for every agent (no signal: count them, the
     loss being ~0 is expected with centred advantages)."""
     advantages = episode_advantages(turns, cfg)
-    metrics = {"zero_adv_groups": sum(
-        int(torch.stack([a.view(len(turn.groups), -1) == 0 for a in adv]).all(0).all(-1).sum())
-        for turn, adv in zip(turns, advantages))}
+    zero = sum(int(torch.stack([a.view(len(turn.groups), -1) == 0 for a in adv]).all(0).all(-1).sum())
+               for turn, adv in zip(turns, advantages))
+    metrics = {"zero_adv_groups": int(all_sum([zero])[0])}
     for i, agent in enumerate(agents):
-        parts = [(turn.rollouts[i], adv[i], cfg.turn_weight(t)) for t, (turn, adv) in enumerate(zip(turns, advantages), 1)]
+        parts = [(turns[t].rollouts[i], advantages[t][i], cfg.turn_weight(t + 1)) if t < len(turns)
+                 else (None, None, 0.0) for t in range(cfg.num_turns)]  # every process: one part per turn
         out = update_agent(agent, parts, cfg)
         metrics.update({f"{k}_{i}": v for k, v in out.items()})
         lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1).float().cpu() for turn in turns])
-        metrics[f"completion_len_{i}"] = lengths.mean().item()
+        total, count = all_sum([lengths.sum().item(), len(lengths)])
+        metrics[f"completion_len_{i}"] = total / count
     return metrics
 
 
-def level_means(rewards):
-    """The mean of each reward level (a reward's `levels` dict; a level it lacks, gated off, is 0)."""
-    levels = [getattr(r, "levels", None) or {} for r in rewards]
+def episode_summary(turns):
+    """What episode_metrics needs, as plain lists (a data-parallel run gathers them from every
+    process): per turn, every node's reward, its levels, whether it reached the threshold, and
+    per revised group its children's mean reward minus its parent's; the scoring failures."""
+    out = []
+    for t, turn in enumerate(turns):
+        values = turn.values()
+        gains = [] if t == 0 else [(values[k].mean() - float(turns[t - 1].rewards[g.parent])).item()
+                                   for k, g in enumerate(turn.groups)]
+        out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
+                    "levels": [dict(getattr(r, "levels", None) or {}) for r in turn.rewards],
+                    "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in turn.rewards),
+                    "score_errors": sum(isinstance(r, ScoreError) for r in turn.rewards)})
+    return out
+
+
+def merge_summaries(summaries):
+    """Several processes' episode summaries as one, turn by turn, in process order."""
+    turns = max(len(s) for s in summaries)
+    return [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if k not in ("sandbox_errors", "score_errors") else 0)
+             for k in summaries[0][0]} for t in range(turns)]
+
+
+def level_means(levels):
+    """The mean of each reward level over a list of `levels` dicts (a level a reward lacks, gated
+    off, counts 0)."""
     names = dict.fromkeys(k for lv in levels for k in lv)
     return {k: sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
 
 
-def episode_metrics(turns, num_turns):
+def episode_metrics(turns, num_turns, summary=None):
     """What an episode scored: reward_mean/std/max and level_<name> of turn 1 (the single-turn
     numbers), and per turn t: reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t} (share of
     nodes at the threshold, which are not revised), level_<name>_turn{t}, and for t > 1
     improvement_turn{t} (mean over revised nodes of their children's mean reward minus their own);
     None for a turn no node reached. sandbox_errors counts rewards whose sandbox could not run,
-    score_errors those whose scoring raised (both count as 0)."""
-    first = turns[0].values().view(-1)
+    score_errors those whose scoring raised (both count as 0). summary: episode_summary's lists
+    instead of `turns` (merge_summaries of every process's, in a data-parallel run)."""
+    summary = summary if summary is not None else episode_summary(turns)
+    first = torch.tensor(summary[0]["rewards"])
     m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if first.numel() > 1 else 0.0,
-         "reward_max": first.max().item(), **{f"level_{k}": v for k, v in level_means(turns[0].rewards).items()}}
+         "reward_max": first.max().item(), **{f"level_{k}": v for k, v in level_means(summary[0]["levels"]).items()}}
     for t in range(1, num_turns + 1):
         keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
                ([f"improvement_turn{t}"] if t > 1 else [])
-        if t > len(turns):
+        if t > len(summary):
             m.update(dict.fromkeys(keys))
             continue
-        turn, values = turns[t - 1], turns[t - 1].values()
-        m.update(zip(keys, [values.mean().item(), values.max().item(),
-                            sum(turn.terminated) / len(turn.terminated)]))
-        m.update({f"level_{k}_turn{t}": v for k, v in level_means(turn.rewards).items()})
-        if t > 1:
-            parents = torch.tensor([float(turns[t - 2].rewards[g.parent]) for g in turn.groups])
-            m[keys[-1]] = (values.mean(-1) - parents).mean().item()
-    rewards = [r for turn in turns for r in turn.rewards]
-    m["sandbox_errors"] = sum(getattr(r, "sandbox_error", None) is not None for r in rewards)
-    m["score_errors"] = sum(isinstance(r, ScoreError) for r in rewards)
+        turn = summary[t - 1]
+        values = torch.tensor(turn["rewards"])
+        m.update(zip(keys, [values.mean().item(), values.max().item(), sum(turn["terminated"]) / len(values),
+                            sum(turn["gains"]) / len(turn["gains"]) if t > 1 else None]))
+        m.update({f"level_{k}_turn{t}": v for k, v in level_means(turn["levels"]).items()})
+    m["sandbox_errors"] = sum(turn["sandbox_errors"] for turn in summary)
+    m["score_errors"] = sum(turn["score_errors"] for turn in summary)
     return m
 
 
@@ -943,13 +1005,20 @@ def per_agent(values, n, flag):
     return values
 
 
-def agent_devices(device, n):
+def agent_devices(device, n, local_rank=0, local_world=1):
     """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B
-    agents with their optimizers do not fit on one 80 GB GPU), else on the CPU."""
+    agents with their optimizers do not fit on one 80 GB GPU), else on the CPU. Under torchrun
+    with `local_world` processes on a node, process `local_rank` spreads its agents over its own
+    share of the node's GPUs (e.g. 4 GPUs, 2 processes: agents 0, 1 on GPUs 0, 1 or 2, 3)."""
     gpus = torch.cuda.device_count()
     devices = [d.strip() for d in device.split(",") if d.strip()]
     if devices == ["auto"]:
-        return [f"cuda:{i % gpus}" if gpus else "cpu" for i in range(n)]
+        if not gpus:
+            return ["cpu"] * n
+        share = gpus // local_world
+        if share < 1:
+            raise ValueError(f"--device: {local_world} processes on this node but {gpus} GPUs")
+        return [f"cuda:{local_rank * share + i % share}" for i in range(n)]
     return per_agent(devices, n, "--device")
 
 

@@ -48,7 +48,7 @@ PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5,
                       save_every=50, temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
-             "eval_every", "eval_split", "eval_limit"}
+             "eval_every", "eval_split", "eval_limit", "world_size"}
 
 
 def parse_args(argv=None):
@@ -112,6 +112,10 @@ def resolve_flags(args):
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     if args.save_every < 0:
         raise ValueError(f"--save-every: must be >= 0, got {args.save_every}")
+    args.world_size = torch.distributed.get_world_size() if magrpo.data_parallel() else 1
+    if args.batch_size < args.world_size:
+        raise ValueError(f"--batch-size: {args.batch_size} prompts per step cannot be shared by "
+                         f"{args.world_size} processes: give at least one each")
     if args.dtype in ("float16", "fp16"):  # fp16 gradients overflow without loss scaling, which we skip
         raise ValueError("--dtype: float16 training needs loss scaling, which this trainer does not do: use bfloat16")
     if args.learning_rate <= 0:
@@ -120,10 +124,10 @@ def resolve_flags(args):
     return env, magrpo.config_from_flags(args, turn_weights=turn_weights)
 
 
-def build(args, env, checkpoint=None):
+def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
-    (weights and optimizer state)."""
-    devices = magrpo.agent_devices(args.device, env.num_agents)
+    (weights and optimizer state); under torchrun on this process's GPUs."""
+    devices = magrpo.agent_devices(args.device, env.num_agents, local_rank, local_world)
     names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
@@ -364,73 +368,95 @@ def eval_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
 
 def train(args):
     """A whole run: check the flags, prepare --out (refuse, or resume), then the steps. A bad flag
-    ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum."""
+    ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum.
+    Under torchrun every process runs this; process 0 alone logs and saves."""
+    local_rank, local_world = start_processes()
+    main = rank() == 0
     try:
         env, cfg = resolve_flags(args)
         checkpoint = prepare_out(args)
-        agents, expert = build(args, env, checkpoint)
+        agents, expert = build(args, env, checkpoint, local_rank, local_world)
         eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split") if args.eval_every > 0 else None
     except ValueError as e:
         sys.exit(f"train.py: error: {e}")
-    start = 0
+    barrier()  # every process has read --out before process 0 writes into it
+    start = 0 if checkpoint is None else checkpoint[0]
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "metrics.jsonl")
     if checkpoint is not None:
-        start = checkpoint[0]
         restore_rng(checkpoint)
-        print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
-    cut_metrics(log_path, start)
-    write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
+    if main:
+        if checkpoint is not None:
+            print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
+        os.makedirs(args.out, exist_ok=True)
+        cut_metrics(log_path, start)
+        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
     signals = Signals()
-    step = start
     try:
-        with open(log_path, "a") as log:
-            step = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
+        with open(log_path, "a") if main else contextlib.nullcontext() as log:
+            step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
     finally:
         signals.restore()
-    if signals.received is not None:
-        save_checkpoint(args.out, step, agents, args)
-        sys.exit(128 + signals.received)
-    if not save_checkpoint(args.out, step, agents, args):
+    check_ranks_agree(agents)
+    saved = save_checkpoint(args.out, step, agents, args) if main else True
+    if main and signum is None and saved:
+        save_final(args.out, step, agents)
+        print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
+    barrier()  # torchrun stops every process when one exits: not before process 0 has saved
+    if signum is not None:
+        sys.exit(128 + signum)
+    if not saved:
         sys.exit(f"train.py: error: could not save the final checkpoint under {args.out!r} (see the warning above)")
-    save_final(args.out, step, agents)
-    print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
     return log_path
 
 
 def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
-    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps;
-    returns the number of steps done when it stops (at the end, or at a signal)."""
-    recent, last_turn = [], f"reward_mean_turn{cfg.num_turns}"
+    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps.
+    Returns (the number of steps done, the signal that stopped the run or None). Under torchrun
+    each process samples and scores its share of the step's prompts, the update sums over all
+    (magrpo.update_team), and the processes decide together to stop."""
+    main, recent, last_turn = log is not None, [], f"reward_mean_turn{cfg.num_turns}"
     curve = os.path.join(args.out, "curve.svg")
-    with open(log.name) as f:
-        history = [json.loads(line) for line in f if line.strip()]
-    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start, total=args.steps)
+    history = [json.loads(line) for line in open(log.name) if line.strip()] if main else []
+    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
+               total=args.steps, disable=not main)
     for step in bar:
         batch = batch_at(env, args.seed, step, args.batch_size)
-        seeds = [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))]
+        seeds = [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))]  # seeded per prompt
+        batch, seeds = my_share(batch), my_share(seeds)
         t0 = time.time()
         try:
             with signals.abandon_on_signal():  # sampling and scoring change nothing: a signal drops the step
                 turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert)
         except Stop:
-            return step
-        m = {"step": step, **magrpo.episode_metrics(turns, cfg.num_turns), **magrpo.update_team(agents, turns, cfg)}
+            turns = None
+        votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
+        signum = next((s for s, _ in votes if s is not None), None)
+        if any(abandoned for _, abandoned in votes):
+            return step, signum
+        summary = magrpo.merge_summaries(gather(magrpo.episode_summary(turns)))
+        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
         m["seconds"] = round(time.time() - t0, 4)
-        warn_scoring(m, step, len([r for t in turns for r in t.rewards]))
+        warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
         last = step == args.steps - 1
-        if eval_env is not None and (step % args.eval_every == 0 or last):
+        if main and eval_env is not None and (step % args.eval_every == 0 or last):
             rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
             m["eval_reward_mean"] = rewards[0]
             m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
             tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
                        f"({eval_env.name}, {args.eval_split})")
+        signum = next((s for s in gather(signals.received) if s is not None), None)
+        if args.save_every and (step + 1) % args.save_every == 0:
+            check_ranks_agree(agents)
+        if not main:
+            if signum is not None:
+                return step + 1, signum
+            continue
         log.write(json.dumps(m) + "\n")
         log.flush()
         history.append(m)
-        if step % 10 == 9 or last or signals.received is not None:
+        if step % 10 == 9 or last or signum is not None:
             write_curve(curve, history)
         if args.save_every and (step + 1) % args.save_every == 0 and not last:
             os.fsync(log.fileno())
@@ -442,9 +468,62 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
             tqdm.write(f"step {step:5d} reward " +
                        " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
                        " | " + " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
-        if signals.received is not None:
-            return step + 1
-    return args.steps
+        if signum is not None:
+            return step + 1, signum
+    return args.steps, None
+
+# -----------------------------------------------------------------------------
+# Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
+
+
+def start_processes():
+    """Under torchrun (it sets WORLD_SIZE, RANK, LOCAL_RANK): join the process group. Returns
+    (local rank, processes on this node); (0, 1) alone."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def rank():
+    return torch.distributed.get_rank() if magrpo.data_parallel() else 0
+
+
+def barrier():
+    if magrpo.data_parallel():
+        torch.distributed.barrier()
+
+
+def gather(obj):
+    """obj from every process, in process order ([obj] alone)."""
+    if not magrpo.data_parallel():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def weights_digest(agents):
+    """Per agent, the sum and the sum of squares of all its weights, in float64."""
+    return [(sum(p.double().sum().item() for p in a.model.parameters()),
+             sum(p.double().square().sum().item() for p in a.model.parameters())) for a in agents]
+
+
+def check_ranks_agree(agents):
+    """Data parallelism must keep every process's agents identical (the same summed gradients, the
+    same optimizer step): compare their weights' digests at every checkpoint; a difference is a
+    bug, and the run stops rather than save either copy."""
+    digests = gather(weights_digest(agents))
+    if any(d != digests[0] for d in digests):
+        raise RuntimeError(f"the processes' agents differ: {digests}")
+
+
+def my_share(items):
+    """This process's contiguous share of a step's items (all of them alone): with the prompts'
+    own seeds, N processes sample exactly what one process samples for the same global batch."""
+    if not magrpo.data_parallel():
+        return items
+    r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return items[r * len(items) // w:(r + 1) * len(items) // w]
 
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")

@@ -292,3 +292,32 @@ def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
     svg = (tmp_path / "curve.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<polyline") == 4 and "level_variety" in svg
     assert json.loads((tmp_path / "args.json").read_text())["top_p"] == 1.0
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_train_as_one(tmp_path):
+    """torchrun x2 (gloo, CPU): each process samples half of every step's prompts; the steps equal
+    one process's (step 0 to float precision, then close), each logged once, and the processes'
+    agents stay identical (train.py compares their weights at every checkpoint and would stop)."""
+    flags = ["--steps", "4", "--num-generations", "4", "--max-new-tokens", "8", "--batch-size", "2", "--save-every", "2"]
+    train.train(train.parse_args(flags + ["--out", str(tmp_path / "one")]))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py", *flags,
+                        "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    one, two = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
+    assert [r["step"] for r in two] == [0, 1, 2, 3]
+    assert two[0]["reward_mean"] == one[0]["reward_mean"] and two[0]["reward_max"] == one[0]["reward_max"]
+    for a, b in zip(one, two):
+        for key in ("reward_mean", "loss_0", "loss_1", "grad_norm_0", "grad_norm_1"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), (a["step"], key)
+    assert json.loads((tmp_path / "two" / "args.json").read_text())["world_size"] == 2
+    assert p.stdout.count("wrote ") == 1  # process 0 alone reports and saves
+
+
+def test_weights_digest_tells_agents_apart():
+    agents = [magrpo.Agent(magrpo.tiny_model(magrpo.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
+    a, b, c = (train.weights_digest([x]) for x in agents)
+    assert a == b and a != c
+    with torch.no_grad():
+        next(agents[1].model.parameters())[0, 0] += 1e-3
+    assert train.weights_digest([agents[1]]) != a
