@@ -402,7 +402,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             if left <= 0:
                 return True
             events = dict(poller.poll(left * 1000))
-            if abort in events:
+            if abort in events:  # run_tests_many gives up: end the run now
                 return False
             for fd in events:
                 data = os.read(fd, 1 << 16)
@@ -417,7 +417,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         poller.register(abort, select.POLLIN)
     overdue = pump({report_r}, cap)
     os.close(life_w)  # on that, the first process kills the run's session
-    if abort is not None:
+    if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
         poller.unregister(abort)
     pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
     for fd in bufs:
@@ -447,41 +447,39 @@ def _memory_file(value):  # reading it never blocks, unlike a pipe's
 
 def _start_run(*fds):
     """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server, started (again) where none is alive; it forks a run's first process on them."""
+    server, which forks a run's first process on them."""
     with _FORK_SERVER_LOCK:
-        for attempt in (1, 2):
-            if _FORK_SERVER and (attempt == 2 or _FORK_SERVER["proc"].poll() is not None):
-                _stop_fork_server()  # it died (just now, if the first attempt failed)
-            if not _FORK_SERVER:
-                _start_fork_server()
-            try:
-                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:
-                if attempt == 2:
-                    raise
-
-
-def _start_fork_server():
-    """It saves each run an interpreter's start (~10 ms) and the imports of PRELOAD (typing alone:
-    ~15 ms); it ends when its socket closes: when this process ends, however it ends."""
-    ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
-    with theirs, proc.stdin:
-        proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
-        proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                            site_packages=_SITE)))
-    _FORK_SERVER.update(proc=proc, sock=ours)
-
-
-def _stop_fork_server():
-    if _FORK_SERVER:
-        _FORK_SERVER["sock"].close()  # it ends on that
         try:
-            _FORK_SERVER["proc"].wait(5)
-        except subprocess.TimeoutExpired:
-            _FORK_SERVER["proc"].kill()
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
+        except OSError:  # it died just now: once more, with a fresh one
+            _stop_fork_server()
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
+
+
+def _fork_server_socket():
+    """This process's fork server's socket, started (again) where none is alive. The server saves
+    each run an interpreter's start (~10 ms) and the imports of PRELOAD (typing alone: ~15 ms); it
+    ends when its socket closes: when this process ends, however it ends."""
+    if _FORK_SERVER and _FORK_SERVER["proc"].poll() is not None:
+        _stop_fork_server()
+    if not _FORK_SERVER:
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
+        with theirs, proc.stdin:
+            proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
+            proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
+                                                site_packages=_SITE)))
+        _FORK_SERVER.update(proc=proc, sock=ours)
+    return _FORK_SERVER["sock"]
+
+
+def _stop_fork_server():  # (its runs die with it)
+    if _FORK_SERVER:
+        _FORK_SERVER["sock"].close()
+        _FORK_SERVER["proc"].kill()
+        _FORK_SERVER["proc"].wait()
         _FORK_SERVER.clear()
 
 
@@ -666,7 +664,7 @@ def _relay(job, pidns, asks, answers):
     call in time, answer ("R", its frame), ("T", "") past the time, or ("D", why) when it ended.
     The supervisor never holds the test (the tester reads it from a file of its own): no program
     process, forked from here, can find it in memory."""
-    loaded = _encode(("loaded",), 0)
+    loaded = ("R", _encode(("loaded",), 0))
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -675,11 +673,10 @@ def _relay(job, pidns, asks, answers):
             break
         deadline = time.monotonic() + seconds
         proc = proc or _spawn(job, pidns)
-        tag, data = "R", loaded
-        if not proc["loaded"]:  # its first frame says whether it loaded
-            tag, data = _exchange(proc, b"", deadline, job["max_reply"])
-            proc["loaded"] = True
-        if tag == "R" and data == loaded and call is not None:
+        if proc["load"] is None:  # its first frame says whether it loaded
+            proc["load"] = _exchange(proc, b"", deadline, job["max_reply"])
+        tag, data = proc["load"]
+        if proc["load"] == loaded and call is not None:
             tag, data = _exchange(proc, call, deadline, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
@@ -706,7 +703,7 @@ def _spawn(job, pidns):
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
-    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r, loaded=False)
+    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r, load=None)
 
 
 def _exchange(proc, call, deadline, max_reply):
