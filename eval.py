@@ -395,10 +395,11 @@ def supported(env, examples, method):
 
 class Team:
     """Loads models on first use; a model named twice on one device loads once (eval needs no
-    separate copies: nothing is trained), except tiny ones, whose random init depends on the seed."""
+    separate copies: nothing is trained), except tiny ones, whose random init depends on the seed.
+    LoRA agents (adapter directories) on one base and device share one copy of it (self.bases)."""
 
     def __init__(self, args, models, n):
-        self.args, self.n, self.cache = args, n, {}
+        self.args, self.n, self.cache, self.bases = args, n, {}, {}
         self.devices = magrpo.agent_devices(args.device, n)
         self.models = magrpo.per_agent(models, n, "--model")
         self.expert = magrpo.load_expert(args, self.devices[0])
@@ -406,7 +407,8 @@ class Team:
     def agent(self, name, device, flag, seed):
         key = (name, device, seed if name == magrpo.TINY else None)
         if key not in self.cache:
-            agent = magrpo.load_agent(name, device, self.args.dtype, seed, flag, self.args.chat_template)
+            agent = magrpo.load_agent(name, device, self.args.dtype, seed, flag, self.args.chat_template,
+                                      bases=self.bases)
             magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)  # first-call costs stay out of the timings
             self.cache[key] = agent
         return self.cache[key]

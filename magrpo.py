@@ -902,10 +902,307 @@ def quiet_transformers():
 
 def save_agent(agent, path):
     """An agent as transformers saves a model (config, weights, tokenizer): it loads back with
-    from_pretrained, or as --model PATH."""
+    from_pretrained, or as --model PATH. A LoRA agent as peft saves an adapter (save_adapter) with
+    the tokenizer: it loads back with load_agent (its base named in adapter_config.json), or peft."""
     quiet_transformers()
-    agent.model.save_pretrained(path)
+    if is_lora(agent.model):
+        save_adapter(agent.model, path)
+    else:
+        agent.model.save_pretrained(path)
     agent.tokenizer.save_pretrained(path)
+
+
+# -----------------------------------------------------------------------------
+# LoRA agents: n adapters on one shared frozen base (--lora-r)
+#
+# Full fine-tuning gives every agent its own weights, gradients and AdamW state (~16 bytes per
+# parameter in fp32), so n agents cost n models. The paper trains each agent's whole model; LoRA
+# (Hu et al., 2021) trains instead a low-rank update W + (alpha / r) * B A of chosen linear layers,
+# with W frozen. Agents that start from the same base then differ only in their adapters, so they
+# can share one copy of W: n agents cost about one base plus n small adapters. MAGRPO is unchanged
+# (Eq. 1 and Eq. 2 per agent, one optimizer step per agent): only what the optimizer moves differs.
+#
+# How the base is shared without any global "active adapter" switch: each agent's model is a
+# structural copy of the base (shared_copy) whose parameters and buffers ARE the base's tensors,
+# with its target linear layers wrapped in LoRALinear. So an agent is an ordinary HF model (its own
+# config and generation_config) that runs as base + its own adapter, weights never merged: generate,
+# completion_logprobs and update_agent need no change, and make_optimizer, which takes the
+# parameters with requires_grad, gets the adapter's alone.
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's file names
+# peft's defaults for Qwen2/Llama-style models: every attention and MLP projection; GPT-2 has Conv1D
+# layers with other names.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
+
+
+class LoRAError(ValueError):
+    """A bad LoRA setting; its message names its own flag (--lora-r, --lora-target-modules, ...)."""
+
+
+@dataclass
+class LoRAConfig:
+    """An adapter's shape (peft's LoraConfig names): rank r, lora_alpha (the update is scaled by
+    alpha / r; None: 2r) and target_modules (None: the architecture's attention and MLP projections)."""
+    r: int
+    alpha: float = None
+    target_modules: tuple = None
+
+    def __post_init__(self):
+        self.alpha = float(2 * self.r if self.alpha is None else self.alpha)
+
+
+class LoRALinear(torch.nn.Module):
+    """A frozen linear layer plus a trainable low-rank update (LoRA, Hu et al. 2021):
+        y = base(x) + (x A^T B^T) * alpha / r,   A: [r, in], B: [out, r].
+    A starts as peft's default (kaiming-uniform, i.e. U(-1/sqrt(in), 1/sqrt(in))) and B at zero, so
+    a new adapter adds exactly 0: a new agent is its base, logit for logit. The adapter is stored in
+    fp32 whatever the base's dtype: it is small, and fp32 lets plain AdamW update it (a bf16 weight
+    would round RL-sized updates away, see MasterWeightAdamW). `base` is an nn.Linear, or GPT-2's Conv1D,
+    which stores its weight transposed ([in, out], peft's fan_in_fan_out). No dropout: update_agent
+    runs the model in eval mode (the gradient must be of the very policy that sampled), where
+    peft's lora_dropout does nothing."""
+
+    def __init__(self, base, r, alpha, generator=None):
+        from transformers.pytorch_utils import Conv1D
+        super().__init__()
+        self.base, self.r, self.alpha, self.scaling = base, r, alpha, alpha / r
+        self.fan_in_fan_out = isinstance(base, Conv1D)
+        in_f, out_f = base.weight.shape if self.fan_in_fan_out else base.weight.shape[::-1]
+        bound = 1.0 / math.sqrt(in_f)
+        a = (torch.rand(r, in_f, generator=generator) * 2 - 1) * bound  # on the CPU: same numbers on any device
+        self.lora_A = torch.nn.Parameter(a.to(base.weight.device))
+        self.lora_B = torch.nn.Parameter(torch.zeros(out_f, r, device=base.weight.device))
+
+    def forward(self, x):
+        # In x's dtype, as the base computes: a cast of x to fp32 would be one more copy of every
+        # adapted layer's input kept for the backward pass (~40% more activation memory in bf16).
+        a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+        return self.base(x) + (x @ a.T) @ b.T * self.scaling  # r-wide in the middle: cheap
+
+    def delta_weight(self):
+        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it."""
+        delta = (self.lora_B @ self.lora_A) * self.scaling
+        return delta.T if self.fan_in_fan_out else delta
+
+    def extra_repr(self):
+        return f"r={self.r}, alpha={self.alpha:g}"
+
+
+def is_lora(model):
+    """Whether `model` is an agent built by add_lora (base + adapter)."""
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def is_adapter(path):
+    """Whether `path` is a directory holding a saved adapter (save_adapter, or peft's)."""
+    return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
+
+def default_lora_targets(model):
+    return LORA_TARGETS_BY_MODEL_TYPE.get(getattr(model.config, "model_type", None), LORA_TARGETS)
+
+
+def lora_targets(model, target_modules=None):
+    """The names of the linear layers that get an adapter: those whose name is a target or ends in
+    "." + a target (peft's rule). Every target must name at least one nn.Linear or Conv1D, and none
+    may share its weight with another layer (a tied lm_head: merging would change the embeddings)."""
+    from collections import Counter
+    from transformers.pytorch_utils import Conv1D
+    model_type = getattr(model.config, "model_type", "?")
+    targets = target_modules or default_lora_targets(model)
+    linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+    hits = lambda name: [t for t in targets if name == t or name.endswith("." + t)]  # noqa: E731
+    missing = [t for t in targets if not any(t in hits(n) for n in linear)]
+    if missing:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this {model_type} model "
+                        f"(its linear layers: {', '.join(names)})")
+    chosen = [n for n in linear if hits(n)]
+    owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    for name in chosen:
+        if owners[id(model.get_submodule(name).weight)] > 1:
+            raise LoRAError(f"--lora-target-modules: {name} shares its weight with another layer (tied "
+                            "embeddings): leave it out")
+    return chosen
+
+
+def shared_copy(model):
+    """A structural copy of `model` whose parameters and buffers ARE the original's tensors (same
+    storage, same objects): new module objects, config and generation_config, no new weights."""
+    import copy
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def add_lora(base, lora, seed=0, lora_config=None):
+    """A new agent: base + a new adapter (LoRAConfig `lora`), as a shared_copy of `base` whose
+    target layers are wrapped in LoRALinear. Every base parameter is frozen (requires_grad False,
+    shared by all the agents on this base); the adapters' A matrices are drawn from `seed` (a
+    generator of their own: the global RNG is left alone). `lora_config` (a dict) is what
+    save_adapter writes to adapter_config.json; it is kept on the model as model.lora_config."""
+    base.requires_grad_(False)
+    model = shared_copy(base)
+    names = lora.target_modules or default_lora_targets(model)
+    targets = lora_targets(model, names)
+    generator = torch.Generator().manual_seed(int(seed))
+    for name in targets:
+        parent, _, child = name.rpartition(".")
+        module = model.get_submodule(parent)
+        setattr(module, child, LoRALinear(getattr(module, child), lora.r, lora.alpha, generator))
+    model.lora_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
+                         "lora_dropout": 0.0, "bias": "none",
+                         "target_modules": list(names),
+                         "fan_in_fan_out": any(m.fan_in_fan_out for m in model.modules() if isinstance(m, LoRALinear)),
+                         **(lora_config or {})}
+    return model
+
+
+def shared_base(name, device, dtype, seed, bases):
+    """(base model, tokenizer) for `name`, loaded once per (name, device, dtype) in the dict `bases`
+    (for the tiny model also per seed: its random init is its identity). One team passes one dict,
+    so its agents on one device share one frozen base; agents on another device get their own."""
+    if name != TINY and os.path.isdir(name):
+        name = os.path.abspath(name)  # ./m and m are one base; the adapter config stays valid elsewhere
+    key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
+    if key not in bases:
+        model, tok = load_agent_model(name, device, dtype, seed=seed)
+        bases[key] = (model.requires_grad_(False), tok)
+    return bases[key]
+
+
+def base_record(name, seed):
+    """What an adapter's config needs to rebuild its base: peft's base_model_name_or_path, and for
+    the random-init tiny model the seed it was built from."""
+    if name == TINY:
+        return {"base_model_name_or_path": TINY, "magrpo_base_seed": seed}
+    return {"base_model_name_or_path": os.path.abspath(name) if os.path.isdir(name) else name}
+
+
+def load_lora_model(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
+    """(model, tokenizer) of a LoRA agent: a saved adapter directory (save_adapter's, or peft's) loads
+    as its base + that adapter, trainable, and then `lora` must match it; any other model name
+    becomes base + a new adapter of shape `lora`, A drawn from `seed`. The base (for tiny, built from
+    base_seed, default seed) comes from `bases` (see shared_base; None: not shared)."""
+    import json
+    bases = {} if bases is None else bases
+    if not is_adapter(name):
+        base_seed = seed if base_seed is None else base_seed
+        base, tok = shared_base(name, device, dtype, base_seed, bases)
+        return add_lora(base, lora, seed, base_record(name, base_seed)), tok
+    with open(os.path.join(name, ADAPTER_CONFIG)) as f:
+        config = json.load(f)
+    unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
+                               "layers_to_transform") if config.get(k)] + \
+        (["bias"] if config.get("bias", "none") != "none" else []) + \
+        (["target_modules as a regex"] if isinstance(config.get("target_modules"), str) else [])
+    if config.get("peft_type", "LORA") != "LORA" or unsupported:
+        raise ValueError(f"{name!r}: an adapter with {', '.join(unsupported) or config.get('peft_type')}, "
+                         "which this loader does not support")
+    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
+    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
+        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
+                        f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
+    base_name, base_seed = config["base_model_name_or_path"], config.get("magrpo_base_seed", seed)
+    base, tok = shared_base(base_name, device, dtype, base_seed, bases)
+    try:
+        model = add_lora(base, saved, seed, {k: v for k, v in config.items() if k not in ("r", "lora_alpha")})
+    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {str(e).split(': ', 1)[1]}") from None
+    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
+    return model, tok
+
+
+def adapter_state(model):
+    """The adapter's tensors under peft's names (base_model.model.<layer>.lora_A.weight), so peft
+    and this code read each other's adapter files."""
+    return {f"base_model.model.{name}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+            for name, m in model.named_modules() if isinstance(m, LoRALinear) for ab in "AB"}
+
+
+@torch.no_grad()
+def load_adapter_weights(model, path):
+    from safetensors.torch import load_file
+    saved, params = load_file(path), adapter_state(model)
+    if saved.keys() != params.keys():
+        extra, missing = sorted(saved.keys() - params.keys()), sorted(params.keys() - saved.keys())
+        raise ValueError(f"{path} does not fit its adapter config: "
+                         f"{'missing ' + missing[0] if missing else 'unexpected ' + extra[0]}")
+    for key, p in params.items():
+        if saved[key].shape != p.shape:
+            raise ValueError(f"{path}: {key} is {tuple(saved[key].shape)}, the model wants {tuple(p.shape)}")
+        p.copy_(saved[key])
+
+
+def save_adapter(model, path):
+    """OUT/agent_i as peft lays an adapter out: adapter_model.safetensors (A and B of every adapted
+    layer, fp32, a few MB) and adapter_config.json (r, lora_alpha, target_modules,
+    base_model_name_or_path, ...). The base is not written: loading names it."""
+    import json
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
+              os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
+        json.dump(model.lora_config, f, indent=1)
+
+
+@torch.no_grad()
+def merged_model(model):
+    """A plain HF model equal to base + adapter: every adapted layer's weight is W + (alpha / r) B A
+    (computed in fp32, stored in W's dtype: in bf16 that rounds, and the exact agent remains the
+    base + its adapter) and the LoRA wrappers are gone. The shared base is left alone: the adapted weights
+    are fresh tensors; the rest (embeddings, norms) stays shared with it."""
+    import copy
+    adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    fresh = {id(t) for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)}
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
+    merged = copy.deepcopy(model, memo)
+    for name, m in list(merged.named_modules()):
+        if isinstance(m, LoRALinear):
+            m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
+            parent, _, child = name.rpartition(".")
+            setattr(merged.get_submodule(parent), child, m.base)
+    del merged.lora_config
+    return merged
+
+
+def save_merged(agent, path):
+    """A LoRA agent as a full HF model (merged_model), with its tokenizer: it loads with
+    from_pretrained or as --model PATH, with no adapter code."""
+    quiet_transformers()
+    merged_model(agent.model).save_pretrained(path)
+    agent.tokenizer.save_pretrained(path)
+
+
+def add_lora_flags(p):
+    """The LoRA flags (train.py): peft's names."""
+    p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
+                   "shared frozen base instead of the whole model (0: full fine-tuning)")
+    p.add_argument("--lora-alpha", type=float, help="the adapter's update is scaled by alpha / r (default 2r)")
+    p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
+                   f"(default: the attention and MLP projections, {','.join(LORA_TARGETS)}; "
+                   f"GPT-2: {','.join(LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
+    p.add_argument("--save-merged", action="store_true", help="LoRA: also write each final agent as a full "
+                   "HF model (the adapter folded into the weights) in OUT/agent_i/merged")
+
+
+def lora_from_flags(args):
+    """The LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules, or None without --lora-r."""
+    r, alpha, targets = getattr(args, "lora_r", 0) or 0, getattr(args, "lora_alpha", None), \
+        getattr(args, "lora_target_modules", None)
+    if r < 0:
+        raise LoRAError(f"--lora-r: must be >= 1 (0: full fine-tuning), got {r}")
+    if not r:
+        if alpha is not None or targets:
+            raise LoRAError(f"{'--lora-alpha' if alpha is not None else '--lora-target-modules'}: only with --lora-r")
+        return None
+    if alpha is not None and not alpha > 0:
+        raise LoRAError(f"--lora-alpha: must be > 0, got {alpha}")
+    names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
+    if targets is not None and not names:
+        raise LoRAError("--lora-target-modules: want a comma list of layer names, got an empty one")
+    return LoRAConfig(r, alpha, names or None)
 
 
 # -----------------------------------------------------------------------------
@@ -1022,12 +1319,21 @@ def agent_devices(device, n, local_rank=0, local_world=1):
     return per_agent(devices, n, "--device")
 
 
-def load_agent(name, device, dtype, seed, flag="--model", chat_template=False):
-    """An Agent (no optimizer yet) for one model name; a bad one raises ValueError naming the flag."""
+def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, lora=None, bases=None,
+               base_seed=None):
+    """An Agent (no optimizer yet) for one model name; a bad one raises ValueError naming the flag.
+    LoRA (see load_lora_model): a saved adapter directory loads as its base + its adapter; with
+    `lora` (a LoRAConfig) any other model becomes base + a new adapter. `bases`: one dict per team,
+    so that its LoRA agents on one base and device share one copy of it."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
     try:
-        model, tok = load_agent_model(name, device, dtype, seed=seed)
+        if lora is not None or is_adapter(name):
+            model, tok = load_lora_model(name, device, dtype, seed, lora, bases, base_seed)
+        else:
+            model, tok = load_agent_model(name, device, dtype, seed=seed)
+    except LoRAError:
+        raise  # it names its own flag
     except (ValueError, RuntimeError) as e:
         raise ValueError(f"{flag}: {e}") from None
     if chat_template and tok.chat_template is None:

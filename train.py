@@ -48,7 +48,7 @@ PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5,
                       save_every=50, temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
-             "eval_every", "eval_split", "eval_limit", "world_size"}
+             "eval_every", "eval_split", "eval_limit", "world_size", "save_merged"}
 
 
 def parse_args(argv=None):
@@ -56,6 +56,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     magrpo.add_agent_flags(p)
+    magrpo.add_lora_flags(p)
     magrpo.add_sampling_flags(p, temperature=None, top_p=None)
     p.add_argument("--num-generations", type=int, help="G, completions per agent per prompt (>= 2)")
     p.add_argument("--learning-rate", type=float)
@@ -126,15 +127,18 @@ def resolve_flags(args):
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
-    (weights and optimizer state); under torchrun on this process's GPUs."""
+    (weights and optimizer state); under torchrun on this process's GPUs. With --lora-r every agent
+    is base + its own adapter, and the agents on one base and device share one frozen copy of it."""
     devices = magrpo.agent_devices(args.device, env.num_agents, local_rank, local_world)
     names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
     expert = magrpo.load_expert(args, devices[0])
+    lora, bases = magrpo.lora_from_flags(args), {}
     agents = []
     for i, (name, device) in enumerate(zip(names, devices)):
-        agent = magrpo.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template)
+        agent = magrpo.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
+                                  lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         if checkpoint is not None:
             agent.optimizer.load_state_dict(torch.load(os.path.join(name, "optimizer.pt"), map_location=device,
@@ -257,10 +261,11 @@ def save_checkpoint(out, step, agents, args):
     return True
 
 
-def save_final(out, step, agents):
+def save_final(out, step, agents, merged=False):
     """OUT/agent_i, the trained agents (what eval.py --agents OUT and --model OUT/agent_0 read),
     then OUT/final.json: agents without final.json are not final. The files are hard links to the
-    last checkpoint's where it can (no second copy on disk)."""
+    last checkpoint's where it can (no second copy on disk). With `merged` (--save-merged), a LoRA
+    agent also as a full HF model in OUT/agent_i/merged."""
     source = os.path.join(out, f"checkpoint-{step}")
     for i, agent in enumerate(agents):
         tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
@@ -270,6 +275,8 @@ def save_final(out, step, agents):
                             ignore=shutil.ignore_patterns("optimizer.pt"))
         else:
             magrpo.save_agent(agent, tmp)
+        if merged and magrpo.is_lora(agent.model):
+            magrpo.save_merged(agent, os.path.join(tmp, "merged"))
         fsync_tree(tmp)
         if os.path.exists(dest):
             shutil.rmtree(dest)
@@ -401,7 +408,7 @@ def train(args):
     check_ranks_agree(agents)
     saved = save_checkpoint(args.out, step, agents, args) if main else True
     if main and signum is None and saved:
-        save_final(args.out, step, agents)
+        save_final(args.out, step, agents, merged=args.save_merged)
         print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
     barrier()  # torchrun stops every process when one exits: not before process 0 has saved
     if signum is not None:
