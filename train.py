@@ -13,6 +13,10 @@ Its 2-turn variant, starting from the single-turn agents (the paper's curriculum
 One model per agent (a heterogeneous team), each on its own GPU (--device auto, the default,
 spreads the agents over the visible GPUs):
     python train.py --env coding --model Qwen/Qwen2.5-Coder-1.5B,Qwen/Qwen2.5-Coder-3B --device cuda:0,cuda:1
+Both agents as LoRA adapters on one shared frozen base, on one GPU:
+    python train.py --env coding --model Qwen/Qwen2.5-Coder-3B --dtype bfloat16 --lora-r 16
+Data parallel on one node (each process samples and scores its share of every step's prompts):
+    torchrun --nproc-per-node 8 train.py --env coding --model Qwen/Qwen2.5-Coder-3B --lora-r 16 --batch-size 8
 
 Writes OUT/metrics.jsonl (one JSON object per step), OUT/curve.svg (the learning curve), OUT/args.json,
 OUT/checkpoint-<step>/ (resume with --resume) and at the end OUT/agent_0, OUT/agent_1, ... which load
@@ -37,7 +41,7 @@ import magrpo
 
 # Defaults that depend on the model: the tiny demo model learns from scratch (high lr, short
 # outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
-# A checkpoint every 50 steps: a step of two 3B agents takes ~15 s on an H100, so a crash costs at
+# A checkpoint every 50 steps: if a step of two 3B agents takes ~15 s on an H100 (an estimate), so a crash costs at
 # most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
 # With a real model the env's own defaults (the authors' configs: sampling, and the writing lr) come
 # first: envs.CodingEnv.defaults, envs.WritingEnv.defaults. Tests run in the sandbox 10 s each as
@@ -128,13 +132,17 @@ def resolve_flags(args):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
     (weights and optimizer state); under torchrun on this process's GPUs. With --lora-r every agent
-    is base + its own adapter, and the agents on one base and device share one frozen copy of it."""
-    devices = magrpo.agent_devices(args.device, env.num_agents, local_rank, local_world)
+    is base + its own adapter, and the agents on one base and device share one frozen copy of it
+    (so --device auto puts them all on one GPU: the process's first)."""
+    lora, bases = magrpo.lora_from_flags(args), {}
+    if lora and args.device == "auto":
+        devices = magrpo.agent_devices("auto", 1, local_rank, local_world) * env.num_agents
+    else:
+        devices = magrpo.agent_devices(args.device, env.num_agents, local_rank, local_world)
     names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
     expert = magrpo.load_expert(args, devices[0])
-    lora, bases = magrpo.lora_from_flags(args), {}
     agents = []
     for i, (name, device) in enumerate(zip(names, devices)):
         agent = magrpo.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,

@@ -295,11 +295,14 @@ def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_train_as_one(tmp_path):
+@pytest.mark.parametrize("lora", [[], ["--lora-r", "4"]], ids=["full", "lora"])
+def test_torchrun_two_processes_train_as_one(tmp_path, lora):
     """torchrun x2 (gloo, CPU): each process samples half of every step's prompts; the steps equal
     one process's (step 0 to float precision, then close), each logged once, and the processes'
-    agents stay identical (train.py compares their weights at every checkpoint and would stop)."""
-    flags = ["--steps", "4", "--num-generations", "4", "--max-new-tokens", "8", "--batch-size", "2", "--save-every", "2"]
+    agents stay identical (train.py compares their weights at every checkpoint and would stop).
+    With LoRA only the adapters' gradients travel."""
+    flags = ["--steps", "4", "--num-generations", "4", "--max-new-tokens", "8", "--batch-size", "2", "--save-every", "2",
+             *lora]
     train.train(train.parse_args(flags + ["--out", str(tmp_path / "one")]))
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py", *flags,
                         "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300)
