@@ -41,8 +41,8 @@ import magrpo
 
 # Defaults that depend on the model: the tiny demo model learns from scratch (high lr, short
 # outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
-# A checkpoint every 50 steps: if a step of two 3B agents takes ~15 s on an H100 (an estimate), so a crash costs at
-# most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
+# A checkpoint every 50 steps: if a step of two 3B agents takes ~15 s on an H100 (our estimate), a
+# crash costs at most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
 # With a real model the env's own defaults (the authors' configs: sampling, and the writing lr) come
 # first: envs.CodingEnv.defaults, envs.WritingEnv.defaults. Tests run in the sandbox 10 s each as
 # the authors' (3 s with the tiny model, which never writes code that runs long).
