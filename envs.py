@@ -157,7 +157,7 @@ TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind pap
 class DemoEnv(Env):
     """Two writers, like TLDR's concise and detailed summarisers: agent 0 writes a short headline in
     letters a-m, agent 1 a body 2-4x as long in letters n-z, each using a varied vocabulary (at
-    least 8 distinct letters). The length ratio is a joint reward: neither agent can reach it alone,
+    least 6 distinct letters). The length ratio is a joint reward: neither agent can reach it alone,
     each must fit the other's length. Scores are on characters, so a model trained from scratch
     learns it in a few hundred steps."""
     name = "demo"
@@ -165,7 +165,7 @@ class DemoEnv(Env):
     agent_names = ("headline", "body")
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
-    distinct = 8                 # distinct letters wanted from each agent
+    distinct = 6                 # distinct letters wanted from each agent
 
     def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
         if num_agents != 2:
@@ -208,7 +208,7 @@ class DemoEnv(Env):
 
     def task_text(self, example):
         return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, "
-                "the other a body 2 to 4 times as long in letters n to z; each uses at least 8 different letters.")
+                "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different letters.")
 
     def reward(self, example, outputs):
         texts = [o.strip() for o in outputs]

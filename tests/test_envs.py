@@ -410,9 +410,9 @@ def test_demo_reward_by_hand():
     assert (r.vocabulary, r.variety, r.ratio) == (1.0, 1.0, 1.0) and float(r) == 3.0
     r = env.reward(env.examples[0], ("abcd", "abcdxx"))  # agent 1: 2 of 6 own letters; ratio 1.5
     assert r.vocabulary == pytest.approx((1 + 2 / 6) / 2)
-    assert r.variety == pytest.approx((4 / 8 + 1 / 8) / 2)
+    assert r.variety == pytest.approx((4 / 6 + 1 / 6) / 2)  # 6 distinct letters wanted
     assert r.ratio == pytest.approx(0.5)  # halfway up the ramp from 1 to 2
-    assert float(env.reward(env.examples[0], ("", "nop"))) == pytest.approx(0.5 + 3 / 16)
+    assert float(env.reward(env.examples[0], ("", "nop"))) == pytest.approx(0.5 + 3 / 12)
     assert envs.DemoEnv(split="eval").examples != envs.DemoEnv().examples
     with pytest.raises(ValueError):
         envs.DemoEnv(dataset="x.jsonl")
