@@ -1,4 +1,5 @@
-"""Shared test helpers: scripted agents for end-to-end runs whose rewards must vary.
+"""Shared test helpers: scripted agents for end-to-end runs whose rewards must vary, and a
+sandbox that cannot start.
 
 Tiny random models write random bytes: on the coding and writing envs every joint answer scores 0,
 so every advantage is 0 and nothing is trained. `script_agents` makes the team's sampler return
@@ -41,3 +42,14 @@ def script_agents(monkeypatch):
         monkeypatch.setattr(magrpo, "sample_agent", sample_agent)
         return calls
     return install
+
+
+@pytest.fixture
+def broken_fork_server(monkeypatch):
+    """A sandbox whose fork server exits at once: every run is an infrastructure error
+    (test_sandbox.py and test_rewards.py check that it is reported, never a silent 0)."""
+    import sandbox
+    sandbox._stop_fork_server()
+    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+    yield
+    sandbox._stop_fork_server()

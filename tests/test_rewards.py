@@ -232,16 +232,6 @@ def test_code_reward_reports_sandbox_error():
     assert r.sandbox_error is None and r.passed == 1
 
 
-@pytest.fixture
-def broken_fork_server(monkeypatch):
-    """A sandbox whose fork server exits at once."""
-    import sandbox
-    sandbox._stop_fork_server()
-    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
-    yield
-    sandbox._stop_fork_server()
-
-
 def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
     main = "def f(x):\n    return x + 1\n"
     r = code_reward("", main, "f", CHECK3)

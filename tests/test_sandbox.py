@@ -180,15 +180,6 @@ def test_run_site_packages_importable(level):
     assert r.stdout == "ok\n", r.stderr
 
 
-@pytest.fixture
-def broken_fork_server(monkeypatch):
-    """A fork server that exits at once."""
-    sandbox._stop_fork_server()
-    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
-    yield
-    sandbox._stop_fork_server()
-
-
 def test_run_reports_a_sandbox_that_cannot_start(broken_fork_server, level):
     r = sandbox.run("print(1)", isolation=level)
     assert not r.ok and r.infra_error
