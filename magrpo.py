@@ -1003,14 +1003,13 @@ def default_lora_targets(model):
     return LORA_TARGETS_BY_MODEL_TYPE.get(getattr(model.config, "model_type", None), LORA_TARGETS)
 
 
-def lora_targets(model, target_modules=None):
-    """The names of the linear layers that get an adapter: those whose name is a target or ends in
-    "." + a target (peft's rule). Every target must name at least one nn.Linear or Conv1D, and none
+def lora_targets(model, targets):
+    """The names of the linear layers that get an adapter: those whose name is one of `targets` or
+    ends in "." + one (peft's rule). Every target must name at least one nn.Linear or Conv1D, and none
     may share its weight with another layer (a tied lm_head: merging would change the embeddings)."""
     from collections import Counter
     from transformers.pytorch_utils import Conv1D
     model_type = getattr(model.config, "model_type", "?")
-    targets = target_modules or default_lora_targets(model)
     linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
     hits = lambda name: [t for t in targets if name == t or name.endswith("." + t)]  # noqa: E731
     missing = [t for t in targets if not any(t in hits(n) for n in linear)]
@@ -1027,11 +1026,13 @@ def lora_targets(model, target_modules=None):
     return chosen
 
 
-def shared_copy(model):
+def shared_copy(model, fresh=()):
     """A structural copy of `model` whose parameters and buffers ARE the original's tensors (same
-    storage, same objects): new module objects, config and generation_config, no new weights."""
+    storage, same objects): new module objects, config and generation_config, no new weights;
+    except the tensors in `fresh`, which are copied."""
     import copy
-    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    fresh = {id(t) for t in fresh}
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
     return copy.deepcopy(model, memo)
 
 
@@ -1153,11 +1154,8 @@ def merged_model(model):
     (computed in fp32, stored in W's dtype: in bf16 that rounds, and the exact agent remains the
     base + its adapter) and the LoRA wrappers are gone. The shared base is left alone: the adapted weights
     are fresh tensors; the rest (embeddings, norms) stays shared with it."""
-    import copy
     adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
-    fresh = {id(t) for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)}
-    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
-    merged = copy.deepcopy(model, memo)
+    merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
     for name, m in list(merged.named_modules()):
         if isinstance(m, LoRALinear):
             m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
@@ -1173,36 +1171,6 @@ def save_merged(agent, path):
     quiet_transformers()
     merged_model(agent.model).save_pretrained(path)
     agent.tokenizer.save_pretrained(path)
-
-
-def add_lora_flags(p):
-    """The LoRA flags (train.py): peft's names."""
-    p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
-                   "shared frozen base instead of the whole model (0: full fine-tuning)")
-    p.add_argument("--lora-alpha", type=float, help="the adapter's update is scaled by alpha / r (default 2r)")
-    p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
-                   f"(default: the attention and MLP projections, {','.join(LORA_TARGETS)}; "
-                   f"GPT-2: {','.join(LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
-    p.add_argument("--save-merged", action="store_true", help="LoRA: also write each final agent as a full "
-                   "HF model (the adapter folded into the weights) in OUT/agent_i/merged")
-
-
-def lora_from_flags(args):
-    """The LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules, or None without --lora-r."""
-    r, alpha, targets = getattr(args, "lora_r", 0) or 0, getattr(args, "lora_alpha", None), \
-        getattr(args, "lora_target_modules", None)
-    if r < 0:
-        raise LoRAError(f"--lora-r: must be >= 1 (0: full fine-tuning), got {r}")
-    if not r:
-        if alpha is not None or targets:
-            raise LoRAError(f"{'--lora-alpha' if alpha is not None else '--lora-target-modules'}: only with --lora-r")
-        return None
-    if alpha is not None and not alpha > 0:
-        raise LoRAError(f"--lora-alpha: must be > 0, got {alpha}")
-    names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
-    if targets is not None and not names:
-        raise LoRAError("--lora-target-modules: want a comma list of layer names, got an empty one")
-    return LoRAConfig(r, alpha, names or None)
 
 
 # -----------------------------------------------------------------------------

@@ -60,7 +60,14 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     magrpo.add_agent_flags(p)
-    magrpo.add_lora_flags(p)
+    p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
+                   "shared frozen base instead of the whole model (0: full fine-tuning)")
+    p.add_argument("--lora-alpha", type=float, help="the adapter's update is scaled by alpha / r (default 2r)")
+    p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
+                   f"(default: the attention and MLP projections, {','.join(magrpo.LORA_TARGETS)}; "
+                   f"GPT-2: {','.join(magrpo.LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
+    p.add_argument("--save-merged", action="store_true", help="LoRA: also write each final agent as a full "
+                   "HF model (the adapter folded into the weights) in OUT/agent_i/merged")
     magrpo.add_sampling_flags(p, temperature=None, top_p=None)
     p.add_argument("--num-generations", type=int, help="G, completions per agent per prompt (>= 2)")
     p.add_argument("--learning-rate", type=float)
@@ -96,6 +103,23 @@ def parse_weights(text):
         return tuple(float(w) for w in text.split(","))
     except ValueError:
         raise ValueError(f"--turn-weights: want a comma list of numbers, got {text!r}") from None
+
+
+def lora_from_flags(args):
+    """The magrpo.LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules, or None without --lora-r."""
+    r, alpha, targets = args.lora_r, args.lora_alpha, args.lora_target_modules
+    if r < 0:
+        raise ValueError(f"--lora-r: must be >= 1 (0: full fine-tuning), got {r}")
+    if not r:
+        if alpha is not None or targets:
+            raise ValueError(f"{'--lora-alpha' if alpha is not None else '--lora-target-modules'}: only with --lora-r")
+        return None
+    if alpha is not None and not alpha > 0:
+        raise ValueError(f"--lora-alpha: must be > 0, got {alpha}")
+    names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
+    if targets is not None and not names:
+        raise ValueError("--lora-target-modules: want a comma list of layer names, got an empty one")
+    return magrpo.LoRAConfig(r, alpha, names or None)
 
 
 def resolve_flags(args):
@@ -134,7 +158,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     (weights and optimizer state); under torchrun on this process's GPUs. With --lora-r every agent
     is base + its own adapter, and the agents on one base and device share one frozen copy of it
     (so --device auto puts them all on one GPU: the process's first)."""
-    lora, bases = magrpo.lora_from_flags(args), {}
+    lora, bases = lora_from_flags(args), {}
     if lora and args.device == "auto":
         devices = magrpo.agent_devices("auto", 1, local_rank, local_world) * env.num_agents
     else:
