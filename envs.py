@@ -9,8 +9,10 @@ the joint action). That is the whole interface:
                                          float() accepts (rewards.py's leveled rewards)
     env.rewards(examples, outputs)    -> the same for a batch (an env may score it in parallel)
     env.max_reward                    the reward's maximum (multi-turn: a node that reaches it is solved)
-    env.feedback(example, outputs, mode, reward=None, review=None)
+    env.feedback(example, outputs, mode, reward=None, reviews=None)
                                       -> one feedback text per agent on a joint output (Sec. 3)
+    env.expert_prompt(example, outputs, i)
+                                      -> what an expert model is asked about agent i's part
     env.revision_prompt(example, i, history)
                                       -> agent i's prompt at a later turn: its turn-1 prompt, its own
                                          earlier answers and the feedback it got on each
@@ -58,18 +60,22 @@ class Env(abc.ABC):
     # Multi-turn (Sec. 3): between turns the env comments on each joint answer, and every agent
     # answers again after reading its own earlier answers and the comments addressed to it.
 
-    def feedback(self, example, outputs, mode="level", reward=None, review=None):
+    def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
         """One feedback text per agent on the joint output `outputs`. mode "level": what the reward
-        saw, in words (reward: the env's reward of outputs, computed here if not given); "plain":
-        only the request to revise; "expert": `review`, an expert model's text, to every agent."""
+        saw, in words (reward: the env's reward of outputs, computed here if not given; a reward
+        with an `error`, magrpo.ScoreError, says that the answer could not be scored); "plain":
+        only the request to revise; "expert": reviews[i], an expert model's review of agent i's part."""
         if mode == "expert":
-            return [f"Here is the feedback from an expert:\n{(review or '').strip()}\n{self.revise_note(i)}"
+            return [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}\n{self.revise_note(i)}"
                     for i in range(self.num_agents)]
         if mode == "plain":
             return [self.revise_note(i) for i in range(self.num_agents)]
         if mode != "level":
             raise ValueError(f"unknown feedback mode {mode!r}: use level, plain or expert")
         reward = self.reward(example, outputs) if reward is None else reward
+        if isinstance(getattr(reward, "error", None), str):  # its scoring raised: nothing to diagnose
+            return [f"Feedback: your joint answer could not be scored ({reward.error})\n{self.revise_note(i)}"
+                    for i in range(self.num_agents)]
         return [f"{self.diagnose(example, outputs, reward, i)}\n{self.revise_note(i)}" for i in range(self.num_agents)]
 
     def diagnose(self, example, outputs, reward, i):
@@ -91,12 +97,13 @@ class Env(abc.ABC):
         name = self.agent_names[i] if i < len(self.agent_names) else f"agent {i}"
         return f"Revised {name}:\n"
 
-    def expert_prompt(self, example, outputs):
-        """What an expert model (--feedback expert) is asked about one joint output."""
-        parts = "".join(f"[{self.agent_names[i] if i < len(self.agent_names) else f'agent {i}'}]\n"
-                        f"{o.strip()}\n\n" for i, o in enumerate(outputs))
-        return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert "
-                "reviewer. Say briefly and concretely what each part should change.\nReview:\n")
+    def expert_prompt(self, example, outputs, i):
+        """What an expert model (--feedback expert) is asked about agent i's part of a joint output:
+        the whole answer is shown (the parts must fit together), the review is of part i only."""
+        names = [self.agent_names[j] if j < len(self.agent_names) else f"agent {j}" for j in range(len(outputs))]
+        parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(names, outputs))
+        return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
+                f"Say briefly and concretely what the [{names[i]}] part should change.\nReview:\n")
 
     def task_text(self, example):
         return f"Task: the team answers the prompt:\n{self.prompts(example)[0]}"
@@ -476,7 +483,9 @@ class CodingEnv(Env):
             lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
         if r.has_main:
             lines.append("the combined program parses" if r.syntax else f"the combined program does not parse: {r.syntax_error}")
-        if r.syntax:
+        if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
+            lines.append(f"the tests could not be run ({r.sandbox_error})")
+        elif r.syntax:
             lines.append(f"tests passed: {r.passed}/{r.n_tests}")
             failure = getattr(r.report, "first_failure", None)
             if r.passed < r.n_tests and failure:
@@ -499,14 +508,15 @@ class CodingEnv(Env):
             return self.main_prompt(example, notes=notes, head=SINGLE_HEAD)
         return self.aux_prompt(example, notes) if i == 0 else self.main_prompt(example, notes=notes)
 
-    def expert_prompt(self, example, outputs):
+    def expert_prompt(self, example, outputs, i):
         entry, (_, stub) = example["entry_point"], prompt_parts(example)
         names = ("aux", entry)[2 - self.num_agents:]
         code = "".join(f"The `{name}` function:\n```python\n"
                        f"{shown_code(out, name, None if name == 'aux' else stub)}\n```\n\n"
                        for name, out in zip(names, outputs))
         return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
-                "reviewer. Point out each bug and say briefly how to fix each function.\nReview:\n")
+                f"reviewer. Point out each bug of the `{names[i]}` function and say briefly how to fix "
+                "it.\nReview:\n")
 
     def sequential_prompt(self, example, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""

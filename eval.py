@@ -178,8 +178,13 @@ def problem_seeds(args, start, B):
 
 
 def sample_cfg(args):
-    """The sampling of evaluation: N samples per problem, every sample revised at a later turn."""
-    return magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
+    """The sampling of evaluation: N samples per problem, each revised at every later turn but a
+    solved one (it reached --termination-threshold: carried over as it is). --authors-rewards with
+    no threshold given revises every sample, solved or not, as the authors' evaluation does."""
+    cfg = magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
+    if args.authors_rewards and args.termination_threshold is None:
+        cfg.termination_threshold = math.inf
+    return cfg
 
 
 def per_row(rollout):

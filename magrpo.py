@@ -324,6 +324,16 @@ def node_return(reward, child_returns, gamma):
     return float(reward) + gamma * sum(child_returns) / len(child_returns)
 
 
+def solved_return(reward, turns_left, gamma):
+    """The return of a solved node (its reward reached the termination threshold, so it is not
+    revised): an absorbing state that keeps its reward for the turns it skips, r + gamma r + ...
+    over `turns_left` more turns, so it is compared with its revised siblings over one horizon."""
+    value = float(reward)
+    for _ in range(turns_left):
+        value = node_return(reward, [value], gamma)
+    return value
+
+
 # -----------------------------------------------------------------------------
 # The knobs of a run
 
@@ -350,7 +360,7 @@ class Config:
     micro_batch_size: int = 8           # rows per log-prob forward/backward (memory, not maths)
     num_turns: int = 1                  # T (Sec. 3); 1 is the single-turn algorithm
     expand: str = "best"                # nodes that get children: the best of each group, or all
-    discount: float = 0.9               # gamma of node_return
+    discount: float = 0.9               # gamma of node_return (expand all; best compares turn rewards)
     termination_threshold: float = None  # a node whose reward reaches it is not expanded (None: env max)
     turn_weights: tuple = None          # each turn's loss scaled by these (None: all 1)
     feedback: str = "level"             # what the env says between turns: level, plain or expert
@@ -518,32 +528,34 @@ def sample_turn(agents, env, examples, groups, size, cfg):
 
 
 def expand_nodes(turn, mode, threshold):
-    """The nodes of `turn` that get children (Sec. 3): every node ("all") or the best of each group
-    ("best", ties to the first), minus those whose reward reached the threshold (solved: no revision
-    needed). Marks turn.terminated."""
+    """The nodes of `turn` that get children (Sec. 3); a node whose reward reached the threshold is
+    solved (marked in turn.terminated). "all": every node that is not solved. "best": the best node
+    of each group (ties to the first), unless every node of the group is solved (the paper-era
+    rule: revising the best answer, even a solved one, teaches the agents to keep what is right)."""
     values, J = turn.values(), len(turn.joint)
     turn.terminated = [float(v) >= threshold - 1e-9 for v in values.view(-1)]
     if mode == "all":
-        nodes = range(len(turn.outputs))
-    else:
-        nodes = [k * J + int(values[k].argmax()) for k in range(len(turn.groups))]
-    return [n for n in nodes if not turn.terminated[n]]
+        return [n for n in range(len(turn.outputs)) if not turn.terminated[n]]
+    return [k * J + int(values[k].argmax()) for k in range(len(turn.groups))
+            if not all(turn.terminated[k * J:(k + 1) * J])]
 
 
 def team_feedback(env, examples, turn, nodes, cfg, expert=None):
     """The env's feedback on each node's joint answer, one text per agent (Sec. 3). In "expert"
-    mode an expert model (an Agent) first reviews every node, greedily, in one generate call."""
-    J = len(turn.joint)
+    mode an expert model (an Agent) first reviews each agent's part of every node, greedily, all
+    in one generate call, and each agent gets the review of its own part."""
+    J, n = len(turn.joint), len(turn.rollouts)
+    cases = [(examples[turn.groups[node // J].example], turn.outputs[node]) for node in nodes]
     reviews = [None] * len(nodes)
     if cfg.feedback == "expert":
         if expert is None:
             raise ValueError("--feedback expert needs an expert model (--feedback-model)")
-        prompts = [expert.format(env.expert_prompt(examples[turn.groups[n // J].example], turn.outputs[n]))
-                   for n in nodes]
+        prompts = [expert.format(env.expert_prompt(ex, outputs, i))
+                   for ex, outputs in cases for i in range(n)]
         r = generate(expert.model, expert.tokenizer, prompts, 1, cfg.feedback_max_new_tokens, temperature=0)
-        reviews = [texts[0] for texts in r.texts]
-    return [env.feedback(examples[turn.groups[n // J].example], turn.outputs[n], cfg.feedback,
-                         reward=turn.rewards[n], review=review) for n, review in zip(nodes, reviews)]
+        reviews = [[texts[0] for texts in r.texts[k * n:(k + 1) * n]] for k in range(len(nodes))]
+    return [env.feedback(ex, outputs, cfg.feedback, reward=turn.rewards[node], reviews=texts)
+            for (ex, outputs), node, texts in zip(cases, nodes, reviews)]
 
 
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
@@ -580,26 +592,35 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
     return turns
 
 
-def episode_returns(turns, gamma):
-    """Per turn, the return of every node as a [groups, J] tensor (node_return, from the last turn
-    back): a leaf returns its reward, an expanded node adds gamma * the mean of its children's."""
+def episode_returns(turns, gamma, num_turns):
+    """Per turn, the return of every node as a [groups, J] tensor, from the last turn back: a revised
+    node's is node_return over its children's; a solved node's solved_return over the turns it
+    skips (of `num_turns`); any other node's (the last turn's) its reward."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
         for node, reward in enumerate(turn.rewards):
             k = turn.children.get(node)
-            kids = [] if k is None else returns[t + 1][k].tolist()
-            values.append(node_return(reward, kids, gamma))
+            if k is not None:
+                values.append(node_return(reward, returns[t + 1][k].tolist(), gamma))
+            else:
+                values.append(solved_return(reward, num_turns - 1 - t if turn.terminated[node] else 0, gamma))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 
 
 def episode_advantages(turns, cfg):
-    """Eq. 1 on the returns of every group of siblings: per turn, per agent, one advantage per
-    rollout row ([groups * size]); in cross mode a completion's return is credited (the mean over
-    the joint actions it takes part in) before the group baseline is taken."""
+    """Eq. 1 among every group of siblings: per turn, per agent, one advantage per rollout row
+    ([groups * size]). expand "all": on the returns (every sibling is revised or solved, so all
+    cover the same turns); "best": on each turn's own rewards, as the paper-era runs (only the best
+    sibling has a next turn: a return would favour it for being revised). In cross mode a completion
+    is credited with the mean over the joint actions it takes part in before the baseline is taken."""
+    if cfg.expand == "all":
+        values = episode_returns(turns, cfg.discount, cfg.num_turns)
+    else:
+        values = [turn.values() for turn in turns]
     out = []
-    for turn, returns in zip(turns, episode_returns(turns, cfg.discount)):
+    for turn, returns in zip(turns, values):
         credit = credited_returns(returns, turn.joint, len(turn.rollouts), turn.size)
         out.append([group_advantages(c, cfg.advantage).view(-1) for c in credit])
     return out
@@ -1246,7 +1267,7 @@ def add_turn_flags(p):
     p.add_argument("--feedback-model", help="--feedback expert: the reviewing model (hub name or path)")
     p.add_argument("--feedback-max-new-tokens", type=int, default=256, help="bound on the expert's review")
     p.add_argument("--termination-threshold", type=float,
-                   help="a joint answer whose reward reaches it is not revised (default: the env's max)")
+                   help="a joint answer whose reward reaches it is solved (default: the env's max)")
 
 
 def config_from_flags(args, **overrides):

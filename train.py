@@ -78,8 +78,8 @@ def parse_args(argv=None):
     magrpo.add_turn_flags(p)
     p.add_argument("--expand", default="best", help="multi-turn: revise the best joint answer of each "
                    "group (the paper's 2-turn runs) or all of them (G^t nodes at turn t)")
-    p.add_argument("--discount", type=float, default=0.9, help="gamma: a node's return is its reward "
-                   "plus gamma times its children's mean return")
+    p.add_argument("--discount", type=float, default=0.9, help="gamma, with --expand all: a node's return "
+                   "is its reward plus gamma times its children's mean return (best: each turn's rewards)")
     p.add_argument("--turn-weights", help="comma list, one loss weight per turn (e.g. 1.2,0.8)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")

@@ -459,15 +459,50 @@ def test_feedback_level_demo_names_the_letters_and_the_ratio():
     assert "write a longer body" in notes[1]
 
 
-def test_feedback_plain_and_expert():
+def test_feedback_plain_and_expert_each_agent_gets_its_own_review():
     env = envs.make_env("demo")
     ex = env.examples[0]
     assert env.feedback(ex, ("a", "b"), mode="plain") == ["Write the headline again.", "Write the body again."]
-    expert = env.feedback(ex, ("a", "b"), mode="expert", review=" Use more letters. ")
-    assert all(s.startswith("Here is the feedback from an expert:\nUse more letters.") for s in expert)
-    assert "[headline]\nabc" in env.expert_prompt(ex, ("abc", "nop")) and "[body]\nnop" in env.expert_prompt(ex, ("abc", "nop"))
+    expert = env.feedback(ex, ("a", "b"), mode="expert", reviews=[" Use more letters. ", "Longer body."])
+    assert expert == ["Here is the feedback from an expert:\nUse more letters.\nWrite the headline again.",
+                      "Here is the feedback from an expert:\nLonger body.\nWrite the body again."]
+    for i, part in enumerate(("[headline]", "[body]")):
+        prompt = env.expert_prompt(ex, ("abc", "nop"), i)  # the whole answer, a review of part i
+        assert "[headline]\nabc" in prompt and "[body]\nnop" in prompt
+        assert prompt.endswith(f"what the {part} part should change.\nReview:\n")
     with pytest.raises(ValueError, match="feedback mode"):
         env.feedback(ex, ("a", "b"), mode="loud")
+
+
+def test_feedback_expert_prompt_coding_asks_about_one_function(humaneval):
+    env, ex = envs.make_env("coding"), humaneval["HumanEval/0"]
+    aux_prompt, main_prompt = (env.expert_prompt(ex, (AUX0, MAIN0), i) for i in range(2))
+    for prompt in (aux_prompt, main_prompt):
+        assert "The `aux` function:\n```python\ndef aux(numbers):" in prompt and "gaps = aux(numbers)" in prompt
+    assert "each bug of the `aux` function" in aux_prompt and "each bug of the `has_close_elements`" in main_prompt
+
+
+@pytest.mark.parametrize("name", ["demo", "coding", "tldr", "arxiv"])
+def test_feedback_level_on_an_answer_that_could_not_be_scored(name, humaneval):
+    """A node whose scoring raised (magrpo.ScoreError) gets feedback saying so, in every env."""
+    import magrpo
+    env = envs.make_env(name)
+    ex = humaneval["HumanEval/0"] if name == "coding" else env.examples[0]
+    error = magrpo.ScoreError("MemoryError: the reward ran out of memory")
+    notes = env.feedback(ex, ("a", "b"), reward=error)
+    assert len(notes) == 2
+    for i, text in enumerate(notes):
+        assert text == (f"Feedback: your joint answer could not be scored (MemoryError: the reward ran out of "
+                        f"memory)\n{env.revise_note(i)}")
+
+
+def test_feedback_level_coding_when_the_sandbox_failed(humaneval):
+    import rewards
+    env, ex = envs.make_env("coding"), humaneval["HumanEval/0"]
+    r = rewards.CodeReward(has_aux=True, has_main=True, syntax=0.5, n_tests=7,
+                           sandbox_error="the sandbox could not start: OSError: [Errno 24]")
+    main_notes = env.feedback(ex, (AUX0, MAIN0), reward=r)[1]
+    assert "the tests could not be run (the sandbox could not start" in main_notes and "tests passed" not in main_notes
 
 
 def test_revision_prompt_coding_shows_own_answer_and_feedback(humaneval):

@@ -185,6 +185,26 @@ def test_methods_with_scripted_agents(monkeypatch):
     assert "h1.1" in seen[-2][1][3]
 
 
+def test_later_turns_revise_unsolved_samples_or_with_authors_rewards_every_sample(monkeypatch):
+    """Ours: a sample that reached the threshold (the max) at turn 1 is carried over unrevised; the
+    authors' evaluation (--authors-rewards, no --termination-threshold) revises every sample."""
+    monkeypatch.setattr(magrpo, "generate", fake_generate([]))
+
+    class Scripted(envs.DemoEnv):
+        def reward(self, example, outputs):  # turn 1's sample 0 solves the task
+            return 3.0 if outputs[0].endswith(".0") else 1.0
+    env = Scripted(num_examples=1)
+    agents = [magrpo.Agent(FakeAgent(name, 1.0), None) for name in "hb"]
+    for flags, revised in (([], [False, True]), (["--authors-rewards"], [True, True]),
+                           (["--authors-rewards", "--termination-threshold", "3"], [False, True])):
+        args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8", "--num-turns", "2", "--feedback",
+                              "plain", *flags])
+        ev.check_flags(args)
+        first, second = ev.run_team(env, agents, env.examples, args, 0)
+        assert [s.outputs[0] for s in first[0]] == ["h0.0", "h0.1"]
+        assert ["<" in s.outputs[0] for s in second[0]] == revised, flags  # a revision shows its prompt
+
+
 def test_scoring_errors_never_abort(monkeypatch):
     class Boom(envs.DemoEnv):
         calls = 0

@@ -295,6 +295,14 @@ def test_node_return_by_hand():
     assert node_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5) == pytest.approx(1.5)
 
 
+def test_node_return_of_a_solved_node_is_an_absorbing_state():
+    """A solved node keeps its reward for the turns it skips: r + gamma r + gamma^2 r ..."""
+    assert magrpo.solved_return(4.0, 0, 0.9) == 4.0  # at the last turn: its reward
+    assert magrpo.solved_return(4.0, 1, 0.9) == pytest.approx(4.0 + 0.9 * 4.0)
+    assert magrpo.solved_return(4.0, 2, 0.5) == pytest.approx(4.0 + 0.5 * 4.0 + 0.25 * 4.0)
+    assert magrpo.solved_return(3.0, 2, 0.0) == 3.0
+
+
 def test_joint_actions_and_credited_returns():
     assert magrpo.joint_actions(2, 3) == [(0, 0), (1, 1), (2, 2)]
     cross = magrpo.joint_actions(2, 2, "cross")
@@ -324,37 +332,93 @@ def test_expand_nodes_best_all_and_termination():
     t = scripted_turn([[1.0, 3.0], [2.0, 2.0]], [None, None])
     assert magrpo.expand_nodes(t, "best", threshold=4.0) == [1, 2]  # group 1's tie goes to the first
     assert magrpo.expand_nodes(t, "all", threshold=4.0) == [0, 1, 2, 3]
-    assert magrpo.expand_nodes(t, "best", threshold=3.0) == [2]     # node 1 is solved: no revision
+    assert magrpo.expand_nodes(t, "best", threshold=3.0) == [1, 2]  # best: solved, its group is not
     assert t.terminated == [False, True, False, False]
+    assert magrpo.expand_nodes(t, "all", threshold=3.0) == [0, 2, 3]  # all: a solved node is not revised
+    assert magrpo.expand_nodes(t, "best", threshold=2.0) == [1]  # group 1 is all solved: done
     assert magrpo.expand_nodes(t, "all", threshold=2.0) == [0]
 
 
-def test_episode_returns_and_advantages_best_by_hand():
-    """G = 2, aligned, 2 turns, expand best: turn-1 group [1, 3]; node 1 is revised into [2, 4]."""
-    t1 = scripted_turn([[1.0, 3.0]], [None])
-    t2 = scripted_turn([[2.0, 4.0]], [1])
-    t1.children = {1: 0}
-    r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.5)
-    assert r2.tolist() == [[2.0, 4.0]]
-    assert r1.tolist() == [[1.0, 3.0 + 0.5 * 3.0]]  # the revised node adds gamma * mean(children)
-    cfg = magrpo.Config(num_generations=2, num_turns=2, discount=0.5)
-    (a1, b1), (a2, b2) = magrpo.episode_advantages([t1, t2], cfg)
-    assert a1.tolist() == b1.tolist() == [-1.75, 1.75]  # 1 and 4.5 around their mean 2.75
-    assert a2.tolist() == b2.tolist() == [-1.0, 1.0]
-
-
-def test_episode_returns_all_with_termination_by_hand():
-    """G = 2, expand all, threshold 3: turn-1 [1, 3]: node 1 is solved (a leaf), node 0 revised
-    into [0, 2]."""
-    t1 = scripted_turn([[1.0, 3.0]], [None])
-    assert magrpo.expand_nodes(t1, "all", threshold=3.0) == [0]
+def test_episode_advantages_best_compares_each_turns_rewards_by_hand():
+    """G = 4, 2 turns, expand best: turn-1 rewards [3, 2, 1, 0]; the best node (0) is revised and its
+    children all score 3. With a return across turns the revised node would gain gamma * 3 and
+    push the second-best below the mean; each turn's own rewards keep the turn-1 order."""
+    t1 = scripted_turn([[3.0, 2.0, 1.0, 0.0]], [None], size=4)
+    assert magrpo.expand_nodes(t1, "best", threshold=4.0) == [0]
     t1.children = {0: 0}
-    t2 = scripted_turn([[0.0, 2.0]], [0])
-    r1, _ = magrpo.episode_returns([t1, t2], gamma=0.9)
-    assert r1[0].tolist() == pytest.approx([1.0 + 0.9 * 1.0, 3.0])
-    cfg = magrpo.Config(num_generations=2, num_turns=2, discount=0.9, advantage="mean")
+    t2 = scripted_turn([[3.0, 3.0, 3.0, 3.0]], [0], size=4)
+    for gamma in (0.9, 0.0):
+        cfg = magrpo.Config(num_generations=4, num_turns=2, discount=gamma)  # expand best: the default
+        (a1, b1), (a2, b2) = magrpo.episode_advantages([t1, t2], cfg)
+        assert a1.tolist() == b1.tolist() == [1.5, 0.5, -0.5, -1.5]
+        assert a2.tolist() == b2.tolist() == [0.0] * 4
+
+
+def test_episode_advantages_all_never_punish_a_solved_answer_by_hand():
+    """G = 4, 2 turns, expand all, threshold = max = 4: turn-1 rewards [4, 3, 2, 1]; node 0 is solved,
+    every child of nodes 1-3 scores 4, gamma 0.9. Returns [4 + 0.9 * 4, 3 + 3.6, 2 + 3.6, 1 + 3.6]:
+    the solved answer covers the same two turns as its revised siblings, and leads them."""
+    t1 = scripted_turn([[4.0, 3.0, 2.0, 1.0]], [None], size=4)
+    assert magrpo.expand_nodes(t1, "all", threshold=4.0) == [1, 2, 3] and t1.terminated[0]
+    t1.children = {1: 0, 2: 1, 3: 2}
+    t2 = scripted_turn([[4.0] * 4] * 3, [1, 2, 3], size=4)
+    r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.9, num_turns=2)
+    assert r1[0].tolist() == pytest.approx([7.6, 6.6, 5.6, 4.6]) and r2.tolist() == [[4.0] * 4] * 3
+    cfg = magrpo.Config(num_generations=4, num_turns=2, discount=0.9, expand="all")
     (a1, _), (a2, _) = magrpo.episode_advantages([t1, t2], cfg)
-    assert a1.tolist() == pytest.approx([-0.55, 0.55]) and a2.tolist() == [-1.0, 1.0]
+    assert a1.tolist() == pytest.approx([1.5, 0.5, -0.5, -1.5]) and a2.tolist() == [0.0] * 12
+
+
+def test_episode_advantages_all_with_early_termination_at_turn_two_of_three_by_hand():
+    """G = 2, 3 turns, expand all, threshold 4, gamma 0.5. Turn 1 [4, 1]: node 0 solved, node 1
+    revised into turn 2's [4, 2]: its node 0 solved, node 1 revised into turn 3's [3, 1].
+    Returns: turn 3 [3, 1]; turn 2 [4 + 0.5 * 4, 2 + 0.5 * 2] = [6, 3];
+    turn 1 [4 + 0.5 * 4 + 0.25 * 4, 1 + 0.5 * (6 + 3) / 2] = [7, 3.25]."""
+    t1 = scripted_turn([[4.0, 1.0]], [None])
+    assert magrpo.expand_nodes(t1, "all", threshold=4.0) == [1]
+    t1.children = {1: 0}
+    t2 = scripted_turn([[4.0, 2.0]], [1])
+    assert magrpo.expand_nodes(t2, "all", threshold=4.0) == [1]
+    t2.children = {1: 0}
+    t3 = scripted_turn([[3.0, 1.0]], [1])
+    returns = magrpo.episode_returns([t1, t2, t3], gamma=0.5, num_turns=3)
+    assert [r.tolist() for r in returns] == [[[7.0, 3.25]], [[6.0, 3.0]], [[3.0, 1.0]]]
+    cfg = magrpo.Config(num_generations=2, num_turns=3, discount=0.5, expand="all")
+    (a1, _), (a2, _), (a3, _) = magrpo.episode_advantages([t1, t2, t3], cfg)
+    assert a1.tolist() == [1.875, -1.875] and a2.tolist() == [1.5, -1.5] and a3.tolist() == [1.0, -1.0]
+
+
+def random_tree(rng, expand, G=3, T=3, top=4.0):
+    """A scripted multi-turn tree: rewards drawn from {0, 1, ..., top}, children by expand_nodes."""
+    turns, parents = [], [None]
+    for t in range(T):
+        turn = scripted_turn([[float(rng.randint(0, int(top))) for _ in range(G)] for _ in parents], parents,
+                             size=G)
+        turns.append(turn)
+        nodes = magrpo.expand_nodes(turn, expand, threshold=top)
+        if t == T - 1 or not nodes:
+            break
+        turn.children = {node: k for k, node in enumerate(nodes)}
+        parents = nodes
+    return turns
+
+
+def test_episode_advantages_a_solved_answer_never_trails_a_revised_sibling():
+    """On random trees (threshold = max): with `all` a solved node has the highest advantage of its
+    group; with `best` every turn's advantages keep the order of that turn's rewards."""
+    import random
+    rng = random.Random(0)
+    for _ in range(200):
+        for expand in ("all", "best"):
+            turns = random_tree(rng, expand)
+            cfg = magrpo.Config(num_generations=3, num_turns=3, expand=expand, discount=0.9)
+            for turn, (adv, _) in zip(turns, magrpo.episode_advantages(turns, cfg)):
+                for k, (a, r) in enumerate(zip(adv.view(-1, 3), turn.values())):
+                    solved = [j for j in range(3) if turn.terminated[k * 3 + j]]
+                    if expand == "all":
+                        assert all(a[j] >= a.max() - 1e-5 for j in solved), (turn.values(), a)
+                    else:
+                        assert all((a[i] - a[j]) * (r[i] - r[j]) >= 0 for i in range(3) for j in range(3))
 
 
 def test_episode_advantages_cross_credits_each_completion():

@@ -127,3 +127,46 @@ def test_train_step_with_cross_joint_actions(tok):
     cfg = magrpo.Config(num_generations=3, max_new_tokens=6, joint="cross")
     m = magrpo.train_step(team(tok), env, env.examples[:1], cfg, seeds=[0])
     assert m["grad_norm_0"] > 0 and len(m["samples"]) == 2
+
+
+def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
+    """A joint answer whose reward raised costs only itself: its node gets feedback saying it could not
+    be scored, is revised, and the episode goes on (before: AttributeError on the ScoreError)."""
+    class Flaky(envs.DemoEnv):
+        def rewards(self, examples, outputs):
+            raise RuntimeError("batch scoring failed")  # score_joint falls back to one by one
+
+        def reward(self, example, outputs):
+            if "a" not in outputs[0]:
+                raise MemoryError("the reward ran out of memory")
+            return super().reward(example, outputs)
+    env = Flaky()
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=6, num_turns=2, expand="all", termination_threshold=99)
+    t1, t2 = magrpo.rollout_team(team(tok), env, env.examples[:2], cfg, seeds=[1, 2])
+    bad = [n for n, r in enumerate(t1.rewards) if isinstance(r, magrpo.ScoreError)]
+    assert bad and len(t2.groups) == 8
+    for n in bad:
+        assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
+    assert magrpo.episode_metrics([t1, t2], 2)["score_errors"] >= len(bad)
+
+
+def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
+    """--feedback expert: one review per agent per node, all in one generate call, each agent
+    getting the review of its own part."""
+    env = envs.DemoEnv()
+    seen = []
+
+    def fake_generate(model, tokenizer, prompts, *args, **kwargs):
+        seen.append(list(prompts))
+        return magrpo.Rollout(*[None] * 5, [[f"review {k}"] for k in range(len(prompts))], 1)
+    monkeypatch.setattr(magrpo, "generate", fake_generate)
+    expert = magrpo.Agent(None, tok)
+    turn = magrpo.Turn([magrpo.Group(0, None, [], [[], []], 0)], 2, [None, None], [(0, 0), (1, 1)],
+                       [("abc", "nop"), ("ab", "no")], [1.0, 2.0], [False, False])
+    cfg = magrpo.Config(num_generations=2, num_turns=2, feedback="expert")
+    notes = magrpo.team_feedback(env, env.examples[:1], turn, [0, 1], cfg, expert)
+    assert len(seen) == 1 and len(seen[0]) == 4  # 2 nodes x 2 agents, one call
+    assert [p.endswith(f"the [{part}] part should change.\nReview:\n") for p, part in
+            zip(seen[0], ["headline", "body"] * 2)] == [True] * 4
+    assert "[headline]\nab\n" in seen[0][2] and "[body]\nno\n" in seen[0][3]  # node 1's answer
+    assert [[n.split("\n")[1] for n in node] for node in notes] == [["review 0", "review 1"], ["review 2", "review 3"]]
