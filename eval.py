@@ -41,9 +41,12 @@ from tqdm import tqdm
 
 import envs
 import magrpo
+import models
 
 
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
+                   "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
 
 # -----------------------------------------------------------------------------
@@ -203,7 +206,7 @@ def run_team(env, agents, batch, args, start, expert=None):
     out, N = [], args.num_samples
     for t in range(args.num_turns):
         samples, flat = [], []
-        for path in magrpo.chains(turns, args.num_turns):
+        for path in chains(turns, args.num_turns):
             nodes = list(dict.fromkeys(path[:t + 1]))  # a node carried over costs nothing more
             tokens = seconds = 0
             for tt, node in nodes:
@@ -215,6 +218,35 @@ def run_team(env, agents, batch, args, start, expert=None):
             flat.append(Sample(turns[tt].outputs[node], tokens, seconds, turns[tt].rewards[node]))
         out.append([flat[b * N:(b + 1) * N] for b in range(len(batch))])
     return out
+
+
+def chains(turns, num_turns):
+    """For an episode with one child per revised node (evaluation): per turn-1 node, the node it has
+    become at each turn, [(turn index, node)] for turns 1..T; a solved node stands for itself."""
+    out = []
+    for n in range(len(turns[0].rewards)):
+        path = [(0, n)]
+        for t in range(1, num_turns):
+            prev_t, prev = path[-1]
+            k = turns[prev_t].children.get(prev) if prev_t == t - 1 else None
+            path.append((t, k * len(turns[t].joint)) if k is not None else (prev_t, prev))
+        out.append(path)
+    return out
+
+
+def team_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
+    """The greedy joint reward on the first `limit` examples of `env`, per turn: decentralised
+    execution (Sec. 1), each agent decoding alone from its own prompt; at a later turn each answer
+    is revised once after its feedback (one that reached the threshold stays as it is)."""
+    greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
+    examples, totals = env.examples[:limit], [0.0] * cfg.num_turns
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        turns = magrpo.rollout_team(agents, env, batch, greedy, [0] * len(batch), expert, children=1)
+        for path in chains(turns, cfg.num_turns):
+            for t, (turn, node) in enumerate(path):
+                totals[t] += float(turns[turn].rewards[node])
+    return [total / len(examples) for total in totals]
 
 
 def run_sequential(env, agents, batch, args, start, expert=None):
@@ -245,9 +277,9 @@ def run_discussion(env, agents, batch, args, start, expert=None):
     cfg, N = sample_cfg(args), args.num_samples
     seeds = [magrpo.mix_seed(s, N + g) for s in problem_seeds(args, start, len(batch)) for g in range(N)]
     flat = [s for row in first for s in row]
-    second = [per_row(r) + (r,) for r in magrpo.sample_team(
-        agents, [[env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(flat)]
-                 for i in range(len(agents))], 1, cfg, seeds)]
+    second = [per_row(r) + (r,) for r in (magrpo.sample_agent(
+        agent, i, [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(flat)], 1, cfg, seeds)
+        for i, agent in enumerate(agents))]
     seconds = _mean(sec for _, sec, _ in second)
     return [[[Sample(tuple(r.texts[b * N + g][0] for _, _, r in second),
                      first[b][g].tokens + sum(toks[b * N + g] for toks, _, _ in second), first[b][g].seconds + seconds)
@@ -295,9 +327,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
-    magrpo.add_agent_flags(p)
-    magrpo.add_sampling_flags(p, temperature=0.8, top_p=0.95)
-    magrpo.add_turn_flags(p)
+    models.add_model_flags(p)
+    magrpo.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
     p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... (method magrpo)")
@@ -334,21 +365,25 @@ def use_training_flags(args):
 def check_flags(args):
     """Fill defaults and check every flag that needs no env or model."""
     use_training_flags(args)
-    models = magrpo.model_names(args)
-    tiny = not args.agents and all(m == magrpo.TINY for m in models)
-    if args.max_new_tokens is None:  # the tiny demo agents learn short outputs (train.py's tiny default)
-        args.max_new_tokens = 24 if tiny else 256
-    if args.test_timeout is None:  # the authors' 10 s per test; the tiny model writes no code that runs long
-        args.test_timeout = 3.0 if tiny else 10.0
+    names = models.model_names(args)
+    tiny = not args.agents and all(m == models.TINY for m in names)
+    # the paper's evaluation sampling (Sec. 6); the tiny model's own length and test timeout
+    defaults = dict(temperature=0.8, top_p=0.95, max_new_tokens=256, test_timeout=10.0)
+    if tiny:
+        defaults.update({k: models.TINY_DEFAULTS[k] for k in ("max_new_tokens", "test_timeout")})
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     for flag, value in (("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
                         ("--limit", 1 if args.limit is None else args.limit)):
         if value < 1:
             raise ValueError(f"{flag}: must be >= 1, got {value}")
     if args.latency_problems < 0:
         raise ValueError(f"--latency-problems: must be >= 0, got {args.latency_problems}")
-    sample_cfg(args)  # checks the sampling and multi-turn flags
-    if args.dtype not in magrpo.DTYPES:
-        raise ValueError(f"--dtype: unknown {args.dtype!r}: use one of {', '.join(magrpo.DTYPES)}")
+    cfg = sample_cfg(args)  # checks the sampling and multi-turn flags; args gets Config's defaults
+    vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
+    if args.dtype not in models.DTYPES:
+        raise ValueError(f"--dtype: unknown {args.dtype!r}: use one of {', '.join(models.DTYPES)}")
     if args.k is None:
         args.ks = [k for k in PAPER_K if k <= args.num_samples]
     else:
@@ -367,7 +402,7 @@ def check_flags(args):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
     if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
         raise ValueError(f"--out: cannot write into the directory of {args.out!r}")
-    return models
+    return names
 
 
 def make_env(args):
@@ -403,16 +438,16 @@ class Team:
     separate copies: nothing is trained), except tiny ones, whose random init depends on the seed.
     LoRA agents (adapter directories) on one base and device share one copy of it (self.bases)."""
 
-    def __init__(self, args, models, n):
+    def __init__(self, args, names, n):
         self.args, self.n, self.cache, self.bases = args, n, {}, {}
-        self.devices = magrpo.agent_devices(args.device, n)
-        self.models = magrpo.per_agent(models, n, "--model")
-        self.expert = magrpo.load_expert(args, self.devices[0])
+        self.devices = models.agent_devices(args.device, n)
+        self.models = models.per_agent(names, n, "--model")
+        self.expert = models.load_expert(args, self.devices[0])
 
     def agent(self, name, device, flag, seed):
-        key = (name, device, seed if name == magrpo.TINY else None)
+        key = (name, device, seed if name == models.TINY else None)
         if key not in self.cache:
-            agent = magrpo.load_agent(name, device, self.args.dtype, seed, flag, self.args.chat_template,
+            agent = models.load_agent(name, device, self.args.dtype, seed, flag, self.args.chat_template,
                                       bases=self.bases)
             magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)  # first-call costs stay out of the timings
             self.cache[key] = agent
@@ -443,7 +478,7 @@ def trained_dirs(out, n):
     exists), else those of its latest complete checkpoint (the run did not finish: said on stderr)."""
     dirs = [os.path.join(out, f"agent_{i}") for i in range(n)]
     if not os.path.isfile(os.path.join(out, "final.json")):
-        checkpoint = magrpo.latest_checkpoint(out)
+        checkpoint = models.latest_checkpoint(out)
         if checkpoint is not None:
             print(f"eval.py: note: the run in {out} did not finish: using its latest checkpoint, "
                   f"{checkpoint[1]} (step {checkpoint[0]})", file=sys.stderr)
@@ -540,7 +575,7 @@ def format_table(rows, title):
 
 def setup(args):
     """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
-    models = check_flags(args)
+    names = check_flags(args)
     env, examples = make_env(args)
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if supported(env, examples, m) is None]
@@ -550,7 +585,7 @@ def setup(args):
     if args.agents and not args.model and set(args.methods) & {"single", "concat", "sequential", "discussion"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
-    team = Team(args, models, env.num_agents)
+    team = Team(args, names, env.num_agents)
     for m in args.methods:
         team.for_method(m)
     return env, examples, team

@@ -24,6 +24,7 @@ back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig.
 """
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -37,7 +38,9 @@ import torch
 from tqdm import tqdm
 
 import envs
+import eval as evaluation
 import magrpo
+import models
 
 # Defaults that depend on the model: the tiny demo model learns from scratch (high lr, short
 # outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
@@ -46,10 +49,8 @@ import magrpo
 # With a real model the env's own defaults (the authors' configs: sampling, and the writing lr) come
 # first: envs.CodingEnv.defaults, envs.WritingEnv.defaults. Tests run in the sandbox 10 s each as
 # the authors' (3 s with the tiny model, which never writes code that runs long).
-TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
-                     save_every=50, temperature=1.0, top_p=1.0, test_timeout=3.0)
 PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
-                      save_every=50, temperature=1.0, top_p=1.0, test_timeout=10.0)
+                      temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged"}
@@ -59,36 +60,25 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
-    magrpo.add_agent_flags(p)
+    models.add_model_flags(p)
     p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
                    "shared frozen base instead of the whole model (0: full fine-tuning)")
     p.add_argument("--lora-alpha", type=float, help="the adapter's update is scaled by alpha / r (default 2r)")
     p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
-                   f"(default: the attention and MLP projections, {','.join(magrpo.LORA_TARGETS)}; "
-                   f"GPT-2: {','.join(magrpo.LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
+                   f"(default: the attention and MLP projections, {','.join(models.LORA_TARGETS)}; "
+                   f"GPT-2: {','.join(models.LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
     p.add_argument("--save-merged", action="store_true", help="LoRA: also write each final agent as a full "
                    "HF model (the adapter folded into the weights) in OUT/agent_i/merged")
-    magrpo.add_sampling_flags(p, temperature=None, top_p=None)
-    p.add_argument("--num-generations", type=int, help="G, completions per agent per prompt (>= 2)")
+    magrpo.add_config_flags(p)
     p.add_argument("--learning-rate", type=float)
     p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--loss-type", default="seq_sum", help=f"one of {', '.join(magrpo.LOSS_TYPES)}")
-    p.add_argument("--advantage", default="mean", help="mean (Eq. 1), rloo or std")
-    p.add_argument("--joint", default="aligned", help="joint actions: aligned (G of them) or cross (G^n)")
-    magrpo.add_turn_flags(p)
-    p.add_argument("--expand", default="best", help="multi-turn: revise the best joint answer of each "
-                   "group (the paper's 2-turn runs) or all of them (G^t nodes at turn t)")
-    p.add_argument("--discount", type=float, default=0.9, help="gamma, with --expand all: a node's return "
-                   "is its reward plus gamma times its children's mean return (best: each turn's rewards)")
-    p.add_argument("--turn-weights", help="comma list, one loss weight per turn (e.g. 1.2,0.8)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
-    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per log-prob forward/backward")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out", help="directory for metrics.jsonl, checkpoints and the trained agents")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest complete "
                    "checkpoint (from step 0 if it has none)")
-    p.add_argument("--save-every", type=int, help="a checkpoint every N steps (default 50; 0: only at the end "
+    p.add_argument("--save-every", type=int, default=50, help="a checkpoint every N steps (default 50; 0: only at the end "
                    "and on a signal)")
     p.add_argument("--save-total-limit", type=int, default=2, help="keep the newest N checkpoints")
     p.add_argument("--eval-every", type=int, default=0, help="every N steps, the greedy joint reward on "
@@ -96,13 +86,6 @@ def parse_args(argv=None):
     p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
     p.add_argument("--eval-limit", type=int, default=32, help="at most this many eval examples")
     return p.parse_args(argv)
-
-
-def parse_weights(text):
-    try:
-        return tuple(float(w) for w in text.split(","))
-    except ValueError:
-        raise ValueError(f"--turn-weights: want a comma list of numbers, got {text!r}") from None
 
 
 def lora_from_flags(args):
@@ -119,15 +102,15 @@ def lora_from_flags(args):
     names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
     if targets is not None and not names:
         raise ValueError("--lora-target-modules: want a comma list of layer names, got an empty one")
-    return magrpo.LoRAConfig(r, alpha, names or None)
+    return models.LoRAConfig(r, alpha, names or None)
 
 
 def resolve_flags(args):
     """Fill the defaults (the tiny model's, or the paper's and the env's for a real model), build
     the env and check every flag that needs no model: (env, the step's Config). args then holds
     the resolved values (args.json records them). Raises ValueError("--flag: what is wrong")."""
-    tiny = all(m == magrpo.TINY for m in magrpo.model_names(args))
-    defaults = TINY_DEFAULTS if tiny else PAPER_DEFAULTS
+    tiny = all(m == models.TINY for m in models.model_names(args))
+    defaults = models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS
     if args.test_timeout is None:
         args.test_timeout = defaults["test_timeout"]
     env = envs.env_from_flags(args)
@@ -149,8 +132,9 @@ def resolve_flags(args):
         raise ValueError("--dtype: float16 training needs loss scaling, which this trainer does not do: use bfloat16")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
-    turn_weights = parse_weights(args.turn_weights) if args.turn_weights else None
-    return env, magrpo.config_from_flags(args, turn_weights=turn_weights)
+    cfg = magrpo.config_from_flags(args)
+    vars(args).update({k: v for k, v in dataclasses.asdict(cfg).items() if getattr(args, k) is None})
+    return env, cfg
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
@@ -160,16 +144,16 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     (so --device auto puts them all on one GPU: the process's first)."""
     lora, bases = lora_from_flags(args), {}
     if lora and args.device == "auto":
-        devices = magrpo.agent_devices("auto", 1, local_rank, local_world) * env.num_agents
+        devices = models.agent_devices("auto", 1, local_rank, local_world) * env.num_agents
     else:
-        devices = magrpo.agent_devices(args.device, env.num_agents, local_rank, local_world)
-    names = magrpo.per_agent(magrpo.model_names(args), env.num_agents, "--model")
+        devices = models.agent_devices(args.device, env.num_agents, local_rank, local_world)
+    names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
-    expert = magrpo.load_expert(args, devices[0])
+    expert = models.load_expert(args, devices[0])
     agents = []
     for i, (name, device) in enumerate(zip(names, devices)):
-        agent = magrpo.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
+        agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         if checkpoint is not None:
@@ -205,10 +189,10 @@ def prepare_out(args):
     for leftover in os.listdir(args.out) if os.path.isdir(args.out) else []:
         if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
             shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
-    checkpoint = magrpo.latest_checkpoint(args.out)
+    checkpoint = models.latest_checkpoint(args.out)
     if checkpoint is None:
         return None
-    with open(os.path.join(checkpoint[1], magrpo.CHECKPOINT_STATE)) as f:
+    with open(os.path.join(checkpoint[1], models.CHECKPOINT_STATE)) as f:
         saved = json.load(f)["args"]
     changed = [k for k in saved if k not in RESUMABLE and saved[k] != vars(args).get(k)]
     if changed:
@@ -253,12 +237,12 @@ def save_checkpoint(out, step, agents, args):
     warns and leaves the earlier checkpoints alone: the run goes on. Returns whether it saved."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
-    if os.path.isdir(final) and magrpo.checkpoint_problem(final) is None:
+    if os.path.isdir(final) and models.checkpoint_problem(final) is None:
         return True  # saved already (a signal right after a periodic save)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         for i, agent in enumerate(agents):
-            magrpo.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
+            models.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
             torch.save(agent.optimizer.state_dict(), os.path.join(tmp, f"agent_{i}", "optimizer.pt"))
         torch.save({"python": random.getstate(), "torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -267,7 +251,7 @@ def save_checkpoint(out, step, agents, args):
                  for root, _, names in os.walk(tmp) for f in names}
         # the data position is the step: batch_at derives step k's examples from (seed, k) alone
         state = {"step": step, "data_position": step * args.batch_size, "args": vars(args), "files": files}
-        with open(os.path.join(tmp, magrpo.CHECKPOINT_STATE), "w") as f:
+        with open(os.path.join(tmp, models.CHECKPOINT_STATE), "w") as f:
             json.dump(state, f, indent=1)
         fsync_tree(tmp)
         if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
@@ -276,13 +260,13 @@ def save_checkpoint(out, step, agents, args):
         fsync_path(out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        latest = magrpo.latest_checkpoint(out)
+        latest = models.latest_checkpoint(out)
         warnings.warn(f"could not save checkpoint-{step} ({e}); the newest complete one is "
                       f"{latest[1] if latest else 'none'}: the run goes on")
         return False
-    complete = [c for c in magrpo.checkpoints(out) if magrpo.checkpoint_problem(c[1]) is None]
+    complete = [c for c in models.checkpoints(out) if models.checkpoint_problem(c[1]) is None]
     keep = {path for _, path in complete[:args.save_total_limit]}
-    for _, old in magrpo.checkpoints(out):
+    for _, old in models.checkpoints(out):
         if old in keep:
             continue  # the newest --save-total-limit complete ones; broken ones go too
         trash = os.path.join(out, ".trash-" + os.path.basename(old))
@@ -302,13 +286,13 @@ def save_final(out, step, agents, merged=False):
     for i, agent in enumerate(agents):
         tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
         shutil.rmtree(tmp, ignore_errors=True)
-        if magrpo.checkpoint_problem(source) is None:
+        if models.checkpoint_problem(source) is None:
             shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
                             ignore=shutil.ignore_patterns("optimizer.pt"))
         else:
-            magrpo.save_agent(agent, tmp)
-        if merged and magrpo.is_lora(agent.model):
-            magrpo.save_merged(agent, os.path.join(tmp, "merged"))
+            models.save_agent(agent, tmp)
+        if merged and models.is_lora(agent.model):
+            models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
         fsync_tree(tmp)
         if os.path.exists(dest):
             shutil.rmtree(dest)
@@ -390,21 +374,6 @@ def batch_at(env, seed, step, batch_size):
     return batch
 
 
-def eval_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
-    """The greedy joint reward on the first `limit` examples of `env`, per turn: decentralised
-    execution (Sec. 1), each agent decoding alone from its own prompt; at a later turn each answer
-    is revised once after its feedback (one that reached the threshold stays as it is)."""
-    greedy = magrpo.dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
-    examples, totals = env.examples[:limit], [0.0] * cfg.num_turns
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start:start + batch_size]
-        turns = magrpo.rollout_team(agents, env, batch, greedy, [0] * len(batch), expert, children=1)
-        for path in magrpo.chains(turns, cfg.num_turns):
-            for t, (turn, node) in enumerate(path):
-                totals[t] += float(turns[turn].rewards[node])
-    return [total / len(examples) for total in totals]
-
-
 def train(args):
     """A whole run: check the flags, prepare --out (refuse, or resume), then the steps. A bad flag
     ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum.
@@ -474,13 +443,13 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
         signum = next((s for s, _ in votes if s is not None), None)
         if any(abandoned for _, abandoned in votes):
             return step, signum
-        summary = magrpo.merge_summaries(gather(magrpo.episode_summary(turns)))
-        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
+        summary = merge_summaries(gather(episode_summary(turns)))
+        m = {"step": step, **episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
         m["seconds"] = round(time.time() - t0, 4)
         warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
         last = step == args.steps - 1
         if main and eval_env is not None and (step % args.eval_every == 0 or last):
-            rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
+            rewards = evaluation.team_rewards(agents, eval_env, cfg, args.eval_limit, expert)
             m["eval_reward_mean"] = rewards[0]
             m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
             tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
@@ -510,6 +479,62 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
         if signum is not None:
             return step + 1, signum
     return args.steps, None
+
+# -----------------------------------------------------------------------------
+# What an episode scored (metrics.jsonl; README "Multi-turn" for the per-turn keys)
+
+
+def episode_summary(turns):
+    """Per turn, as plain lists (a data-parallel run gathers them): every node's reward, levels and
+    solved flag; per revised group its children's mean reward minus its parent's; the errors."""
+    out = []
+    for t, turn in enumerate(turns):
+        values = turn.values()
+        gains = [(values[k].mean() - float(turns[t - 1].rewards[g.parent])).item()
+                 for k, g in enumerate(turn.groups)] if t else []
+        out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
+                    "levels": [dict(getattr(r, "levels", None) or {}) for r in turn.rewards],
+                    "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in turn.rewards),
+                    "score_errors": sum(isinstance(r, magrpo.ScoreError) for r in turn.rewards)})
+    return out
+
+
+def merge_summaries(summaries):
+    """Several processes' episode summaries as one, turn by turn, in process order."""
+    return [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if isinstance(summaries[0][0][k], list) else 0)
+             for k in summaries[0][0]} for t in range(max(len(s) for s in summaries))]
+
+
+def level_means(levels):
+    """The mean of each reward level over `levels` dicts (a level a reward lacks, gated off, is 0)."""
+    names = dict.fromkeys(k for lv in levels for k in lv)
+    return {k: sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
+
+
+def episode_metrics(turns, num_turns, summary=None):
+    """reward_mean/std/max and level_<name> of turn 1 (the single-turn numbers); per turn t
+    reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t}, level_<name>_turn{t} and for t > 1
+    improvement_turn{t}, None for a turn no node reached; sandbox_errors, score_errors (scored 0).
+    summary: episode_summary's lists instead of `turns` (merged over processes)."""
+    summary = summary if summary is not None else episode_summary(turns)
+    first = torch.tensor(summary[0]["rewards"])
+    m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if first.numel() > 1 else 0.0,
+         "reward_max": first.max().item(), **{f"level_{k}": v for k, v in level_means(summary[0]["levels"]).items()}}
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
+               ([f"improvement_turn{t}"] if t > 1 else [])
+        if t > len(summary):
+            m.update(dict.fromkeys(keys))
+            continue
+        turn = summary[t - 1]
+        values = torch.tensor(turn["rewards"])
+        m.update(zip(keys, [values.mean().item(), values.max().item(), sum(turn["terminated"]) / len(values),
+                            sum(turn["gains"]) / len(turn["gains"]) if t > 1 else None]))
+        m.update({f"level_{k}_turn{t}": v for k, v in level_means(turn["levels"]).items()})
+    m["sandbox_errors"] = sum(turn["sandbox_errors"] for turn in summary)
+    m["score_errors"] = sum(turn["score_errors"] for turn in summary)
+    return m
+
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
+import models  # noqa: E402
 
 
 def timed(fn, device):
@@ -37,7 +38,7 @@ def main():
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    model, tok = magrpo.load_agent_model(args.model, args.device, args.dtype)
+    model, tok = models.load_model(args.model, args.device, args.dtype)
     model.eval()
     prompts = [f"def function_{i}(x):\n    \"\"\"Return x plus {i}.\"\"\"\n" * (1 + i % 3) for i in range(args.prompts)]
     G, T = args.num_generations, args.max_new_tokens

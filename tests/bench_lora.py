@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
+import models  # noqa: E402
 
 MB = 2 ** 20
 
@@ -53,11 +54,11 @@ def child(args):
     config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                          max_position_embeddings=1024, tie_word_embeddings=True)
-    tok = magrpo.tiny_tokenizer()  # the update never decodes: any tokenizer does
+    tok = models.tiny_tokenizer()  # the update never decodes: any tokenizer does
     before = rss_bytes()
     if args.mode == "lora":
         base = Qwen2ForCausalLM(config).eval()
-        models = [magrpo.add_lora(base, magrpo.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
+        models = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
     else:
         models = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
     agents = [magrpo.Agent(m, tok, magrpo.make_optimizer(m, 1e-5)) for m in models]
@@ -109,7 +110,7 @@ def estimate_3b(args):
     with torch.device("meta"):
         full = Qwen2ForCausalLM(Qwen2Config(**QWEN25_CODER_3B))
     n = sum(p.numel() for p in full.parameters())
-    k = sum(p.numel() for p in magrpo.add_lora(full, magrpo.LoRAConfig(args.r)).parameters() if p.requires_grad)
+    k = sum(p.numel() for p in models.add_lora(full, models.LoRAConfig(args.r)).parameters() if p.requires_grad)
     rows, P, T = 2, 64, 64
     g = torch.Generator().manual_seed(0)
     rollout = magrpo.Rollout(torch.randint(0, 150000, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
@@ -120,7 +121,7 @@ def estimate_3b(args):
         torch.manual_seed(0)
         config = Qwen2Config(**{**QWEN25_CODER_3B, "num_hidden_layers": layers})
         base = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
-        saved[layers] = saved_for_backward(magrpo.add_lora(base, magrpo.LoRAConfig(args.r)), rollout)
+        saved[layers] = saved_for_backward(models.add_lora(base, models.LoRAConfig(args.r)), rollout)
     per_token_layer = (saved[2] - saved[1]) / (rows * (P + T))
     per_position = (saved[1] - per_token_layer * rows * (P + T)) / (rows * (T + 1))  # mostly fp32 logits
     prompt, new = args.est_prompt_len, args.est_new_tokens
@@ -172,7 +173,7 @@ def main():
             results[mode, n] = json.loads(out.stdout.strip().splitlines()[-1])
     first = results["full", int(args.counts.split(",")[0])]
     print(f"random Qwen2 ({first['params'] / 1e6:.1f}M parameters, fp32, AdamW), LoRA r={args.r} on "
-          f"{','.join(magrpo.LORA_TARGETS)}: {results['lora', int(args.counts.split(',')[0])]['trainable'] / 1e6:.2f}M "
+          f"{','.join(models.LORA_TARGETS)}: {results['lora', int(args.counts.split(',')[0])]['trainable'] / 1e6:.2f}M "
           f"trainable parameters per agent ({100 * results['lora', int(args.counts.split(',')[0])]['trainable'] / first['params']:.1f}%)")
     print(f"{'agents':>6} | {'full: resident':>14} {'peak RSS':>9} {'s/step':>7} | {'LoRA: resident':>14} {'peak RSS':>9} "
           f"{'s/step':>7} | {'LoRA/full: resident':>19} {'peak':>5}")

@@ -18,12 +18,14 @@ import train  # noqa: E402
 
 def seconds_per_step(num_turns, steps, expand):
     args = train.parse_args(["--num-turns", str(num_turns), "--expand", expand, "--steps", str(steps)])
-    env, agents, cfg, expert = train.resolve(args)
+    env, cfg = train.resolve_flags(args)
+    agents, expert = train.build(args, env)
     times = []
     for step in range(steps):
         batch = train.batch_at(env, args.seed, step, args.batch_size)
         t0 = time.perf_counter()
-        magrpo.train_step(agents, env, batch, cfg, [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])
+        turns = magrpo.rollout_team(agents, env, batch, cfg, [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])
+        magrpo.update_team(agents, turns, cfg)
         times.append(time.perf_counter() - t0)
     return sum(times[1:]) / (len(times) - 1)  # the first step pays one-off costs
 

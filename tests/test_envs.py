@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import envs
+import models
 import train
 
 # -----------------------------------------------------------------------------
@@ -379,9 +380,9 @@ def trained_away_from_init(out, n, seed=0):
     """Whether every saved agent differs from the tiny model it started as."""
     import magrpo
     from transformers import AutoModelForCausalLM
-    tok = magrpo.tiny_tokenizer()
+    tok = models.tiny_tokenizer()
     return [any(not p.equal(q) for p, q in zip(AutoModelForCausalLM.from_pretrained(out / f"agent_{i}").parameters(),
-                                               magrpo.tiny_model(tok, seed=seed + i).parameters()))
+                                               models.tiny_model(tok, seed=seed + i).parameters()))
             for i in range(n)]
 
 
@@ -529,8 +530,8 @@ def expert_dir(tmp_path_factory):
     """A tiny saved model to act as the expert reviewer (--feedback expert)."""
     import magrpo
     path = tmp_path_factory.mktemp("expert")
-    tok = magrpo.tiny_tokenizer()
-    magrpo.tiny_model(tok, seed=99, init_std=0.5).save_pretrained(path)
+    tok = models.tiny_tokenizer()
+    models.tiny_model(tok, seed=99, init_std=0.5).save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
 

@@ -1,4 +1,4 @@
-"""LoRA agents on one shared frozen base (magrpo.py, "LoRA agents"): a new adapter changes no logit,
+"""LoRA agents on one shared frozen base (models.py, "LoRA agents"): a new adapter changes no logit,
 a step moves only the adapters, merging equals base + adapter, agents share one base, adapters save
 and load (train.py's checkpoints and --resume, eval.py --agents), and a bad LoRA flag is one line.
 CPU, tiny random models with a wide init (init_std 0.4) so that logits are not all alike."""
@@ -9,17 +9,18 @@ import pytest
 import torch
 
 import magrpo
+import models
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox"]
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return magrpo.tiny_tokenizer()
+    return models.tiny_tokenizer()
 
 
 def base_model(tok, arch="qwen2", seed=0):
-    return magrpo.tiny_model(tok, arch=arch, init_std=0.4, seed=seed)
+    return models.tiny_model(tok, arch=arch, init_std=0.4, seed=seed)
 
 
 def logits(model, tok, prompts=PROMPTS):
@@ -29,7 +30,7 @@ def logits(model, tok, prompts=PROMPTS):
 
 
 def adapters(model):
-    return [m for m in model.modules() if isinstance(m, magrpo.LoRALinear)]
+    return [m for m in model.modules() if isinstance(m, models.LoRALinear)]
 
 
 def randomize_adapters(model, seed=0):
@@ -67,18 +68,18 @@ def a_step(agent, tok, seed, sgd_lr=None):
 def test_lora_new_adapter_changes_no_logit(tok, arch):
     base = base_model(tok, arch)
     before = logits(base, tok)
-    model = magrpo.add_lora(base, magrpo.LoRAConfig(4), seed=1)
+    model = models.add_lora(base, models.LoRAConfig(4), seed=1)
     per_layer = 4 if arch == "gpt2" else 7  # c_attn, attn.c_proj, c_fc, mlp.c_proj (Conv1D) / q k v o gate up down
     assert len(adapters(model)) == per_layer * base.config.num_hidden_layers
     assert all(m.lora_A.abs().sum() > 0 and not m.lora_B.any() for m in adapters(model))
     assert torch.equal(logits(model, tok), before)  # B = 0 adds exactly 0: bit for bit the base
-    assert torch.equal(logits(base, tok), before) and not magrpo.is_lora(base)  # the base is not wrapped
+    assert torch.equal(logits(base, tok), before) and not models.is_lora(base)  # the base is not wrapped
 
 
 def test_lora_step_changes_only_adapters(tok):
     base = base_model(tok)
     frozen = snapshot(base)
-    agent = magrpo.Agent(magrpo.add_lora(base, magrpo.LoRAConfig(4), seed=1), tok)
+    agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
     agent.optimizer = magrpo.make_optimizer(agent.model, 1e-2)
     trainable = [n for n, p in agent.model.named_parameters() if p.requires_grad]
     assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)  # AdamW gets only these
@@ -94,7 +95,7 @@ def test_lora_step_changes_only_adapters(tok):
 
 def test_lora_sampler_and_logprob_pass_run_base_plus_adapter(tok):
     base = base_model(tok)
-    model = magrpo.add_lora(base, magrpo.LoRAConfig(4), seed=1)
+    model = models.add_lora(base, models.LoRAConfig(4), seed=1)
     randomize_adapters(model)
     out = magrpo.generate(model, tok, PROMPTS, 3, 8, seed=7)
     with torch.no_grad():
@@ -109,16 +110,16 @@ def test_lora_sampler_and_logprob_pass_run_base_plus_adapter(tok):
 def test_lora_merged_equals_base_plus_adapter(tok, arch, tmp_path):
     base = base_model(tok, arch)
     frozen = snapshot(base)
-    agent = magrpo.Agent(magrpo.add_lora(base, magrpo.LoRAConfig(4, alpha=16), seed=1), tok)
+    agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4, alpha=16), seed=1), tok)
     randomize_adapters(agent.model)
     want = logits(agent.model, tok)
     assert not torch.allclose(want, logits(base, tok), atol=1e-2)  # the adapter matters
-    merged = magrpo.merged_model(agent.model)
-    assert not magrpo.is_lora(merged) and not hasattr(merged, "lora_config")
+    merged = models.merged_model(agent.model)
+    assert not models.is_lora(merged) and not hasattr(merged, "lora_config")
     assert torch.allclose(logits(merged, tok), want, rtol=1e-4, atol=1e-4)
     assert all(torch.equal(base.state_dict()[k], v) for k, v in frozen.items())  # merging left the base alone
     assert torch.equal(logits(agent.model, tok), want)
-    magrpo.save_merged(agent, str(tmp_path / "merged"))  # a plain HF model: from_pretrained, no adapter code
+    models.save_agent(agent, str(tmp_path / "merged"), merged=True)  # a plain HF model: from_pretrained, no adapter code
     from transformers import AutoModelForCausalLM
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     assert torch.allclose(logits(reloaded, tok), want, rtol=1e-4, atol=1e-4)
@@ -126,7 +127,7 @@ def test_lora_merged_equals_base_plus_adapter(tok, arch, tmp_path):
 
 def test_lora_agents_share_one_base(tok):
     bases = {}
-    a, b = (magrpo.load_agent("tiny", "cpu", "float32", seed, lora=magrpo.LoRAConfig(4), bases=bases, base_seed=0)
+    a, b = (models.load_agent("tiny", "cpu", "float32", seed, lora=models.LoRAConfig(4), bases=bases, base_seed=0)
             for seed in (1, 2))
     assert len(bases) == 1
     base = next(iter(bases.values()))[0]
@@ -142,12 +143,12 @@ def test_lora_agents_share_one_base(tok):
     adapter_bytes = sum(p.numel() * 4 for p in lora_a)
     assert storage_bytes(a.model, b.model) == storage_bytes(base) + 2 * adapter_bytes
     assert a.model.generation_config is not b.model.generation_config  # each agent is its own HF model
-    other = magrpo.load_agent("tiny", "cpu", "float32", 3, lora=magrpo.LoRAConfig(4), bases=bases, base_seed=5)
+    other = models.load_agent("tiny", "cpu", "float32", 3, lora=models.LoRAConfig(4), bases=bases, base_seed=5)
     assert len(bases) == 2 and storage_bytes(a.model, other.model) > storage_bytes(base) + 2 * adapter_bytes
 
 
 def test_lora_bf16_base_keeps_fp32_adapters_and_plain_adamw(tok):
-    agent = magrpo.load_agent("tiny", "cpu", "bfloat16", 1, lora=magrpo.LoRAConfig(4))
+    agent = models.load_agent("tiny", "cpu", "bfloat16", 1, lora=models.LoRAConfig(4))
     dtypes = {n.rsplit(".", 1)[-1]: p.dtype for n, p in agent.model.named_parameters()}
     assert dtypes["lora_A"] == dtypes["lora_B"] == torch.float32 and dtypes["weight"] == torch.bfloat16
     agent.optimizer = magrpo.make_optimizer(agent.model, 1e-2)
@@ -157,30 +158,31 @@ def test_lora_bf16_base_keeps_fp32_adapters_and_plain_adamw(tok):
 
 def test_lora_save_load_roundtrip(tok, tmp_path):
     bases = {}
-    agent = magrpo.load_agent("tiny", "cpu", "float32", 1, lora=magrpo.LoRAConfig(4, target_modules=("q_proj", "v_proj")),
+    agent = models.load_agent("tiny", "cpu", "float32", 1, lora=models.LoRAConfig(4, target_modules=("q_proj", "v_proj")),
                               bases=bases, base_seed=0)
     randomize_adapters(agent.model)
-    magrpo.save_agent(agent, str(tmp_path / "agent_0"))
+    models.save_agent(agent, str(tmp_path / "agent_0"))
     files = sorted(os.listdir(tmp_path / "agent_0"))
     assert "adapter_model.safetensors" in files and "adapter_config.json" in files and "model.safetensors" not in files
     config = json.loads((tmp_path / "agent_0" / "adapter_config.json").read_text())
     assert {k: config[k] for k in ("peft_type", "r", "lora_alpha", "target_modules", "base_model_name_or_path",
-                                   "lora_dropout", "magrpo_base_seed")} == \
+                                   "lora_dropout")} == \
         {"peft_type": "LORA", "r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj", "v_proj"],
-         "base_model_name_or_path": "tiny", "lora_dropout": 0.0, "magrpo_base_seed": 0}
+         "base_model_name_or_path": "tiny", "lora_dropout": 0.0}
+    assert json.loads((tmp_path / "agent_0" / models.TINY_BASE).read_text()) == {"seed": 0}  # not in peft's file
     from safetensors.torch import load_file
     keys = sorted(load_file(tmp_path / "agent_0" / "adapter_model.safetensors"))
     assert keys[0] == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"  # peft's names
     assert len(keys) == 2 * 2 * 2  # 2 layers x (q, v) x (A, B)
-    fresh = magrpo.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9)  # the base rebuilt from the seed
+    fresh = models.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9)  # the base rebuilt from the seed
     assert torch.equal(logits(fresh.model, tok), logits(agent.model, tok))
-    shared = magrpo.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9, bases=bases)
+    shared = models.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9, bases=bases)
     assert len(bases) == 1 and shared.model.get_input_embeddings().weight is agent.model.get_input_embeddings().weight
     again = tmp_path / "again"
-    magrpo.save_agent(fresh, str(again))  # saved again: the same adapter file, byte for byte
+    models.save_agent(fresh, str(again))  # saved again: the same adapter file, byte for byte
     assert (again / "adapter_model.safetensors").read_bytes() == (tmp_path / "agent_0" / "adapter_model.safetensors").read_bytes()
-    with pytest.raises(magrpo.LoRAError, match="--lora-r: .* r=4"):
-        magrpo.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9, lora=magrpo.LoRAConfig(8))
+    with pytest.raises(models.LoRAError, match="--lora-r: .* r=4"):
+        models.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9, lora=models.LoRAConfig(8))
 
 
 def test_lora_adapter_on_a_local_base_names_it(tok, tmp_path, monkeypatch):
@@ -188,26 +190,26 @@ def test_lora_adapter_on_a_local_base_names_it(tok, tmp_path, monkeypatch):
     base.save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
     monkeypatch.chdir(tmp_path)  # a relative --model: the adapter records the absolute path
-    agent = magrpo.load_agent("base", "cpu", "float32", 1, lora=magrpo.LoRAConfig(2))
+    agent = models.load_agent("base", "cpu", "float32", 1, lora=models.LoRAConfig(2))
     randomize_adapters(agent.model)
-    magrpo.save_agent(agent, str(tmp_path / "adapter"))
+    models.save_agent(agent, str(tmp_path / "adapter"))
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str(tmp_path / "base") and "magrpo_base_seed" not in config
+    assert config["base_model_name_or_path"] == str(tmp_path / "base") and not (tmp_path / "adapter" / models.TINY_BASE).exists()
     monkeypatch.chdir("/")
-    loaded = magrpo.load_agent(str(tmp_path / "adapter"), "cpu", "float32", 0)
+    loaded = models.load_agent(str(tmp_path / "adapter"), "cpu", "float32", 0)
     assert torch.equal(logits(loaded.model, tok), logits(agent.model, tok))
 
 
 def test_lora_adapter_that_does_not_fit_is_one_line(tok, tmp_path):
-    agent = magrpo.load_agent("tiny", "cpu", "float32", 1, lora=magrpo.LoRAConfig(2, target_modules=("q_proj", "v_proj")))
-    magrpo.save_agent(agent, str(tmp_path / "a"))
+    agent = models.load_agent("tiny", "cpu", "float32", 1, lora=models.LoRAConfig(2, target_modules=("q_proj", "v_proj")))
+    models.save_agent(agent, str(tmp_path / "a"))
     config_path = tmp_path / "a" / "adapter_config.json"
     config = json.loads(config_path.read_text())
     for targets, why in ((["q_proj"], "does not fit its adapter config: unexpected base_model.model.model.layers.0.self_attn.v_proj"),
                          (["qkv_proj"], "does not fit its base 'tiny': no linear layer named 'qkv_proj'")):
         config_path.write_text(json.dumps({**config, "target_modules": targets}))
         with pytest.raises(ValueError) as e:
-            magrpo.load_agent(str(tmp_path / "a"), "cpu", "float32", 0, flag="--agents")
+            models.load_agent(str(tmp_path / "a"), "cpu", "float32", 0, flag="--agents")
         assert str(e.value).startswith("--agents: ") and why in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -230,9 +232,9 @@ def test_lora_bad_flag_is_one_line(flags, named, tmp_path):
 
 
 def test_lora_gpt2_without_target_names_says_which_flag(tok):
-    with pytest.raises(magrpo.LoRAError, match=r"--lora-target-modules: no linear layer named 'q_proj' in this "
+    with pytest.raises(models.LoRAError, match=r"--lora-target-modules: no linear layer named 'q_proj' in this "
                                                r"gpt2 model \(its linear layers: c_attn, c_fc, c_proj, lm_head\)"):
-        magrpo.add_lora(base_model(tok, "gpt2"), magrpo.LoRAConfig(4, target_modules=("q_proj",)))
+        models.add_lora(base_model(tok, "gpt2"), models.LoRAConfig(4, target_modules=("q_proj",)))
 
 # -----------------------------------------------------------------------------
 # train.py and eval.py with --lora-r
@@ -257,7 +259,7 @@ def test_lora_train_shares_one_base_and_resume_continues_exactly(tmp_path):
     env, _ = train.resolve_flags(args)
     agents, _ = train.build(args, env)
     emb = [a.model.get_input_embeddings().weight for a in agents]
-    assert emb[0] is emb[1] and all(magrpo.is_lora(a.model) for a in agents)  # one tiny base, from --seed
+    assert emb[0] is emb[1] and all(models.is_lora(a.model) for a in agents)  # one tiny base, from --seed
     train.train(train.parse_args(QUICK + ["--out", whole]))
     train.train(train.parse_args(QUICK[:3] + ["2"] + QUICK[4:] + ["--save-every", "1", "--out", out]))
     state = json.loads(open(os.path.join(out, "checkpoint-2", "trainer_state.json")).read())
@@ -276,14 +278,14 @@ def test_lora_final_agents_and_merged_models_load_in_eval(tmp_path):
     train.train(train.parse_args(QUICK[:3] + ["2"] + QUICK[4:] + ["--save-merged", "--out", out]))
     args = ev.parse_args(["--agents", out])
     ev.check_flags(args)
-    team = ev.Team(args, magrpo.model_names(args), 2)
+    team = ev.Team(args, models.model_names(args), 2)
     agents = team.trained()
-    assert all(magrpo.is_lora(a.model) for a in agents) and len(team.bases) == 1
+    assert all(models.is_lora(a.model) for a in agents) and len(team.bases) == 1
     assert agents[0].model.get_input_embeddings().weight is agents[1].model.get_input_embeddings().weight
     tok = agents[0].tokenizer
     for i, agent in enumerate(agents):
-        merged = magrpo.load_agent(os.path.join(out, f"agent_{i}", "merged"), "cpu", "float32", 0)
-        assert not magrpo.is_lora(merged.model)
+        merged = models.load_agent(os.path.join(out, f"agent_{i}", "merged"), "cpu", "float32", 0)
+        assert not models.is_lora(merged.model)
         assert torch.allclose(logits(merged.model, tok), logits(agent.model, tok), rtol=1e-4, atol=1e-4)
     report = ev.main(["--agents", out, "--limit", "2", "--num-samples", "2", "--methods", "magrpo"])
     assert "magrpo" in report["turns"][0]["methods"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import magrpo
+import models
 from magrpo import completion_logprobs, generate, group_advantages, node_return, policy_loss, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
@@ -15,12 +16,12 @@ PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: 
 
 @pytest.fixture(scope="module")
 def tok():
-    return magrpo.tiny_tokenizer()
+    return models.tiny_tokenizer()
 
 
 def build(tok, arch, seed=0):
     # A wide init makes logits spread out, so greedy decoding is not one repeated token.
-    return magrpo.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
+    return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
 
 
 def hf_greedy(model, tok, prompts, max_new_tokens):
@@ -111,7 +112,7 @@ def test_generate_greedy_matches_model_generate(tok, arch):
 def test_generate_without_a_pad_token(tok):
     model = build(tok, "llama", seed=7)
     ref = generate(model, tok, PROMPTS, max_new_tokens=6, temperature=0)
-    bare = magrpo.tiny_tokenizer()
+    bare = models.tiny_tokenizer()
     bare.pad_token = None
     bare.padding_side = "right"
     r = generate(model, bare, PROMPTS, max_new_tokens=6, temperature=0)
@@ -253,8 +254,6 @@ def test_group_advantages_eq1_by_hand():
     assert (group_advantages(r, "std")[1] == 0).all() and (group_advantages(r, "rloo")[1] == 0).all()
     assert torch.allclose(group_advantages([0.0, 4.0]), torch.tensor([-2.0, 2.0]))  # any leading dims
     with pytest.raises(ValueError):
-        group_advantages(r, "median")
-    with pytest.raises(ValueError):
         group_advantages([1.0])
 
 
@@ -271,8 +270,6 @@ def test_policy_loss_eq2_by_hand_with_padding():
         loss.backward()
         assert loss.item() == pytest.approx(value), loss_type
         assert torch.allclose(lp.grad, torch.tensor(grad)), loss_type
-    with pytest.raises(ValueError):
-        policy_loss(lp, mask, adv, "bogus")
 
 
 def test_policy_loss_micro_batches_add_up_to_the_batch():
@@ -280,7 +277,7 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
     lp, adv = torch.randn(6, 5), torch.randn(6)
     mask = (torch.rand(6, 5) > 0.3).long()
     mask[:, 0] = 1
-    for loss_type in magrpo.LOSS_TYPES:
+    for loss_type in magrpo.Config.CHOICES["loss_type"]:
         whole = policy_loss(lp, mask, adv, loss_type)
         norm = magrpo.loss_normalizer(mask, loss_type)
         parts = sum(policy_loss(lp[i:i + 2], mask[i:i + 2], adv[i:i + 2], loss_type, norm) for i in range(0, 6, 2))
@@ -443,16 +440,18 @@ def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
 
 
 def test_config_turn_weights_need_one_per_turn():
-    assert magrpo.Config(num_turns=2, turn_weights=[1.2, 0.8]).turn_weight(2) == 0.8
-    with pytest.raises(ValueError, match="^--turn-weights: "):
-        magrpo.Config(num_turns=2, turn_weights=[1.0])
+    assert magrpo.Config(num_turns=2, turn_weights=[1.2, 0.8]).turn_weights == (1.2, 0.8)
+    assert magrpo.Config(num_turns=2, turn_weights="1.2, 0.8").turn_weights == (1.2, 0.8)  # as the flag
+    for bad in ([1.0], "1.2,x"):
+        with pytest.raises(ValueError, match="^--turn-weights: "):
+            magrpo.Config(num_turns=2, turn_weights=bad)
 
 # -----------------------------------------------------------------------------
 # The update: update_agent, MasterWeightAdamW
 
 
 def test_update_agent_skips_a_non_finite_step(tok):
-    model = magrpo.tiny_model(tok)
+    model = models.tiny_model(tok)
     agent = magrpo.Agent(model, tok, magrpo.make_optimizer(model, 1e-2))
     r = generate(model, tok, ["a", "b"], num_generations=2, max_new_tokens=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
@@ -466,8 +465,8 @@ def test_update_agent_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     """Two turns with weights and micro-batches: with SGD (lr 1) the step is minus the gradient of
     sum_t w_t * policy_loss(turn t), written out here on the whole batch."""
     torch.manual_seed(0)
-    model = magrpo.tiny_model(tok, init_std=0.3)
-    ref = magrpo.tiny_model(tok, init_std=0.3)
+    model = models.tiny_model(tok, init_std=0.3)
+    ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
     r1 = generate(model, tok, ["ab", "c"], num_generations=2, max_new_tokens=5, seed=1)
     r2 = generate(model, tok, ["abc d"], num_generations=3, max_new_tokens=4, seed=2)
@@ -505,9 +504,9 @@ def test_tiny_model_saves_and_loads_back(tok, tmp_path):
     model = build(tok, "qwen2")
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    loaded, tok2 = magrpo.load_agent_model(str(tmp_path / "m"))
+    loaded, tok2 = models.load_model(str(tmp_path / "m"))
     a = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0)
     b = generate(loaded, tok2, PROMPTS, max_new_tokens=8, temperature=0)
     assert a.texts == b.texts
     with pytest.raises(ValueError, match="not a directory"):
-        magrpo.load_agent_model(str(tmp_path / "missing"))
+        models.load_model(str(tmp_path / "missing"))

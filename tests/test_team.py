@@ -1,4 +1,4 @@
-"""Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team, update_team and train_step with
+"""Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team and update_team (a train step) with
 tiny models on the demo env: what each agent sees at each turn, the batching of the sampler, and
 T = 1 against a single-turn MAGRPO step written out from the primitives. CPU, a few seconds."""
 import pytest
@@ -6,11 +6,20 @@ import torch
 
 import envs
 import magrpo
+import models
+import train
+
+
+def train_step(agents, env, examples, cfg, seeds):
+    """What one step of train.py does: an episode per example, then the update of every agent."""
+    turns = magrpo.rollout_team(agents, env, examples, cfg, seeds)
+    return {**train.episode_metrics(turns, cfg.num_turns), **magrpo.update_team(agents, turns, cfg),
+            "samples": turns[-1].outputs[0]}
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return magrpo.tiny_tokenizer()
+    return models.tiny_tokenizer()
 
 
 def team(tok, lr=1e-2, n=2, sgd=False):
@@ -18,7 +27,7 @@ def team(tok, lr=1e-2, n=2, sgd=False):
     weights after it are at the mercy of gradients near 0)."""
     agents = []
     for i in range(n):
-        model = magrpo.tiny_model(tok, seed=i, init_std=0.3)
+        model = models.tiny_model(tok, seed=i, init_std=0.3)
         opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else magrpo.make_optimizer(model, lr)
         agents.append(magrpo.Agent(model, tok, opt))
     return agents
@@ -72,7 +81,7 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
     assert len(turns) == 1 and all(turns[0].terminated)
-    m = magrpo.episode_metrics(turns, 2)
+    m = train.episode_metrics(turns, 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
@@ -97,7 +106,7 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
     examples, seeds = env.examples[:2], [3, 4]
     ours, ref = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
     cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, micro_batch_size=3)
-    m = magrpo.train_step(ours, env, examples, cfg, seeds)
+    m = train_step(ours, env, examples, cfg, seeds)
     rewards = single_turn_reference(ref, env, examples, 4, 0.9, seeds)
     assert m["reward_mean"] == pytest.approx(rewards.mean().item())
     assert m["reward_mean_turn1"] == m["reward_mean"] and m["reward_max"] == pytest.approx(rewards.max().item())
@@ -113,7 +122,7 @@ def test_train_step_two_turns_updates_both_agents_on_every_turn(tok):
     before = [[p.detach().clone() for p in a.model.parameters()] for a in agents]
     cfg = magrpo.Config(num_generations=3, max_new_tokens=8, num_turns=2, termination_threshold=99,
                         turn_weights=(0.0, 1.0))  # only turn 2's loss: it alone must move the weights
-    m = magrpo.train_step(agents, env, env.examples[:2], cfg, seeds=[1, 2])
+    m = train_step(agents, env, env.examples[:2], cfg, seeds=[1, 2])
     assert m["reward_mean_turn2"] is not None and m["improvement_turn2"] is not None
     assert m["grad_norm_0"] > 0 and m["grad_norm_1"] > 0
     for a, b in zip(agents, before):
@@ -125,7 +134,7 @@ def test_train_step_two_turns_updates_both_agents_on_every_turn(tok):
 def test_train_step_with_cross_joint_actions(tok):
     env = envs.DemoEnv()
     cfg = magrpo.Config(num_generations=3, max_new_tokens=6, joint="cross")
-    m = magrpo.train_step(team(tok), env, env.examples[:1], cfg, seeds=[0])
+    m = train_step(team(tok), env, env.examples[:1], cfg, seeds=[0])
     assert m["grad_norm_0"] > 0 and len(m["samples"]) == 2
 
 
@@ -147,7 +156,7 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert bad and len(t2.groups) == 8
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert magrpo.episode_metrics([t1, t2], 2)["score_errors"] >= len(bad)
+    assert train.episode_metrics([t1, t2], 2)["score_errors"] >= len(bad)
 
 
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):

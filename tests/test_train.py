@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import eval as evaluation
 import magrpo
+import models
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,10 +101,10 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     import envs
     import magrpo
     env = envs.DemoEnv(split="eval")
-    tok = magrpo.tiny_tokenizer()
-    agents = [magrpo.Agent(magrpo.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    tok = models.tiny_tokenizer()
+    agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
-    got = train.eval_rewards(agents, env, cfg, limit=5, batch_size=2)
+    got = evaluation.team_rewards(agents, env, cfg, limit=5, batch_size=2)
     outs = [magrpo.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
             for i, a in enumerate(agents)]
     joint = [(outs[0][b][0], outs[1][b][0]) for b in range(5)]
@@ -119,7 +121,8 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     import magrpo
     args = train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)])
-    env, agents, cfg, expert = train.resolve(args)
+    env, cfg = train.resolve_flags(args)
+    agents, expert = train.build(args, env)
     assert all(a.model.dtype == torch.bfloat16 for a in agents)
     assert all(isinstance(a.optimizer, magrpo.MasterWeightAdamW) for a in agents)
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
@@ -156,7 +159,7 @@ def cli(*flags, timeout=120):
 def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     train.train(train.parse_args(QUICK[:1] + ["2"] + QUICK[2:] + ["--save-every", "1", "--out", out]))
-    assert [c[0] for c in magrpo.checkpoints(out)] == [2, 1]  # the newest --save-total-limit (2)
+    assert [c[0] for c in models.checkpoints(out)] == [2, 1]  # the newest --save-total-limit (2)
     train.train(train.parse_args(QUICK + ["--resume", "--out", out]))
     assert same_run(rows_of(out), uninterrupted)
     state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
@@ -172,10 +175,10 @@ def test_a_broken_checkpoint_is_skipped_for_the_one_before(tmp_path, uninterrupt
     with pytest.warns(UserWarning, match="checkpoint-3: agent_1/model.safetensors is truncated"):
         train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
     assert same_run(rows_of(out), uninterrupted)  # resumed at 2: step 2 ran again, once in the log
-    assert [c[0] for c in magrpo.checkpoints(str(out))] == [6, 2]  # the broken one is gone
+    assert [c[0] for c in models.checkpoints(str(out))] == [6, 2]  # the broken one is gone
     (out / "checkpoint-6" / "rng_state.pt").unlink()
     with pytest.warns(UserWarning, match="rng_state.pt is missing"):
-        assert magrpo.latest_checkpoint(str(out))[0] == 2
+        assert models.latest_checkpoint(str(out))[0] == 2
 
 
 def test_an_existing_run_is_refused_and_left_alone(tmp_path):
@@ -213,7 +216,7 @@ def test_a_failed_save_warns_and_the_run_goes_on(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="could not save checkpoint-1 .*No space left"):
         train.train(train.parse_args(["--steps", "3", "--num-generations", "2", "--max-new-tokens", "4",
                                       "--save-every", "1", "--out", str(out)]))
-    assert [c[0] for c in magrpo.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
+    assert [c[0] for c in models.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
     assert len(rows_of(out)) == 3
 
 
@@ -229,7 +232,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     t0 = time.time()
     proc.wait(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM and time.time() - t0 < 10
-    step, path = magrpo.latest_checkpoint(str(out))
+    step, path = models.latest_checkpoint(str(out))
     assert step == len(rows_of(out)) >= 1 and not (out / "final.json").exists()
     assert "SIGTERM: saving a checkpoint" in proc.stderr.read()
 
@@ -318,7 +321,7 @@ def test_torchrun_two_processes_train_as_one(tmp_path, lora):
 
 
 def test_weights_digest_tells_agents_apart():
-    agents = [magrpo.Agent(magrpo.tiny_model(magrpo.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
+    agents = [magrpo.Agent(models.tiny_model(models.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
     a, b, c = (train.weights_digest([x]) for x in agents)
     assert a == b and a != c
     with torch.no_grad():

@@ -1,0 +1,450 @@
+"""
+The agents' weights: the built-in tiny model, loading by hub name or local path, LoRA adapters on one
+shared frozen base, saving (HF and peft formats), checkpoints on disk, and where each agent runs.
+The algorithm (magrpo.py) never imports this file: it sees an Agent's model, tokenizer, optimizer.
+
+    models.load_agent("tiny", "cpu", "float32", seed=0)                 # an Agent (no optimizer yet)
+    models.load_agent("Qwen/Qwen2.5-Coder-3B", "cuda:0", "bfloat16", 0, lora=models.LoRAConfig(16))
+    models.save_agent(agent, "out/agent_0")                              # HF weights, or a peft adapter
+
+README: "Scale: LoRA agents on one base" (why and how the base is shared), "Runs that survive"
+(checkpoints). Try it: python train.py --lora-r 4; python -m pytest tests/test_lora.py -q
+"""
+import copy
+import itertools
+import json
+import logging
+import math
+import os
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from magrpo import Agent
+
+TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
+# The tiny demo model learns from scratch: high lr, short outputs, big groups; its code never runs long.
+# train.py and eval.py both read these; real models get the paper's (train.py PAPER_DEFAULTS).
+TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
+                     temperature=1.0, top_p=1.0, test_timeout=3.0)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CHECKPOINT_STATE = "trainer_state.json"  # in every checkpoint-<step>: the step, the args, every file's size
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
+TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: the seed its random base is built from
+# peft's default targets for Qwen2/Llama-style models: every attention and MLP projection; GPT-2's Conv1D
+# layers have other names.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
+
+# -----------------------------------------------------------------------------
+# The built-in tiny model (CPU demo, tests) and real ones by hub name or local path
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer made in code: the 256 bytes plus EOS and PAD, so any text round-trips.
+    A PreTrainedTokenizerFast, so save_pretrained/from_pretrained work."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab.update({"<|endoftext|>": len(vocab), "<|pad|>": len(vocab) + 1})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|pad|>", padding_side="left")
+
+
+def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0.02, seed=0):
+    """A small random-init causal LM (Qwen2, Llama or GPT-2 class), ~0.1M parameters by default.
+    Tests use a larger init_std so that greedy outputs are not one repeated token."""
+    import transformers as tf
+    common = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+                  initializer_range=init_std, tie_word_embeddings=True)
+    if arch == "gpt2":
+        config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024, **common)
+        cls = tf.GPT2LMHeadModel
+    else:
+        cfg_cls, cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+                        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM)}[arch]
+        config = cfg_cls(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                         max_position_embeddings=1024, **common)
+    torch.manual_seed(seed)
+    model = cls(config).eval()  # eval mode throughout: no dropout, in sampling or in the update
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
+    """(model, tokenizer): the tiny model for "tiny", else from_pretrained by hub name or local
+    directory (e.g. a train.py OUT/agent_0). ValueError with one line when it cannot be loaded."""
+    if name_or_path == TINY:
+        tok = tiny_tokenizer()
+        return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    quiet_transformers()
+    looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
+    if looks_local and not os.path.isdir(name_or_path):
+        raise ValueError(f"{name_or_path!r} is not a directory")
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry warnings would bury our one-line error
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot load {name_or_path!r} (not a local model directory, and not "
+                         f"reachable on the hub: {first})") from None
+    finally:
+        hub_log.setLevel(level)
+    if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
+        tok.pad_token = tok.eos_token
+    return model.to(device), tok
+
+
+def quiet_transformers():
+    """No progress bar for every shard loaded or written (a checkpoint would bury the training bar)."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+# -----------------------------------------------------------------------------
+# LoRA agents: n adapters on one shared frozen base (--lora-r; README "Scale")
+
+
+class LoRAError(ValueError):
+    """A bad LoRA setting; its message names its own flag (--lora-r, --lora-target-modules)."""
+
+
+@dataclass
+class LoRAConfig:
+    """An adapter's shape, in peft's LoraConfig names: rank r, lora_alpha (the update is scaled by
+    alpha / r; None: 2r), target_modules (None: the architecture's attention and MLP projections)."""
+    r: int
+    alpha: float = None
+    target_modules: tuple = None
+
+    def __post_init__(self):
+        self.alpha = float(2 * self.r if self.alpha is None else self.alpha)
+
+
+class LoRALinear(torch.nn.Module):
+    """A frozen linear layer plus a trainable low-rank update (Hu et al. 2021):
+        y = base(x) + (x A^T B^T) * alpha / r,   A: [r, in], B: [out, r].
+    A as peft draws it (U(-1/sqrt(in), 1/sqrt(in))), B zero: a new agent is its base, logit for logit.
+    The adapter is fp32 whatever the base's dtype (plain AdamW then keeps RL-sized updates). `base`
+    is an nn.Linear or GPT-2's Conv1D, whose weight is stored [in, out] (peft's fan_in_fan_out)."""
+
+    def __init__(self, base, r, alpha, generator=None):
+        from transformers.pytorch_utils import Conv1D
+        super().__init__()
+        self.base, self.r, self.alpha, self.scaling = base, r, alpha, alpha / r
+        self.fan_in_fan_out = isinstance(base, Conv1D)
+        in_f, out_f = base.weight.shape if self.fan_in_fan_out else base.weight.shape[::-1]
+        a = (torch.rand(r, in_f, generator=generator) * 2 - 1) / math.sqrt(in_f)  # CPU: same on any device
+        self.lora_A = torch.nn.Parameter(a.to(base.weight.device))
+        self.lora_B = torch.nn.Parameter(torch.zeros(out_f, r, device=base.weight.device))
+
+    def forward(self, x):
+        # in x's dtype, as the base: a cast of x to fp32 would keep one more copy of every adapted
+        # layer's input for the backward pass (~40% more activation memory in bf16)
+        a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+        return self.base(x) + (x @ a.T) @ b.T * self.scaling
+
+    def delta_weight(self):
+        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it."""
+        delta = (self.lora_B @ self.lora_A) * self.scaling
+        return delta.T if self.fan_in_fan_out else delta
+
+
+def is_lora(model):
+    return any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def is_adapter(path):
+    """Whether `path` is a directory holding a saved adapter (ours, or peft's)."""
+    return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
+
+def lora_targets(model, targets):
+    """The linear layers named by `targets` (a name or a "." + name suffix: peft's rule). Every target
+    must match, and none may share its weight with another layer (merging a tied lm_head would change
+    the embeddings)."""
+    from transformers.pytorch_utils import Conv1D
+    linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+
+    def hits(name):
+        return [t for t in targets if name == t or name.endswith("." + t)]
+    missing = [t for t in targets if not any(t in hits(n) for n in linear)]
+    if missing:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+        raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this "
+                        f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
+    chosen = [n for n in linear if hits(n)]
+    owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    for name in chosen:
+        if owners[id(model.get_submodule(name).weight)] > 1:
+            raise LoRAError(f"--lora-target-modules: {name} shares its weight with another layer (tied "
+                            "embeddings): leave it out")
+    return chosen
+
+
+def shared_copy(model, fresh=()):
+    """A structural copy of `model` whose parameters and buffers ARE the original's tensors (new
+    modules, config and generation_config, no new weights), but for the tensors in `fresh`."""
+    fresh = {id(t) for t in fresh}
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
+    return copy.deepcopy(model, memo)
+
+
+def add_lora(base, lora, seed=0, base_name=TINY):
+    """A new agent: a shared_copy of the frozen `base` with its target layers wrapped in LoRALinear
+    (A drawn from `seed` by a generator of its own). model.lora_config is peft's adapter_config.json."""
+    base.requires_grad_(False)
+    model = shared_copy(base)
+    names = lora.target_modules or LORA_TARGETS_BY_MODEL_TYPE.get(model.config.model_type, LORA_TARGETS)
+    generator = torch.Generator().manual_seed(int(seed))
+    for name in lora_targets(model, names):
+        parent, _, child = name.rpartition(".")
+        module = model.get_submodule(parent)
+        setattr(module, child, LoRALinear(getattr(module, child), lora.r, lora.alpha, generator))
+    model.lora_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
+                         "lora_dropout": 0.0, "bias": "none", "target_modules": list(names),
+                         "fan_in_fan_out": any(getattr(m, "fan_in_fan_out", False) for m in model.modules()),
+                         "base_model_name_or_path": base_name}
+    return model
+
+
+def shared_base(name, device, dtype, seed, bases):
+    """(base, tokenizer) for `name`, loaded once per (name, device, dtype; for tiny: seed) into the
+    dict `bases`: a team passes one dict, so its agents on one device share one frozen base."""
+    key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
+    if key not in bases:
+        model, tok = load_model(name, device, dtype, seed=seed)
+        bases[key] = (model.requires_grad_(False), tok)
+    return bases[key]
+
+
+def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
+    """(model, tokenizer) of a LoRA agent: a saved adapter directory (ours or peft's) loads as its base
+    + that adapter, trainable (`lora`, if given, must match it); any other model name becomes base + a
+    new adapter of shape `lora`, A drawn from `seed`. A tiny base is built from base_seed (default seed)."""
+    bases = {} if bases is None else bases
+    if not is_adapter(name):
+        if name != TINY and os.path.isdir(name):
+            name = os.path.abspath(name)  # ./m and m are one base; the adapter's config works elsewhere
+        base_seed = seed if base_seed is None else base_seed
+        base, tok = shared_base(name, device, dtype, base_seed, bases)
+        model = add_lora(base, lora, seed, name)
+        model.tiny_base_seed = base_seed if name == TINY else None
+        return model, tok
+    with open(os.path.join(name, ADAPTER_CONFIG)) as f:
+        config = json.load(f)
+    unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
+                               "layers_to_transform") if config.get(k)]
+    unsupported += ["bias"] if config.get("bias", "none") != "none" else []
+    unsupported += ["target_modules as a regex"] if isinstance(config.get("target_modules"), str) else []
+    if config.get("peft_type", "LORA") != "LORA" or unsupported:
+        raise ValueError(f"{name!r}: an adapter with {', '.join(unsupported) or config.get('peft_type')}, "
+                         "which this loader does not support")
+    base_name = config.get("base_model_name_or_path")
+    if not isinstance(base_name, str) or not base_name:
+        raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
+                         f"{base_name!r}): set it to the base's hub name or path")
+    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
+    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
+        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
+                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
+    tiny_seed = config.get("magrpo_base_seed", seed)  # (where adapters before TINY_BASE kept it)
+    if os.path.isfile(os.path.join(name, TINY_BASE)):
+        with open(os.path.join(name, TINY_BASE)) as f:
+            tiny_seed = json.load(f)["seed"]
+    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
+    try:
+        model = add_lora(base, saved, seed, base_name)
+    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+        why = str(e).split(": ", 1)[1]
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    model.lora_config.update((k, v) for k, v in config.items()
+                             if k not in ("r", "lora_alpha", "magrpo_base_seed"))
+    model.tiny_base_seed = tiny_seed if base_name == TINY else None
+    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
+    return model, tok
+
+
+def adapter_state(model):
+    """The adapter's tensors under peft's names (base_model.model.<layer>.lora_A.weight)."""
+    return {f"base_model.model.{name}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+            for name, m in model.named_modules() if isinstance(m, LoRALinear) for ab in "AB"}
+
+
+@torch.no_grad()
+def load_adapter_weights(model, path):
+    from safetensors.torch import load_file
+    saved, params = load_file(path), adapter_state(model)
+    if saved.keys() != params.keys():
+        extra, missing = sorted(saved.keys() - params.keys()), sorted(params.keys() - saved.keys())
+        raise ValueError(f"{path} does not fit its adapter config: "
+                         f"{'missing ' + missing[0] if missing else 'unexpected ' + extra[0]}")
+    for key, p in params.items():
+        if saved[key].shape != p.shape:
+            raise ValueError(f"{path}: {key} is {tuple(saved[key].shape)}, the model wants {tuple(p.shape)}")
+        p.copy_(saved[key])
+
+
+@torch.no_grad()
+def merged_model(model):
+    """A plain HF model equal to base + adapter: each adapted weight is W + (alpha / r) B A (in fp32,
+    stored in W's dtype: bf16 rounds), fresh tensors; the rest stays shared with the base."""
+    adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
+    for name, m in list(merged.named_modules()):
+        if isinstance(m, LoRALinear):
+            m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
+            parent, _, child = name.rpartition(".")
+            setattr(merged.get_submodule(parent), child, m.base)
+    del merged.lora_config
+    return merged
+
+# -----------------------------------------------------------------------------
+# Saving, loading, checkpoints
+
+
+def save_agent(agent, path, merged=False):
+    """An agent as transformers saves a model (it loads with from_pretrained or as --model PATH), or
+    a LoRA agent as peft saves an adapter (adapter_model.safetensors, adapter_config.json exactly
+    peft's; a tiny base's seed beside them), with the tokenizer. merged: base + adapter as one model."""
+    from safetensors.torch import save_file
+    quiet_transformers()
+    model = agent.model
+    if is_lora(model) and not merged:
+        os.makedirs(path, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
+                  os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
+            json.dump(model.lora_config, f, indent=1)
+        if getattr(model, "tiny_base_seed", None) is not None:
+            with open(os.path.join(path, TINY_BASE), "w") as f:
+                json.dump({"seed": model.tiny_base_seed}, f)
+    else:
+        (merged_model(model) if is_lora(model) else model).save_pretrained(path)
+    agent.tokenizer.save_pretrained(path)
+
+
+def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, lora=None, bases=None,
+               base_seed=None):
+    """An Agent (no optimizer yet) for one model name, plain or LoRA (load_lora); a bad name raises
+    ValueError naming `flag`. `bases`: one dict per team, so its LoRA agents share their base."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
+    try:
+        if lora is not None or is_adapter(name):
+            model, tok = load_lora(name, device, dtype, seed, lora, bases, base_seed)
+        else:
+            model, tok = load_model(name, device, dtype, seed=seed)
+    except LoRAError:
+        raise  # it names its own flag
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{flag}: {e}") from None
+    if chat_template and tok.chat_template is None:
+        raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
+    return Agent(model, tok, chat_template=chat_template)
+
+
+def checkpoint_problem(path):
+    """None if checkpoint directory `path` is complete, else what is wrong: its state file lists every
+    file with its size, so a missing or truncated file is found without reading it."""
+    try:
+        with open(os.path.join(path, CHECKPOINT_STATE)) as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    for rel, size in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            return f"{rel} is missing"
+        if os.path.getsize(full) != size:
+            return f"{rel} is truncated ({os.path.getsize(full)} of {size} bytes)"
+    return None
+
+
+def checkpoints(out):
+    """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
+    found = []
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        step = name.removeprefix("checkpoint-")
+        if step != name and step.isdigit() and os.path.isdir(os.path.join(out, name)):
+            found.append((int(step), os.path.join(out, name)))
+    return sorted(found, reverse=True)
+
+
+def latest_checkpoint(out):
+    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one (a file
+    missing or truncated: a full disk, a copy cut short) is skipped with a warning."""
+    for step, path in checkpoints(out):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step, path
+        warnings.warn(f"skipping {path}: {problem}; trying the one before")
+    return None
+
+# -----------------------------------------------------------------------------
+# The command line's model flags (train.py and eval.py)
+
+
+def add_model_flags(p):
+    p.add_argument("--model", action="append", help="hub name or local path; 'tiny' (default) is the "
+                   "built-in random-init model; repeat or give a comma list for one model per agent")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ...; a comma list for one per "
+                   "agent; auto: agent i on GPU i mod the GPU count, else the CPU")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    p.add_argument("--chat-template", action="store_true", help="wrap prompts in its chat template")
+    p.add_argument("--feedback-model", help="--feedback expert: the reviewing model (hub name or path)")
+
+
+def model_names(args):
+    """--model given repeated and/or as comma lists, flattened; the tiny model by default."""
+    return [m.strip() for spec in (args.model or [TINY]) for m in spec.split(",") if m.strip()]
+
+
+def per_agent(values, n, flag):
+    """A flag given once or as a list -> one value per agent."""
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
+    return values
+
+
+def agent_devices(device, n, local_rank=0, local_world=1):
+    """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B agents
+    with their optimizers do not fit one 80 GB GPU), else the CPU. Under torchrun, process
+    `local_rank` of `local_world` on a node spreads its agents over its own share of the GPUs."""
+    gpus = torch.cuda.device_count()
+    devices = [d.strip() for d in device.split(",") if d.strip()]
+    if devices != ["auto"]:
+        return per_agent(devices, n, "--device")
+    if not gpus:
+        return ["cpu"] * n
+    share = gpus // local_world
+    if share < 1:
+        raise ValueError(f"--device: {local_world} processes on this node but {gpus} GPUs")
+    return [f"cuda:{local_rank * share + i % share}" for i in range(n)]
+
+
+def load_expert(args, device):
+    """--feedback expert's reviewer (through its chat template if it has one), or None."""
+    if args.feedback != "expert":
+        if args.feedback_model:
+            raise ValueError("--feedback-model: only used with --feedback expert")
+        return None
+    if not args.feedback_model:
+        raise ValueError("--feedback: expert needs --feedback-model NAME_OR_PATH (a local causal LM)")
+    expert = load_agent(args.feedback_model, device, args.dtype, seed=12345, flag="--feedback-model")
+    expert.chat_template = expert.tokenizer.chat_template is not None
+    return expert
