@@ -213,6 +213,41 @@ def test_lora_adapter_that_does_not_fit_is_one_line(tok, tmp_path):
         assert str(e.value).startswith("--agents: ") and why in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+def test_lora_adapter_loads_in_peft_as_peft_own(tok, tmp_path):
+    """peft reads our adapter as it reads one it saved itself: the same logits as ours, and not one
+    warning more (its config file is exactly peft's; the tiny base's seed lives beside it)."""
+    import warnings
+    peft = pytest.importorskip("peft")
+    agent = models.load_agent("tiny", "cpu", "float32", 1, lora=models.LoRAConfig(4), base_seed=5)
+    randomize_adapters(agent.model)
+    models.save_agent(agent, str(tmp_path / "ours"))
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(models.LORA_TARGETS), lora_dropout=0.0)
+    peft.get_peft_model(models.tiny_model(tok, seed=5), config).save_pretrained(tmp_path / "theirs")
+
+    def load(adapter):  # on the tiny base the adapter was trained on (peft can't build "tiny" by name)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = peft.PeftModel.from_pretrained(models.tiny_model(tok, seed=5), adapter)
+        return model.eval(), sorted(str(w.message) for w in caught)
+    ours, ours_warnings = load(tmp_path / "ours")
+    assert ours_warnings == load(tmp_path / "theirs")[1]
+    assert torch.equal(logits(ours, tok), logits(agent.model, tok))
+
+
+def test_lora_adapter_without_a_base_is_one_line(tok, tmp_path):
+    """peft may write base_model_name_or_path null: train.py names the flag, writes nothing."""
+    import train
+    agent = models.load_agent("tiny", "cpu", "float32", 1, lora=models.LoRAConfig(2))
+    models.save_agent(agent, str(tmp_path / "a"))
+    config_path = tmp_path / "a" / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": None}))
+    with pytest.raises(SystemExit) as e:
+        train.train(train.parse_args(["--model", str(tmp_path / "a"), "--steps", "1", "--out", str(tmp_path / "run")]))
+    message = str(e.value.code)
+    assert message.startswith("train.py: error: --model: ") and "names no base model" in message, message
+    assert "\n" not in message and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("flags, named", [
     (["--lora-r", "-1"], "--lora-r"),
     (["--lora-alpha", "8"], "--lora-alpha"),
