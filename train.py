@@ -34,6 +34,7 @@ import time
 import warnings
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 
 import envs
@@ -245,17 +246,40 @@ def fsync_tree(path):
     fsync_path(path)
 
 
-def save_checkpoint(out, step, agents, args):
+class SaveFailed(Exception):
+    """A checkpoint or the final agents could not be written (a full disk); nothing half written is left."""
+
+
+@contextlib.contextmanager
+def saving(out, what, *tmps):
+    """Any failure of a save as SaveFailed naming its cause and the newest complete checkpoint,
+    with the partial copies `tmps` removed (to free the disk, and so that no --resume takes them)."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk, as os, torch.save, safetensors say
+        free = shutil.disk_usage(out).free / 2**20  # before the partial copies go: what the save left
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+        latest = magrpo.latest_checkpoint(out)
+        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
+                 else "there is no complete checkpoint (--resume starts at step 0)")
+        raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
+                         + where) from None
+
+
+def save_checkpoint(out, step, agents, args, log=None):
     """OUT/checkpoint-<step> (named as HF Trainer does): each agent's weights (HF format) and
     optimizer state, the RNG states, the step and the args. Written to a temporary directory,
     fsync'd and renamed into place, so a kill at any instant leaves the previous complete
-    checkpoint or the new one. Keeps the newest --save-total-limit complete ones. A failed save (a full disk)
-    warns and leaves the earlier checkpoints alone: the run goes on. Returns whether it saved."""
+    checkpoint or the new one; only once `log` (metrics.jsonl) holds every row before it. Keeps
+    the newest --save-total-limit complete ones. Raises SaveFailed (a full disk), keeping the earlier ones."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and magrpo.checkpoint_problem(final) is None:
-        return True  # saved already (a signal right after a periodic save)
-    try:
+        return  # saved already (a signal right after a periodic save)
+    with saving(out, f"checkpoint-{step}", tmp):
+        if log is not None:
+            log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
         for i, agent in enumerate(agents):
             magrpo.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
@@ -274,12 +298,6 @@ def save_checkpoint(out, step, agents, args):
             os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
         os.rename(tmp, final)
         fsync_path(out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        latest = magrpo.latest_checkpoint(out)
-        warnings.warn(f"could not save checkpoint-{step} ({e}); the newest complete one is "
-                      f"{latest[1] if latest else 'none'}: the run goes on")
-        return False
     complete = [c for c in magrpo.checkpoints(out) if magrpo.checkpoint_problem(c[1]) is None]
     keep = {path for _, path in complete[:args.save_total_limit]}
     for _, old in magrpo.checkpoints(out):
@@ -290,30 +308,33 @@ def save_checkpoint(out, step, agents, args):
             os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
         shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
-    return True
 
 
 def save_final(out, step, agents, merged=False):
     """OUT/agent_i, the trained agents (what eval.py --agents OUT and --model OUT/agent_0 read),
     then OUT/final.json: agents without final.json are not final. The files are hard links to the
     last checkpoint's where it can (no second copy on disk). With `merged` (--save-merged), a LoRA
-    agent also as a full HF model in OUT/agent_i/merged."""
+    agent also as a full HF model in OUT/agent_i/merged. Raises SaveFailed (a full disk)."""
     source = os.path.join(out, f"checkpoint-{step}")
-    for i, agent in enumerate(agents):
-        tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if magrpo.checkpoint_problem(source) is None:
-            shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
-                            ignore=shutil.ignore_patterns("optimizer.pt"))
-        else:
-            magrpo.save_agent(agent, tmp)
-        if merged and magrpo.is_lora(agent.model):
-            magrpo.save_merged(agent, os.path.join(tmp, "merged"))
-        fsync_tree(tmp)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.rename(tmp, dest)
-    write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
+    tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
+    with saving(out, f"the trained agents in {out}", *tmps):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
+        for i, (agent, tmp) in enumerate(zip(agents, tmps)):
+            dest = os.path.join(out, f"agent_{i}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if magrpo.checkpoint_problem(source) is None:
+                shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
+                                ignore=shutil.ignore_patterns("optimizer.pt"))
+            else:
+                magrpo.save_agent(agent, tmp)
+            if merged and magrpo.is_lora(agent.model):
+                magrpo.save_merged(agent, os.path.join(tmp, "merged"))
+            fsync_tree(tmp)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
+        write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
 
 
 def link_or_copy(src, dst):
@@ -333,12 +354,50 @@ def restore_rng(checkpoint):
 
 
 def cut_metrics(path, step):
-    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again)."""
+    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again), nor a
+    last line that a full disk or a kill cut short."""
     if not os.path.exists(path):
         return
+    rows = []
     with open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+        for line in f:
+            with contextlib.suppress(ValueError):  # json's error for a line cut short
+                if json.loads(line)["step"] < step:
+                    rows.append(line.rstrip("\n") + "\n")
     write_atomic(path, "".join(rows))
+
+
+class RunFile:
+    """A file the run writes as it goes (metrics.jsonl, curve.svg): a write that fails (a full disk)
+    warns once and the run goes on. Lines appended in vain are kept and written with the next ones,
+    over what the failure left half written, so the file catches up once the disk has room."""
+
+    def __init__(self, path):
+        self.path, self.pending, self.warned = path, "", False
+        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def write(self, writer, *args):
+        try:
+            writer(*args)
+        except OSError as e:
+            if not self.warned:
+                warnings.warn(f"could not write {self.path} ({e}); the run goes on (README: a full disk)")
+            self.warned = True
+
+    def append(self, line):
+        self.pending += line
+        self.write(self.sync, False)
+
+    def sync(self, fsync=True):
+        """The lines not written yet, over what a failed write left half written; with `fsync` on
+        disk too (a checkpoint needs every row before it). Raises OSError."""
+        with open(self.path, "a") as f:
+            f.truncate(self.size)
+            f.write(self.pending)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        self.size, self.pending = os.path.getsize(self.path), ""
 
 # -----------------------------------------------------------------------------
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
@@ -428,25 +487,31 @@ def train(args):
     if main:
         if checkpoint is not None:
             print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
-        os.makedirs(args.out, exist_ok=True)
-        cut_metrics(log_path, start)
-        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
-    signals = Signals()
+        try:
+            os.makedirs(args.out, exist_ok=True)
+            cut_metrics(log_path, start)
+            write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # for eval.py
+        except OSError as e:
+            sys.exit(f"train.py: error: --out: cannot write in {args.out!r} ({e})")
+    log, signals = RunFile(log_path) if main else None, Signals()
     try:
-        with open(log_path, "a") if main else contextlib.nullcontext() as log:
-            step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
+        step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
     finally:
         signals.restore()
     check_ranks_agree(agents)
-    saved = save_checkpoint(args.out, step, agents, args) if main else True
-    if main and signum is None and saved:
-        save_final(args.out, step, agents, merged=args.save_merged)
-        print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
+    failed = False
+    try:
+        if main:
+            save_checkpoint(args.out, step, agents, args, log)
+        if main and signum is None:
+            save_final(args.out, step, agents, merged=args.save_merged)
+            print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
+    except SaveFailed as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        failed = True
     barrier()  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None:
-        sys.exit(128 + signum)
-    if not saved:
-        sys.exit(f"train.py: error: could not save the final checkpoint under {args.out!r} (see the warning above)")
+    if signum is not None or failed:
+        sys.exit(128 + signum if signum is not None else 1)
     return log_path
 
 
@@ -456,8 +521,8 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
     each process samples and scores its share of the step's prompts, the update sums over all
     (magrpo.update_team), and the processes decide together to stop."""
     main, recent, last_turn = log is not None, [], f"reward_mean_turn{cfg.num_turns}"
-    curve = os.path.join(args.out, "curve.svg")
-    history = [json.loads(line) for line in open(log.name) if line.strip()] if main else []
+    curve = RunFile(os.path.join(args.out, "curve.svg"))
+    history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
     bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
                total=args.steps, disable=not main)
     for step in bar:
@@ -492,14 +557,15 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
             if signum is not None:
                 return step + 1, signum
             continue
-        log.write(json.dumps(m) + "\n")
-        log.flush()
+        log.append(json.dumps(m) + "\n")
         history.append(m)
         if step % 10 == 9 or last or signum is not None:
-            write_curve(curve, history)
+            curve.write(write_curve, curve.path, history)
         if args.save_every and (step + 1) % args.save_every == 0 and not last:
-            os.fsync(log.fileno())
-            save_checkpoint(args.out, step + 1, agents, args)
+            try:
+                save_checkpoint(args.out, step + 1, agents, args, log)
+            except SaveFailed as e:
+                warnings.warn(f"{e}; the run goes on")
         shown = m[last_turn] if m[last_turn] is not None else m["reward_mean"]
         recent = (recent + [shown])[-20:]
         bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
