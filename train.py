@@ -495,7 +495,7 @@ def train(args):
             sys.exit(f"train.py: error: --out: cannot write in {args.out!r} ({e})")
     log, signals = RunFile(log_path) if main else None, Signals()
     try:
-        step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
+        step, signum, error = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
     finally:
         signals.restore()
     check_ranks_agree(agents)
@@ -503,23 +503,23 @@ def train(args):
     try:
         if main:
             save_checkpoint(args.out, step, agents, args, log)
-        if main and signum is None:
+        if main and signum is None and error is None:
             save_final(args.out, step, agents, merged=args.save_merged)
             print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
     except SaveFailed as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         failed = True
     barrier()  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None or failed:
-        sys.exit(128 + signum if signum is not None else 1)
+    if signum is not None or error or failed:
+        sys.exit(128 + signum if signum is not None else error or 1)
     return log_path
 
 
 def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
-    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps.
-    Returns (the number of steps done, the signal that stopped the run or None). Under torchrun
-    each process samples and scores its share of the step's prompts, the update sums over all
-    (magrpo.update_team), and the processes decide together to stop."""
+    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps. Returns
+    (the number of steps done, the signal that stopped the run or None, the error that did or None).
+    Under torchrun each process samples and scores its share of the step's prompts, the update sums
+    over all (magrpo.update_team), and the processes decide together to stop."""
     main, recent, last_turn = log is not None, [], f"reward_mean_turn{cfg.num_turns}"
     curve = RunFile(os.path.join(args.out, "curve.svg"))
     history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
@@ -538,11 +538,14 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
         votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
         signum = next((s for s, _ in votes if s is not None), None)
         if any(abandoned for _, abandoned in votes):
-            return step, signum
+            return step, signum, None
         summary = magrpo.merge_summaries(gather(magrpo.episode_summary(turns)))
-        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
+        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary)}
+        error = warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
+        if error:  # the same on every process (the summary is merged): stop before this step's update
+            return step, None, error
+        m.update(magrpo.update_team(agents, turns, cfg))
         m["seconds"] = round(time.time() - t0, 4)
-        warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
         last = step == args.steps - 1
         if main and eval_env is not None and (step % args.eval_every == 0 or last):
             rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
@@ -555,7 +558,7 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
             check_ranks_agree(agents)
         if not main:
             if signum is not None:
-                return step + 1, signum
+                return step + 1, signum, None
             continue
         log.append(json.dumps(m) + "\n")
         history.append(m)
@@ -574,8 +577,8 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
                        " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
                        " | " + " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
         if signum is not None:
-            return step + 1, signum
-    return args.steps, None
+            return step + 1, signum, None
+    return args.steps, None, None
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
@@ -675,12 +678,13 @@ def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
 
 
 def warn_scoring(m, step, total):
-    """Joint answers that could not be scored count as 0: say so at every step it happens, and stop
-    when nothing could be scored (the sandbox or the env is broken, not the agents)."""
+    """Joint answers that could not be scored count as 0: say so at every step it happens. Returns,
+    when nothing could be scored (the sandbox or the env is broken, not the agents), the error that
+    stops the run."""
     bad = m["sandbox_errors"] + m["score_errors"]
     if bad == total:
-        sys.exit(f"train.py: error: step {step}: none of the {total} joint answers could be scored "
-                 f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
+        return (f"train.py: error: step {step}: none of the {total} joint answers could be scored "
+                f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
     if bad:
         tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count as 0 "
                    f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)", file=sys.stderr)

@@ -386,6 +386,35 @@ def test_a_full_disk_on_a_small_tmpfs_ends_the_run_in_one_line_and_resume_finish
     assert same_run(rows_of(out), uninterrupted)
 
 
+def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_path, monkeypatch,
+                                                                           uninterrupted):
+    """From step 3 on every reward raises: the run stops before step 3's update, saves
+    checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
+    import envs
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.update_team, []
+
+    def reward(self, example, outputs):
+        if len(done) >= 3:
+            raise ValueError("the scorer is broken")
+        return real_reward(self, example, outputs)
+
+    def update_team(*a, **k):
+        done.append(1)
+        return real_update(*a, **k)
+    monkeypatch.setattr(envs.DemoEnv, "reward", reward)
+    monkeypatch.setattr(magrpo, "update_team", update_team)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
+    assert stop.value.code == ("train.py: error: step 3: none of the 4 joint answers could be scored "
+                               "(0 sandbox failures, 4 scoring errors)")
+    assert magrpo.latest_checkpoint(str(out))[0] == 3 and [c[0] for c in magrpo.checkpoints(str(out))] == [3]
+    assert [r["step"] for r in rows_of(out)] == [0, 1, 2] and not (out / "final.json").exists()
+    monkeypatch.undo()
+    train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
+    assert same_run(rows_of(out), uninterrupted)
+
+
 def test_cut_metrics_keeps_the_rows_before_the_step_and_drops_a_line_cut_short(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
