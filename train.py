@@ -34,7 +34,6 @@ import time
 import warnings
 
 import torch
-from safetensors import SafetensorError
 from tqdm import tqdm
 
 import envs
@@ -252,11 +251,12 @@ class SaveFailed(Exception):
 
 @contextlib.contextmanager
 def saving(out, what, *tmps):
-    """Any failure of a save as SaveFailed naming its cause and the newest complete checkpoint,
-    with the partial copies `tmps` removed (to free the disk, and so that no --resume takes them)."""
+    """Any failure of a save (on a full disk os raises OSError, safetensors SafetensorError, torch.save
+    RuntimeError, the tokenizers library a bare Exception) as SaveFailed naming its cause and the newest
+    complete checkpoint, the partial copies `tmps` removed (to free the disk; no --resume takes them)."""
     try:
         yield
-    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk, as os, torch.save, safetensors say
+    except Exception as e:
         free = shutil.disk_usage(out).free / 2**20  # before the partial copies go: what the save left
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -377,6 +377,7 @@ class RunFile:
         self.size = os.path.getsize(path) if os.path.exists(path) else 0
 
     def write(self, writer, *args):
+        """writer(*args), which writes this file; if it fails, a warning (the first time) and no more."""
         try:
             writer(*args)
         except OSError as e:
