@@ -245,17 +245,41 @@ def fsync_tree(path):
     fsync_path(path)
 
 
-def save_checkpoint(out, step, agents, args):
+class SaveFailed(Exception):
+    """A checkpoint or the final agents could not be written (a full disk); nothing half written is left."""
+
+
+@contextlib.contextmanager
+def saving(out, what, *tmps):
+    """Any failure of a save (on a full disk os raises OSError, safetensors SafetensorError, torch.save
+    RuntimeError, the tokenizers library a bare Exception) as SaveFailed naming its cause and the newest
+    complete checkpoint, the partial copies `tmps` removed (to free the disk; no --resume takes them)."""
+    try:
+        yield
+    except Exception as e:
+        free = shutil.disk_usage(out).free / 2**20  # before the partial copies go: what the save left
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+        latest = magrpo.latest_checkpoint(out)
+        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
+                 else "there is no complete checkpoint (--resume starts at step 0)")
+        raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
+                         + where) from None
+
+
+def save_checkpoint(out, step, agents, args, log=None):
     """OUT/checkpoint-<step> (named as HF Trainer does): each agent's weights (HF format) and
     optimizer state, the RNG states, the step and the args. Written to a temporary directory,
     fsync'd and renamed into place, so a kill at any instant leaves the previous complete
-    checkpoint or the new one. Keeps the newest --save-total-limit complete ones. A failed save (a full disk)
-    warns and leaves the earlier checkpoints alone: the run goes on. Returns whether it saved."""
+    checkpoint or the new one; only once `log` (metrics.jsonl) holds every row before it. Keeps
+    the newest --save-total-limit complete ones. Raises SaveFailed (a full disk), keeping the earlier ones."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and magrpo.checkpoint_problem(final) is None:
-        return True  # saved already (a signal right after a periodic save)
-    try:
+        return  # saved already (a signal right after a periodic save)
+    with saving(out, f"checkpoint-{step}", tmp):
+        if log is not None:
+            log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
         for i, agent in enumerate(agents):
             magrpo.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
@@ -274,12 +298,6 @@ def save_checkpoint(out, step, agents, args):
             os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
         os.rename(tmp, final)
         fsync_path(out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        latest = magrpo.latest_checkpoint(out)
-        warnings.warn(f"could not save checkpoint-{step} ({e}); the newest complete one is "
-                      f"{latest[1] if latest else 'none'}: the run goes on")
-        return False
     complete = [c for c in magrpo.checkpoints(out) if magrpo.checkpoint_problem(c[1]) is None]
     keep = {path for _, path in complete[:args.save_total_limit]}
     for _, old in magrpo.checkpoints(out):
@@ -290,30 +308,33 @@ def save_checkpoint(out, step, agents, args):
             os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
         shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
-    return True
 
 
 def save_final(out, step, agents, merged=False):
     """OUT/agent_i, the trained agents (what eval.py --agents OUT and --model OUT/agent_0 read),
     then OUT/final.json: agents without final.json are not final. The files are hard links to the
     last checkpoint's where it can (no second copy on disk). With `merged` (--save-merged), a LoRA
-    agent also as a full HF model in OUT/agent_i/merged."""
+    agent also as a full HF model in OUT/agent_i/merged. Raises SaveFailed (a full disk)."""
     source = os.path.join(out, f"checkpoint-{step}")
-    for i, agent in enumerate(agents):
-        tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if magrpo.checkpoint_problem(source) is None:
-            shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
-                            ignore=shutil.ignore_patterns("optimizer.pt"))
-        else:
-            magrpo.save_agent(agent, tmp)
-        if merged and magrpo.is_lora(agent.model):
-            magrpo.save_merged(agent, os.path.join(tmp, "merged"))
-        fsync_tree(tmp)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.rename(tmp, dest)
-    write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
+    tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
+    with saving(out, f"the trained agents in {out}", *tmps):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
+        for i, (agent, tmp) in enumerate(zip(agents, tmps)):
+            dest = os.path.join(out, f"agent_{i}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if magrpo.checkpoint_problem(source) is None:
+                shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
+                                ignore=shutil.ignore_patterns("optimizer.pt"))
+            else:
+                magrpo.save_agent(agent, tmp)
+            if merged and magrpo.is_lora(agent.model):
+                magrpo.save_merged(agent, os.path.join(tmp, "merged"))
+            fsync_tree(tmp)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
+        write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
 
 
 def link_or_copy(src, dst):
@@ -333,12 +354,51 @@ def restore_rng(checkpoint):
 
 
 def cut_metrics(path, step):
-    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again)."""
+    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again), nor a
+    last line that a full disk or a kill cut short."""
     if not os.path.exists(path):
         return
+    rows = []
     with open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+        for line in f:
+            with contextlib.suppress(ValueError):  # json's error for a line cut short
+                if json.loads(line)["step"] < step:
+                    rows.append(line.rstrip("\n") + "\n")
     write_atomic(path, "".join(rows))
+
+
+class RunFile:
+    """A file the run writes as it goes (metrics.jsonl, curve.svg): a write that fails (a full disk)
+    warns once and the run goes on. Lines appended in vain are kept and written with the next ones,
+    over what the failure left half written, so the file catches up once the disk has room."""
+
+    def __init__(self, path):
+        self.path, self.pending, self.warned = path, "", False
+        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def write(self, writer, *args):
+        """writer(*args), which writes this file; if it fails, a warning (the first time) and no more."""
+        try:
+            writer(*args)
+        except OSError as e:
+            if not self.warned:
+                warnings.warn(f"could not write {self.path} ({e}); the run goes on (README: a full disk)")
+            self.warned = True
+
+    def append(self, line):
+        self.pending += line
+        self.write(self.sync, False)
+
+    def sync(self, fsync=True):
+        """The lines not written yet, over what a failed write left half written; with `fsync` on
+        disk too (a checkpoint needs every row before it). Raises OSError."""
+        with open(self.path, "a") as f:
+            f.truncate(self.size)
+            f.write(self.pending)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        self.size, self.pending = os.path.getsize(self.path), ""
 
 # -----------------------------------------------------------------------------
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
@@ -428,36 +488,42 @@ def train(args):
     if main:
         if checkpoint is not None:
             print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
-        os.makedirs(args.out, exist_ok=True)
-        cut_metrics(log_path, start)
-        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
-    signals = Signals()
+        try:
+            os.makedirs(args.out, exist_ok=True)
+            cut_metrics(log_path, start)
+            write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # for eval.py
+        except OSError as e:
+            sys.exit(f"train.py: error: --out: cannot write in {args.out!r} ({e})")
+    log, signals = RunFile(log_path) if main else None, Signals()
     try:
-        with open(log_path, "a") if main else contextlib.nullcontext() as log:
-            step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
+        step, signum, error = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
     finally:
         signals.restore()
     check_ranks_agree(agents)
-    saved = save_checkpoint(args.out, step, agents, args) if main else True
-    if main and signum is None and saved:
-        save_final(args.out, step, agents, merged=args.save_merged)
-        print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
+    failed = False
+    try:
+        if main:
+            save_checkpoint(args.out, step, agents, args, log)
+        if main and signum is None and error is None:
+            save_final(args.out, step, agents, merged=args.save_merged)
+            print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
+    except SaveFailed as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        failed = True
     barrier()  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None:
-        sys.exit(128 + signum)
-    if not saved:
-        sys.exit(f"train.py: error: could not save the final checkpoint under {args.out!r} (see the warning above)")
+    if signum is not None or error or failed:
+        sys.exit(128 + signum if signum is not None else error or 1)
     return log_path
 
 
 def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
-    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps.
-    Returns (the number of steps done, the signal that stopped the run or None). Under torchrun
-    each process samples and scores its share of the step's prompts, the update sums over all
-    (magrpo.update_team), and the processes decide together to stop."""
+    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps. Returns
+    (the number of steps done, the signal that stopped the run or None, the error that did or None).
+    Under torchrun each process samples and scores its share of the step's prompts, the update sums
+    over all (magrpo.update_team), and the processes decide together to stop."""
     main, recent, last_turn = log is not None, [], f"reward_mean_turn{cfg.num_turns}"
-    curve = os.path.join(args.out, "curve.svg")
-    history = [json.loads(line) for line in open(log.name) if line.strip()] if main else []
+    curve = RunFile(os.path.join(args.out, "curve.svg"))
+    history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
     bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
                total=args.steps, disable=not main)
     for step in bar:
@@ -473,11 +539,14 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
         votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
         signum = next((s for s, _ in votes if s is not None), None)
         if any(abandoned for _, abandoned in votes):
-            return step, signum
+            return step, signum, None
         summary = magrpo.merge_summaries(gather(magrpo.episode_summary(turns)))
-        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
+        m = {"step": step, **magrpo.episode_metrics(None, cfg.num_turns, summary)}
+        error = warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
+        if error:  # the same on every process (the summary is merged): stop before this step's update
+            return step, None, error
+        m.update(magrpo.update_team(agents, turns, cfg))
         m["seconds"] = round(time.time() - t0, 4)
-        warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
         last = step == args.steps - 1
         if main and eval_env is not None and (step % args.eval_every == 0 or last):
             rewards = eval_rewards(agents, eval_env, cfg, args.eval_limit, expert)
@@ -490,16 +559,17 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
             check_ranks_agree(agents)
         if not main:
             if signum is not None:
-                return step + 1, signum
+                return step + 1, signum, None
             continue
-        log.write(json.dumps(m) + "\n")
-        log.flush()
+        log.append(json.dumps(m) + "\n")
         history.append(m)
         if step % 10 == 9 or last or signum is not None:
-            write_curve(curve, history)
+            curve.write(write_curve, curve.path, history)
         if args.save_every and (step + 1) % args.save_every == 0 and not last:
-            os.fsync(log.fileno())
-            save_checkpoint(args.out, step + 1, agents, args)
+            try:
+                save_checkpoint(args.out, step + 1, agents, args, log)
+            except SaveFailed as e:
+                warnings.warn(f"{e}; the run goes on")
         shown = m[last_turn] if m[last_turn] is not None else m["reward_mean"]
         recent = (recent + [shown])[-20:]
         bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
@@ -508,8 +578,8 @@ def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
                        " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
                        " | " + " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
         if signum is not None:
-            return step + 1, signum
-    return args.steps, None
+            return step + 1, signum, None
+    return args.steps, None, None
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
@@ -609,12 +679,13 @@ def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
 
 
 def warn_scoring(m, step, total):
-    """Joint answers that could not be scored count as 0: say so at every step it happens, and stop
-    when nothing could be scored (the sandbox or the env is broken, not the agents)."""
+    """Joint answers that could not be scored count as 0: say so at every step it happens. Returns,
+    when nothing could be scored (the sandbox or the env is broken, not the agents), the error that
+    stops the run."""
     bad = m["sandbox_errors"] + m["score_errors"]
     if bad == total:
-        sys.exit(f"train.py: error: step {step}: none of the {total} joint answers could be scored "
-                 f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
+        return (f"train.py: error: step {step}: none of the {total} joint answers could be scored "
+                f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
     if bad:
         tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count as 0 "
                    f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)", file=sys.stderr)
