@@ -1,26 +1,15 @@
 """
 Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Sec. 3).
 
-CPU demo, two tiny random-init agents on the offline demo env (about a minute, no downloads):
-    python train.py
-The same with a second turn: the env's feedback on the joint answer, then each agent revises:
-    python train.py --num-turns 2
-The paper's coding setup on a GPU (helper writes aux, main writes the function):
+    python train.py                     # CPU demo: two tiny random-init agents, offline, ~30 s
+    python train.py --num-turns 2       # with a revision turn: feedback on the joint answer, revise
     python train.py --env coding --dataset humaneval --model Qwen/Qwen2.5-Coder-3B --out runs/code
-Its 2-turn variant, starting from the single-turn agents (the paper's curriculum):
-    python train.py --env coding --dataset humaneval --model runs/code/agent_0,runs/code/agent_1 \
-        --num-turns 2 --feedback level --out runs/code2
-One model per agent (a heterogeneous team), each on its own GPU (--device auto, the default,
-spreads the agents over the visible GPUs):
-    python train.py --env coding --model Qwen/Qwen2.5-Coder-1.5B,Qwen/Qwen2.5-Coder-3B --device cuda:0,cuda:1
-Both agents as LoRA adapters on one shared frozen base, on one GPU:
-    python train.py --env coding --model Qwen/Qwen2.5-Coder-3B --dtype bfloat16 --lora-r 16
-Data parallel on one node (each process samples and scores its share of every step's prompts):
+    python train.py --env coding --model Qwen/Qwen2.5-Coder-3B --dtype bfloat16 --lora-r 16  # 1 GPU
     torchrun --nproc-per-node 8 train.py --env coding --model Qwen/Qwen2.5-Coder-3B --lora-r 16 --batch-size 8
 
-Writes OUT/metrics.jsonl (one JSON object per step), OUT/curve.svg (the learning curve), OUT/args.json,
-OUT/checkpoint-<step>/ (resume with --resume) and at the end OUT/agent_0, OUT/agent_1, ... which load
-back with transformers' from_pretrained. Flags are named like TRL's GRPOConfig.
+Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
+(--resume continues from the newest) and OUT/agent_i. Flags are named like TRL's GRPOConfig.
+README: "Runs that survive" (checkpoints, signals, a full disk), "Scale" (LoRA, torchrun).
 """
 import argparse
 import contextlib
@@ -42,15 +31,10 @@ import eval as evaluation
 import magrpo
 import models
 
-# Defaults that depend on the model: the tiny demo model learns from scratch (high lr, short
-# outputs, big groups); real models use the paper's settings (Sec. 2: G=4, lr 1e-5, 256 tokens).
-# A checkpoint every 50 steps: if a step of two 3B agents takes ~15 s on an H100 (our estimate), a
-# crash costs at most ~12 minutes, and writing ~14 bytes per parameter per agent every 50 steps costs a few percent.
-# With a real model the env's own defaults (the authors' configs: sampling, and the writing lr) come
-# first: envs.CodingEnv.defaults, envs.WritingEnv.defaults. Tests run in the sandbox 10 s each as
-# the authors' (3 s with the tiny model, which never writes code that runs long).
+# Real models start from the paper's settings (Sec. 2: G = 4, lr 1e-5, 256 tokens; the env's own
+# defaults, the authors' configs, come first); the tiny model has its own (models.TINY_DEFAULTS).
 PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
-                      temperature=1.0, top_p=1.0, test_timeout=10.0)
+                      temperature=1.0, top_p=1.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged"}
@@ -63,23 +47,22 @@ def parse_args(argv=None):
     models.add_model_flags(p)
     p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
                    "shared frozen base instead of the whole model (0: full fine-tuning)")
-    p.add_argument("--lora-alpha", type=float, help="the adapter's update is scaled by alpha / r (default 2r)")
+    p.add_argument("--lora-alpha", type=float, help="the update is scaled by alpha / r (default 2r)")
     p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
-                   f"(default: the attention and MLP projections, {','.join(models.LORA_TARGETS)}; "
-                   f"GPT-2: {','.join(models.LORA_TARGETS_BY_MODEL_TYPE['gpt2'])})")
-    p.add_argument("--save-merged", action="store_true", help="LoRA: also write each final agent as a full "
-                   "HF model (the adapter folded into the weights) in OUT/agent_i/merged")
+                   f"(default {','.join(models.LORA_TARGETS)}; GPT-2: c_attn,c_proj,c_fc)")
+    p.add_argument("--save-merged", action="store_true", help="LoRA: each final agent also as a full HF "
+                   "model (the adapter folded in), OUT/agent_i/merged")
     magrpo.add_config_flags(p)
-    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--learning-rate", type=float, help="each agent's AdamW (default 1e-5, the paper's)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out", help="directory for metrics.jsonl, checkpoints and the trained agents")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest complete "
+    p.add_argument("--out", default="out", help="directory for metrics.jsonl, checkpoints and the agents")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest complete "
                    "checkpoint (from step 0 if it has none)")
-    p.add_argument("--save-every", type=int, default=50, help="a checkpoint every N steps (default 50; 0: only at the end "
-                   "and on a signal)")
+    p.add_argument("--save-every", type=int, default=50, help="a checkpoint every N steps (0: at the end "
+                   "and on a signal only)")
     p.add_argument("--save-total-limit", type=int, default=2, help="keep the newest N checkpoints")
     p.add_argument("--eval-every", type=int, default=0, help="every N steps, the greedy joint reward on "
                    "--eval-split, logged as eval_reward_mean (0: off)")
@@ -89,47 +72,37 @@ def parse_args(argv=None):
 
 
 def lora_from_flags(args):
-    """The magrpo.LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules, or None without --lora-r."""
+    """The models.LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules; None without --lora-r."""
     r, alpha, targets = args.lora_r, args.lora_alpha, args.lora_target_modules
-    if r < 0:
-        raise ValueError(f"--lora-r: must be >= 1 (0: full fine-tuning), got {r}")
-    if not r:
-        if alpha is not None or targets:
-            raise ValueError(f"{'--lora-alpha' if alpha is not None else '--lora-target-modules'}: only with --lora-r")
-        return None
-    if alpha is not None and not alpha > 0:
-        raise ValueError(f"--lora-alpha: must be > 0, got {alpha}")
     names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
-    if targets is not None and not names:
-        raise ValueError("--lora-target-modules: want a comma list of layer names, got an empty one")
-    return models.LoRAConfig(r, alpha, names or None)
+    for flag, bad, why in (("--lora-r", r < 0, f"must be >= 1 (0: full fine-tuning), got {r}"),
+                           ("--lora-alpha", not r and alpha is not None, "only with --lora-r"),
+                           ("--lora-target-modules", not r and targets, "only with --lora-r"),
+                           ("--lora-alpha", alpha is not None and not alpha > 0, f"must be > 0, got {alpha}"),
+                           ("--lora-target-modules", targets is not None and not names, "want a comma list")):
+        if bad:
+            raise ValueError(f"{flag}: {why}")
+    return models.LoRAConfig(r, alpha, names or None) if r else None
 
 
 def resolve_flags(args):
-    """Fill the defaults (the tiny model's, or the paper's and the env's for a real model), build
-    the env and check every flag that needs no model: (env, the step's Config). args then holds
-    the resolved values (args.json records them). Raises ValueError("--flag: what is wrong")."""
+    """Fill the defaults (the tiny model's, or the env's and the paper's), build the env, check every
+    flag that needs no model -> (env, Config); args then holds the values the run uses (args.json)."""
     tiny = all(m == models.TINY for m in models.model_names(args))
-    defaults = models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS
-    if args.test_timeout is None:
-        args.test_timeout = defaults["test_timeout"]
+    if tiny and args.test_timeout is None:
+        args.test_timeout = models.TINY_DEFAULTS["test_timeout"]
     env = envs.env_from_flags(args)
-    for key, value in {**defaults, **({} if tiny else env.defaults)}.items():
+    for key, value in (models.TINY_DEFAULTS if tiny else {**PAPER_DEFAULTS, **env.defaults}).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.num_generations < 2:
-        raise ValueError(f"--num-generations: must be >= 2 for group-relative advantages, got {args.num_generations}")
-    for flag in ("steps", "batch_size", "eval_limit", "save_total_limit"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
-    if args.save_every < 0:
-        raise ValueError(f"--save-every: must be >= 0, got {args.save_every}")
-    args.world_size = torch.distributed.get_world_size() if magrpo.data_parallel() else 1
-    if args.batch_size < args.world_size:
-        raise ValueError(f"--batch-size: {args.batch_size} prompts per step cannot be shared by "
-                         f"{args.world_size} processes: give at least one each")
+    args.world_size = world()[1]
+    least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
+                 save_every=0)  # G >= 2: a group has a baseline; a prompt per process at least
+    for flag, least in least.items():
+        if getattr(args, flag) < least:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be >= {least}, got {getattr(args, flag)}")
     if args.dtype in ("float16", "fp16"):  # fp16 gradients overflow without loss scaling, which we skip
-        raise ValueError("--dtype: float16 training needs loss scaling, which this trainer does not do: use bfloat16")
+        raise ValueError("--dtype: float16 training needs loss scaling, which we skip: use bfloat16")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
     cfg = magrpo.config_from_flags(args)
@@ -138,53 +111,209 @@ def resolve_flags(args):
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
-    """(agents, expert): the agents from --model, or from a checkpoint's agent_i when resuming
-    (weights and optimizer state); under torchrun on this process's GPUs. With --lora-r every agent
-    is base + its own adapter, and the agents on one base and device share one frozen copy of it
-    (so --device auto puts them all on one GPU: the process's first)."""
+    """(agents, expert): the agents of --model, or a checkpoint's (weights and optimizer state), on
+    this process's devices. LoRA agents on one base and device share one frozen copy of it (so
+    --device auto puts them all on one GPU, the process's first)."""
     lora, bases = lora_from_flags(args), {}
-    if lora and args.device == "auto":
-        devices = models.agent_devices("auto", 1, local_rank, local_world) * env.num_agents
-    else:
-        devices = models.agent_devices(args.device, env.num_agents, local_rank, local_world)
+    n = 1 if lora and args.device == "auto" else env.num_agents
+    devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
-    expert = models.load_expert(args, devices[0])
     agents = []
     for i, (name, device) in enumerate(zip(names, devices)):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         if checkpoint is not None:
-            agent.optimizer.load_state_dict(torch.load(os.path.join(name, "optimizer.pt"), map_location=device,
-                                                       weights_only=True))
+            state = torch.load(os.path.join(name, "optimizer.pt"), map_location=device, weights_only=True)
+            agent.optimizer.load_state_dict(state)
         agents.append(agent)
-    return agents, expert
+    return agents, models.load_expert(args, devices[0])
+
+# -----------------------------------------------------------------------------
+# The run: one loop from the first step to the last, under torchrun on every process
 
 
-def resolve(args):
-    """The flags checked and the team built for a new run: (env, agents, cfg, expert)."""
-    env, cfg = resolve_flags(args)
-    agents, expert = build(args, env)
-    return env, agents, cfg, expert
+def train(args):
+    """A whole run. A bad flag ends it with one line naming the flag, before anything is written; a
+    signal with a checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
+    local_rank, local_world = start_processes()
+    main = world()[0] == 0
+    try:  # every bad input is a ValueError naming its flag: one line, here
+        env, cfg = resolve_flags(args)
+        checkpoint = prepare_out(args)
+        agents, expert = build(args, env, checkpoint, local_rank, local_world)
+        eval_env = args.eval_every and envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+        if main:
+            start_out(args, checkpoint)
+    except ValueError as e:
+        sys.exit(f"train.py: error: {e}")
+    gather(None)  # every process has read --out before process 0 writes into it
+    start = done = 0 if checkpoint is None else checkpoint[0]
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    if checkpoint is not None:
+        rng = torch.load(os.path.join(checkpoint[1], "rng_state.pt"), weights_only=False)
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    log, curve = (RunFile(os.path.join(args.out, name)) for name in ("metrics.jsonl", "curve.svg"))
+    history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
+    signals, signum, error, recent = Signals(), None, None, []
+    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
+               total=args.steps, disable=not main)
+    try:
+        for step in bar:
+            batch = batch_at(env, args.seed, step, args.batch_size)
+            seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])  # per prompt
+            t0, turns = time.time(), None
+            with contextlib.suppress(Stop), signals.abandon_on_signal():  # a signal drops the step here
+                turns = magrpo.rollout_team(agents, env, my_share(batch), cfg, seeds, expert)
+            votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
+            signum = next((s for s, _ in votes if s is not None), None)
+            if any(abandoned for _, abandoned in votes):
+                break
+            summaries = gather(episode_summary(turns))
+            summary = [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if isinstance(v, list) else 0)
+                        for k, v in summaries[0][0].items()} for t in range(max(map(len, summaries)))]
+            m = {"step": step, **episode_metrics(summary, cfg.num_turns)}
+            error = warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
+            if error:  # the same on every process (the summary is merged): stop before this step's update
+                break
+            m.update(magrpo.update_team(agents, turns, cfg), seconds=round(time.time() - t0, 4))
+            done, last = step + 1, step == args.steps - 1
+            if main and eval_env and (step % args.eval_every == 0 or last):
+                rewards = evaluation.team_rewards(agents, eval_env, cfg, args.eval_limit, expert)
+                m["eval_reward_mean"] = rewards[0]
+                m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
+                tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
+                           f"({eval_env.name}, {args.eval_split})")
+            signum = next((s for s in gather(signals.received) if s is not None), None)
+            if args.save_every and done % args.save_every == 0:
+                check_ranks_agree(agents)
+            if main:
+                log.append(json.dumps(m) + "\n")
+                history.append(m)
+                if step % 10 == 9 or last or signum is not None:
+                    curve.write(write_curve, curve.path, history)
+                if args.save_every and done % args.save_every == 0 and not last:
+                    try:
+                        save_checkpoint(args.out, done, agents, args, log)
+                    except SaveFailed as e:
+                        warnings.warn(f"{e}; the run goes on")
+                shown = m[f"reward_mean_turn{cfg.num_turns}"]
+                recent = (recent + [m["reward_mean"] if shown is None else shown])[-20:]
+                bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
+                if step % max(1, args.steps // 10) == 0 or last:
+                    rewards = [m[f"reward_mean_turn{t}"] or 0 for t in range(1, cfg.num_turns + 1)]
+                    tqdm.write(f"step {step:5d} reward {' -> '.join(f'{r:.3f}' for r in rewards)} | " +
+                               " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
+            if signum is not None:
+                break
+    finally:
+        for s, handler in signals.previous.items():
+            signal.signal(s, handler)
+    check_ranks_agree(agents)
+    failed = False
+    try:
+        if main:
+            save_checkpoint(args.out, done, agents, args, log)
+        if main and signum is None and error is None:
+            save_final(args.out, done, agents, merged=args.save_merged)
+            print(f"wrote {log.path} and {len(agents)} agents under {args.out}/agent_*")
+    except SaveFailed as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        failed = True
+    gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
+    if signum is not None or error or failed:
+        sys.exit(128 + signum if signum is not None else error or 1)
+    return log.path
+
+
+def batch_at(env, seed, step, batch_size):
+    """The examples of a step: shuffled epochs (each example once before any repeats), each epoch's
+    order from (seed, epoch) alone, so step k's batch needs no state of earlier steps."""
+    n, batch = len(env.examples), []
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        order = random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)
+        batch.append(env.examples[order[pos % n]])
+    return batch
+
+# -----------------------------------------------------------------------------
+# What a step scored (metrics.jsonl; README "Multi-turn" for the per-turn keys)
+
+
+def episode_summary(turns):
+    """Per turn, plain lists (a data-parallel run gathers them): every node's reward, levels and
+    solved flag, per revised group its children's mean reward minus its parent's, the errors."""
+    out = []
+    for t, turn in enumerate(turns):
+        values, rewards = turn.values(), turn.rewards
+        gains = [(values[k].mean() - float(turns[t - 1].rewards[g.parent])).item()
+                 for k, g in enumerate(turn.groups)] if t else []
+        out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
+                    "levels": [dict(getattr(r, "levels", None) or {}) for r in rewards],
+                    "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in rewards),
+                    "score_errors": sum(isinstance(r, magrpo.ScoreError) for r in rewards)})
+    return out
+
+
+def level_means(levels, suffix=""):
+    """level_<name><suffix>: the mean of each reward level (a level a reward lacks, gated off, is 0)."""
+    names = dict.fromkeys(k for lv in levels for k in lv)
+    return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
+
+
+def episode_metrics(summary, num_turns):
+    """A step's row of metrics.jsonl from its (merged) summary: turn 1's reward_mean/std/max and
+    levels, per turn t reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t}, its levels and
+    improvement_turn{t} (t > 1; None for a turn no node reached), sandbox_errors, score_errors."""
+    first = torch.tensor(summary[0]["rewards"])
+    m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if len(first) > 1 else 0.0,
+         "reward_max": first.max().item(), **level_means(summary[0]["levels"])}
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
+               ([f"improvement_turn{t}"] if t > 1 else [])
+        if t > len(summary):
+            m.update(dict.fromkeys(keys))
+            continue
+        turn = summary[t - 1]
+        values = torch.tensor(turn["rewards"])
+        m.update(zip(keys, [values.mean().item(), values.max().item(), sum(turn["terminated"]) / len(values),
+                            sum(turn["gains"]) / len(turn["gains"]) if t > 1 else None]))
+        m.update(level_means(turn["levels"], f"_turn{t}"))
+    m["sandbox_errors"] = sum(turn["sandbox_errors"] for turn in summary)
+    m["score_errors"] = sum(turn["score_errors"] for turn in summary)
+    return m
+
+
+def warn_scoring(m, step, total):
+    """Joint answers that could not be scored count 0: say so at every step. -> the error that stops
+    the run when none could be scored (the sandbox or the env is broken, not the agents)."""
+    bad = m["sandbox_errors"] + m["score_errors"]
+    if bad == total:
+        return (f"train.py: error: step {step}: none of the {total} joint answers could be scored "
+                f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
+    if bad:
+        tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count "
+                   f"as 0 ({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)",
+                   file=sys.stderr)
 
 # -----------------------------------------------------------------------------
 # The run directory: refuse to clobber a run, resume one, write checkpoints atomically
-
-
-def holds_a_run(out):
-    return os.path.isdir(out) and any(
-        name in ("args.json", "metrics.jsonl", "final.json") or name.startswith(("checkpoint-", "agent_"))
-        for name in os.listdir(out))
 
 
 def prepare_out(args):
     """Where the run starts: None (step 0) or the (step, path) of the checkpoint to resume from.
     A new run refuses an --out that holds a run; --resume refuses flags that would change the run."""
     if not args.resume:
-        if holds_a_run(args.out):
-            raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or pick another --out")
+        names = os.listdir(args.out) if os.path.isdir(args.out) else []
+        if any(n in ("args.json", "metrics.jsonl", "final.json") or n.startswith(("checkpoint-", "agent_"))
+               for n in names):
+            raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or pick "
+                             "another --out")
         return None
     for leftover in os.listdir(args.out) if os.path.isdir(args.out) else []:
         if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
@@ -194,14 +323,25 @@ def prepare_out(args):
         return None
     with open(os.path.join(checkpoint[1], models.CHECKPOINT_STATE)) as f:
         saved = json.load(f)["args"]
-    changed = [k for k in saved if k not in RESUMABLE and saved[k] != vars(args).get(k)]
-    if changed:
-        k = changed[0]
-        raise ValueError(f"--{k.replace('_', '-')}: the run in {args.out!r} used {saved[k]!r}, not {vars(args).get(k)!r}; "
-                         "resume with the same flags (only --steps and the save/eval/device flags may change)")
+    for k in (k for k in saved if k not in RESUMABLE and saved[k] != vars(args).get(k)):
+        raise ValueError(f"--{k.replace('_', '-')}: the run in {args.out!r} used {saved[k]!r}, not "
+                         f"{vars(args).get(k)!r}; resume with the same flags (only --steps and the "
+                         "save/eval/device flags may change)")
     if args.steps < checkpoint[0]:
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
+
+
+def start_out(args, checkpoint):
+    """--out made, metrics.jsonl cut back to the checkpoint's step, args.json (eval.py reads it)."""
+    if checkpoint is not None:
+        print(f"resuming {args.out} at step {checkpoint[0]} from {checkpoint[1]}", file=sys.stderr)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        cut_metrics(os.path.join(args.out, "metrics.jsonl"), 0 if checkpoint is None else checkpoint[0])
+        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
+    except OSError as e:
+        raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
 
 
 def write_atomic(path, text):
@@ -213,33 +353,50 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(path):
-    """Everything under `path` on disk, directories included, before it is renamed into place."""
-    for root, dirs, files in os.walk(path):
-        for name in files + dirs:
-            fsync_path(os.path.join(root, name))
-    fsync_path(path)
+    """Everything under `path` on disk, directories included (before it is renamed into place)."""
+    for p in [os.path.join(root, n) for root, dirs, files in os.walk(path) for n in files + dirs] + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def save_checkpoint(out, step, agents, args):
-    """OUT/checkpoint-<step> (named as HF Trainer does): each agent's weights (HF format) and
-    optimizer state, the RNG states, the step and the args. Written to a temporary directory,
-    fsync'd and renamed into place, so a kill at any instant leaves the previous complete
-    checkpoint or the new one. Keeps the newest --save-total-limit complete ones. A failed save (a full disk)
-    warns and leaves the earlier checkpoints alone: the run goes on. Returns whether it saved."""
+class SaveFailed(Exception):
+    """A checkpoint or the final agents could not be written (a full disk); nothing half written is left."""
+
+
+@contextlib.contextmanager
+def saving(out, what, *tmps):
+    """Any failure of a save as SaveFailed naming its cause and the newest complete checkpoint, the
+    partial copies `tmps` removed (a full disk raises OSError in os, SafetensorError in safetensors,
+    RuntimeError in torch.save, a bare Exception in tokenizers)."""
+    try:
+        yield
+    except Exception as e:
+        free = shutil.disk_usage(out).free / 2**20  # before the partial copies go: what the save left
+        for tmp in tmps:
+            shutil.rmtree(tmp, ignore_errors=True)
+        latest = models.latest_checkpoint(out)
+        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
+                 else "there is no complete checkpoint (--resume starts at step 0)")
+        raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
+                         + where) from None
+
+
+def save_checkpoint(out, step, agents, args, log=None):
+    """OUT/checkpoint-<step> (HF Trainer's name): each agent's weights and optimizer state, the RNG
+    states, the step and args, once `log` (metrics.jsonl) holds every row before it. Written aside,
+    fsync'd and renamed into place: a kill at any instant leaves the last complete checkpoint or
+    this one. Keeps the newest --save-total-limit. SaveFailed (a full disk) keeps the earlier ones."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
-        return True  # saved already (a signal right after a periodic save)
-    try:
+        return  # saved already (a signal right after a periodic save)
+    with saving(out, f"checkpoint-{step}", tmp):
+        if log is not None:
+            log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
         for i, agent in enumerate(agents):
             models.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
@@ -257,13 +414,7 @@ def save_checkpoint(out, step, agents, args):
         if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
             os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
         os.rename(tmp, final)
-        fsync_path(out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        latest = models.latest_checkpoint(out)
-        warnings.warn(f"could not save checkpoint-{step} ({e}); the newest complete one is "
-                      f"{latest[1] if latest else 'none'}: the run goes on")
-        return False
+        fsync_tree(out)
     complete = [c for c in models.checkpoints(out) if models.checkpoint_problem(c[1]) is None]
     keep = {path for _, path in complete[:args.save_total_limit]}
     for _, old in models.checkpoints(out):
@@ -274,30 +425,32 @@ def save_checkpoint(out, step, agents, args):
             os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
         shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
-    return True
 
 
 def save_final(out, step, agents, merged=False):
-    """OUT/agent_i, the trained agents (what eval.py --agents OUT and --model OUT/agent_0 read),
-    then OUT/final.json: agents without final.json are not final. The files are hard links to the
-    last checkpoint's where it can (no second copy on disk). With `merged` (--save-merged), a LoRA
-    agent also as a full HF model in OUT/agent_i/merged."""
+    """OUT/agent_i (eval.py --agents OUT reads them), hard links to the last checkpoint's files where
+    it can, then OUT/final.json (without it they are not final); `merged`: a LoRA agent also as a full
+    HF model in OUT/agent_i/merged. SaveFailed on a full disk."""
     source = os.path.join(out, f"checkpoint-{step}")
-    for i, agent in enumerate(agents):
-        tmp, dest = os.path.join(out, f".tmp-agent_{i}"), os.path.join(out, f"agent_{i}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if models.checkpoint_problem(source) is None:
-            shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
-                            ignore=shutil.ignore_patterns("optimizer.pt"))
-        else:
-            models.save_agent(agent, tmp)
-        if merged and models.is_lora(agent.model):
-            models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
-        fsync_tree(tmp)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.rename(tmp, dest)
-    write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
+    tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
+    with saving(out, f"the trained agents in {out}", *tmps):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
+        for i, (agent, tmp) in enumerate(zip(agents, tmps)):
+            dest = os.path.join(out, f"agent_{i}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if models.checkpoint_problem(source) is None:
+                shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
+                                ignore=shutil.ignore_patterns("optimizer.pt"))
+            else:
+                models.save_agent(agent, tmp)
+            if merged and models.is_lora(agent.model):
+                models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
+            fsync_tree(tmp)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
+        write_atomic(os.path.join(out, "final.json"), json.dumps({"step": step, "agents": len(agents)}))
 
 
 def link_or_copy(src, dst):
@@ -307,22 +460,50 @@ def link_or_copy(src, dst):
         shutil.copy2(src, dst)
 
 
-def restore_rng(checkpoint):
-    path = os.path.join(checkpoint[1], "rng_state.pt")
-    state = torch.load(path, weights_only=False)
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def cut_metrics(path, step):
-    """metrics.jsonl without the rows of steps >= `step` (they are about to be run again)."""
+    """metrics.jsonl without the rows of steps >= `step` (to be run again) or a line cut short."""
     if not os.path.exists(path):
         return
+    rows = []
     with open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+        for line in f:
+            with contextlib.suppress(ValueError):  # json's error for a line cut short
+                if json.loads(line)["step"] < step:
+                    rows.append(line.rstrip("\n") + "\n")
     write_atomic(path, "".join(rows))
+
+
+class RunFile:
+    """A file the run writes as it goes (metrics.jsonl, curve.svg): a failed write (a full disk) warns
+    once and the run goes on; lines appended in vain are written with the next ones, over what the
+    failure left half written, so the file catches up once the disk has room."""
+
+    def __init__(self, path):
+        self.path, self.pending, self.warned = path, "", False
+        self.size = os.path.getsize(path) if os.path.exists(path) else 0
+
+    def write(self, writer, *args):
+        """writer(*args), which writes this file; if it fails, a warning the first time."""
+        try:
+            writer(*args)
+        except OSError as e:
+            if not self.warned:
+                warnings.warn(f"could not write {self.path} ({e}); the run goes on (README: a full disk)")
+            self.warned = True
+
+    def append(self, line):
+        self.pending += line
+        self.write(self.sync, False)
+
+    def sync(self, fsync=True):
+        """Write the pending lines (and fsync: a checkpoint needs every row before it). OSError."""
+        with open(self.path, "a") as f:
+            f.truncate(self.size)
+            f.write(self.pending)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        self.size, self.pending = os.path.getsize(self.path), ""
 
 # -----------------------------------------------------------------------------
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
@@ -333,14 +514,13 @@ class Stop(Exception):
 
 
 class Signals:
-    """While sampling, a signal abandons the step (nothing has changed yet); during the update it
-    waits for the step to finish, so the agents never hold half an update. Either way the run saves
-    a checkpoint and exits with 128 + the signal's number."""
-    NAMES = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    """A signal abandons the step while it samples (nothing has changed yet), else waits for its
+    update to end (no agent holds half an update); then a checkpoint, exit 128 + the signal."""
 
     def __init__(self):
         self.received, self.abandonable = None, False
-        self.previous = {s: signal.signal(s, self.handle) for s in self.NAMES}
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGHUP,
+                                                                   signal.SIGINT)}
 
     def handle(self, signum, frame):
         if self.received is None:
@@ -360,209 +540,22 @@ class Signals:
         finally:
             self.abandonable = False
 
-    def restore(self):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-def batch_at(env, seed, step, batch_size):
-    """The examples of a step: shuffled epochs (every example is seen once before any repeats),
-    each epoch's order from (seed, epoch) alone, so step k's batch needs no state of earlier steps."""
-    n, batch = len(env.examples), []
-    for pos in range(step * batch_size, (step + 1) * batch_size):
-        order = random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)
-        batch.append(env.examples[order[pos % n]])
-    return batch
-
-
-def train(args):
-    """A whole run: check the flags, prepare --out (refuse, or resume), then the steps. A bad flag
-    ends it with one line naming the flag; a signal with a checkpoint and exit status 128 + signum.
-    Under torchrun every process runs this; process 0 alone logs and saves."""
-    local_rank, local_world = start_processes()
-    main = rank() == 0
-    try:
-        env, cfg = resolve_flags(args)
-        checkpoint = prepare_out(args)
-        agents, expert = build(args, env, checkpoint, local_rank, local_world)
-        eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split") if args.eval_every > 0 else None
-    except ValueError as e:
-        sys.exit(f"train.py: error: {e}")
-    barrier()  # every process has read --out before process 0 writes into it
-    start = 0 if checkpoint is None else checkpoint[0]
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    log_path = os.path.join(args.out, "metrics.jsonl")
-    if checkpoint is not None:
-        restore_rng(checkpoint)
-    if main:
-        if checkpoint is not None:
-            print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
-        os.makedirs(args.out, exist_ok=True)
-        cut_metrics(log_path, start)
-        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))  # eval.py --agents reads it
-    signals = Signals()
-    try:
-        with open(log_path, "a") if main else contextlib.nullcontext() as log:
-            step, signum = run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals)
-    finally:
-        signals.restore()
-    check_ranks_agree(agents)
-    saved = save_checkpoint(args.out, step, agents, args) if main else True
-    if main and signum is None and saved:
-        save_final(args.out, step, agents, merged=args.save_merged)
-        print(f"wrote {log_path} and {len(agents)} agents under {args.out}/agent_*")
-    barrier()  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None:
-        sys.exit(128 + signum)
-    if not saved:
-        sys.exit(f"train.py: error: could not save the final checkpoint under {args.out!r} (see the warning above)")
-    return log_path
-
-
-def run_steps(args, cfg, env, agents, expert, eval_env, start, log, signals):
-    """Steps start .. --steps - 1, a checkpoint every --save-every, curve.svg every 10 steps.
-    Returns (the number of steps done, the signal that stopped the run or None). Under torchrun
-    each process samples and scores its share of the step's prompts, the update sums over all
-    (magrpo.update_team), and the processes decide together to stop."""
-    main, recent, last_turn = log is not None, [], f"reward_mean_turn{cfg.num_turns}"
-    curve = os.path.join(args.out, "curve.svg")
-    history = [json.loads(line) for line in open(log.name) if line.strip()] if main else []
-    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
-               total=args.steps, disable=not main)
-    for step in bar:
-        batch = batch_at(env, args.seed, step, args.batch_size)
-        seeds = [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))]  # seeded per prompt
-        batch, seeds = my_share(batch), my_share(seeds)
-        t0 = time.time()
-        try:
-            with signals.abandon_on_signal():  # sampling and scoring change nothing: a signal drops the step
-                turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert)
-        except Stop:
-            turns = None
-        votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
-        signum = next((s for s, _ in votes if s is not None), None)
-        if any(abandoned for _, abandoned in votes):
-            return step, signum
-        summary = merge_summaries(gather(episode_summary(turns)))
-        m = {"step": step, **episode_metrics(None, cfg.num_turns, summary), **magrpo.update_team(agents, turns, cfg)}
-        m["seconds"] = round(time.time() - t0, 4)
-        warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
-        last = step == args.steps - 1
-        if main and eval_env is not None and (step % args.eval_every == 0 or last):
-            rewards = evaluation.team_rewards(agents, eval_env, cfg, args.eval_limit, expert)
-            m["eval_reward_mean"] = rewards[0]
-            m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
-            tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
-                       f"({eval_env.name}, {args.eval_split})")
-        signum = next((s for s in gather(signals.received) if s is not None), None)
-        if args.save_every and (step + 1) % args.save_every == 0:
-            check_ranks_agree(agents)
-        if not main:
-            if signum is not None:
-                return step + 1, signum
-            continue
-        log.write(json.dumps(m) + "\n")
-        log.flush()
-        history.append(m)
-        if step % 10 == 9 or last or signum is not None:
-            write_curve(curve, history)
-        if args.save_every and (step + 1) % args.save_every == 0 and not last:
-            os.fsync(log.fileno())
-            save_checkpoint(args.out, step + 1, agents, args)
-        shown = m[last_turn] if m[last_turn] is not None else m["reward_mean"]
-        recent = (recent + [shown])[-20:]
-        bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
-        if step % max(1, args.steps // 10) == 0 or last:
-            tqdm.write(f"step {step:5d} reward " +
-                       " -> ".join(f"{m[f'reward_mean_turn{t}'] or 0:.3f}" for t in range(1, cfg.num_turns + 1)) +
-                       " | " + " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
-        if signum is not None:
-            return step + 1, signum
-    return args.steps, None
-
-# -----------------------------------------------------------------------------
-# What an episode scored (metrics.jsonl; README "Multi-turn" for the per-turn keys)
-
-
-def episode_summary(turns):
-    """Per turn, as plain lists (a data-parallel run gathers them): every node's reward, levels and
-    solved flag; per revised group its children's mean reward minus its parent's; the errors."""
-    out = []
-    for t, turn in enumerate(turns):
-        values = turn.values()
-        gains = [(values[k].mean() - float(turns[t - 1].rewards[g.parent])).item()
-                 for k, g in enumerate(turn.groups)] if t else []
-        out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
-                    "levels": [dict(getattr(r, "levels", None) or {}) for r in turn.rewards],
-                    "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in turn.rewards),
-                    "score_errors": sum(isinstance(r, magrpo.ScoreError) for r in turn.rewards)})
-    return out
-
-
-def merge_summaries(summaries):
-    """Several processes' episode summaries as one, turn by turn, in process order."""
-    return [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if isinstance(summaries[0][0][k], list) else 0)
-             for k in summaries[0][0]} for t in range(max(len(s) for s in summaries))]
-
-
-def level_means(levels):
-    """The mean of each reward level over `levels` dicts (a level a reward lacks, gated off, is 0)."""
-    names = dict.fromkeys(k for lv in levels for k in lv)
-    return {k: sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
-
-
-def episode_metrics(turns, num_turns, summary=None):
-    """reward_mean/std/max and level_<name> of turn 1 (the single-turn numbers); per turn t
-    reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t}, level_<name>_turn{t} and for t > 1
-    improvement_turn{t}, None for a turn no node reached; sandbox_errors, score_errors (scored 0).
-    summary: episode_summary's lists instead of `turns` (merged over processes)."""
-    summary = summary if summary is not None else episode_summary(turns)
-    first = torch.tensor(summary[0]["rewards"])
-    m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if first.numel() > 1 else 0.0,
-         "reward_max": first.max().item(), **{f"level_{k}": v for k, v in level_means(summary[0]["levels"]).items()}}
-    for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
-               ([f"improvement_turn{t}"] if t > 1 else [])
-        if t > len(summary):
-            m.update(dict.fromkeys(keys))
-            continue
-        turn = summary[t - 1]
-        values = torch.tensor(turn["rewards"])
-        m.update(zip(keys, [values.mean().item(), values.max().item(), sum(turn["terminated"]) / len(values),
-                            sum(turn["gains"]) / len(turn["gains"]) if t > 1 else None]))
-        m.update({f"level_{k}_turn{t}": v for k, v in level_means(turn["levels"]).items()})
-    m["sandbox_errors"] = sum(turn["sandbox_errors"] for turn in summary)
-    m["score_errors"] = sum(turn["score_errors"] for turn in summary)
-    return m
-
-
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
 
 
 def start_processes():
-    """Under torchrun (it sets WORLD_SIZE, RANK, LOCAL_RANK): join the process group. Returns
-    (local rank, processes on this node); (0, 1) alone."""
+    """Under torchrun (WORLD_SIZE, RANK, LOCAL_RANK set): join the group. -> (local rank, local size)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-def rank():
-    return torch.distributed.get_rank() if magrpo.data_parallel() else 0
-
-
-def barrier():
-    if magrpo.data_parallel():
-        torch.distributed.barrier()
-
-
 def gather(obj):
     """obj from every process, in process order ([obj] alone)."""
-    if not magrpo.data_parallel():
-        return [obj]
-    out = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
+    out = [obj] * (torch.distributed.get_world_size() if magrpo.data_parallel() else 1)
+    if magrpo.data_parallel():
+        torch.distributed.all_gather_object(out, obj)
     return out
 
 
@@ -573,76 +566,60 @@ def weights_digest(agents):
 
 
 def check_ranks_agree(agents):
-    """Data parallelism must keep every process's agents identical (the same summed gradients, the
-    same optimizer step): compare their weights' digests at every checkpoint; a difference is a
-    bug, and the run stops rather than save either copy."""
+    """Every process's agents must stay identical (the same summed gradients and steps): compare their
+    digests at every checkpoint; a difference is a bug: stop rather than save either copy."""
     digests = gather(weights_digest(agents))
     if any(d != digests[0] for d in digests):
         raise RuntimeError(f"the processes' agents differ: {digests}")
 
 
+def world():
+    """(this process's rank, the number of processes); (0, 1) alone."""
+    dp = magrpo.data_parallel()
+    return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dp else (0, 1)
+
+
 def my_share(items):
-    """This process's contiguous share of a step's items (all of them alone): with the prompts'
-    own seeds, N processes sample exactly what one process samples for the same global batch."""
-    if not magrpo.data_parallel():
-        return items
-    r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    """This process's contiguous share of a step's items (with the prompts' own seeds, N processes
+    sample exactly what one samples)."""
+    r, w = world()
     return items[r * len(items) // w:(r + 1) * len(items) // w]
 
+# -----------------------------------------------------------------------------
+# The learning curve, OUT/curve.svg
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def curve_series(rows):
-    """What curve.svg draws, per key: the first turn's reward and each of its levels, the last
-    turn's reward (multi-turn) and the in-training eval reward."""
-    keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
-    last = max((int(k.removeprefix("reward_mean_turn")) for k in rows[0] if k.startswith("reward_mean_turn")), default=1)
-    keys += [f"reward_mean_turn{last}"] if last > 1 else []
-    keys += ["eval_reward_mean"] if any("eval_reward_mean" in r for r in rows) else []
-    return {k: [(r["step"], r[k]) for r in rows if r.get(k) is not None] for k in keys}
-
-
 def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve as a small hand-written SVG (no plotting library): each series of
-    curve_series over the steps, smoothed by a running mean over 1/30 of the run."""
-    series = {k: v for k, v in curve_series(rows).items() if v} if rows else {}
-    if not series:
-        return
+    """The learning curve as a small hand-written SVG: turn 1's reward and levels, the last turn's
+    reward, the in-training eval reward, each smoothed by a running mean over 1/30 of the run."""
+    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
+    keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    keys += [f"reward_mean_turn{last}"] * (last > 1) + ["eval_reward_mean"]
+    series = {k: v for k in keys if (v := [(r["step"], r[k]) for r in rows if r.get(k) is not None])}
     steps = [s for v in series.values() for s, _ in v]
-    top = max(max(y for _, y in v) for v in series.values()) or 1.0
+    top = max(y for v in series.values() for _, y in v) or 1.0
     x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right = width - legend  # the plot's right edge; the legend stands beyond it
-    X = lambda s: pad + (s - x0) / (x1 - x0) * (right - pad)  # noqa: E731
-    Y = lambda y: height - pad - max(0.0, y) / top * (height - 2 * pad)  # noqa: E731
-    w = max(1, len(rows) // 30)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+    right, w = width - legend, max(1, len(rows) // 30)  # the plot's right edge (the legend beyond); smoothing
+
+    def at(s, y):  # a point's SVG coordinates
+        x = pad + (s - x0) / (x1 - x0) * (right - pad)
+        return f"{x:.1f},{height - pad - max(0.0, y) / top * (height - 2 * pad):.1f}"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
              f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
-             f'<text x="{pad - 5}" y="{Y(top) + 4:.1f}" text-anchor="end">{top:.3g}</text>',
-             f'<text x="{pad - 5}" y="{Y(0) + 4:.1f}" text-anchor="end">0</text>',
+             f'<text x="{pad - 5}" y="{pad + 4}" text-anchor="end">{top:.3g}</text>',
+             f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
              f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
              f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
     for n, (key, points) in enumerate(series.items()):
-        ys = [y for _, y in points]
-        smooth = [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
-        color = COLORS[n % len(COLORS)]
-        line = " ".join(f"{X(s):.1f},{Y(y):.1f}" for (s, _), y in zip(points, smooth))
+        ys, color = [y for _, y in points], COLORS[n % len(COLORS)]
+        line = " ".join(at(s, sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]))
+                        for i, (s, _) in enumerate(points))
         parts += [f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>',
                   f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{key}</text>']
     write_atomic(path, "\n".join(parts + ["</svg>\n"]))
-
-
-def warn_scoring(m, step, total):
-    """Joint answers that could not be scored count as 0: say so at every step it happens, and stop
-    when nothing could be scored (the sandbox or the env is broken, not the agents)."""
-    bad = m["sandbox_errors"] + m["score_errors"]
-    if bad == total:
-        sys.exit(f"train.py: error: step {step}: none of the {total} joint answers could be scored "
-                 f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
-    if bad:
-        tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count as 0 "
-                   f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 bad flag is one clear line."""
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,6 +219,233 @@ def test_a_failed_save_warns_and_the_run_goes_on(tmp_path, monkeypatch):
                                       "--save-every", "1", "--out", str(out)]))
     assert [c[0] for c in models.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
     assert len(rows_of(out)) == 3
+
+
+class FullDisk:
+    """A stand-in for a full disk where none can be mounted: while `full`, each writer a save uses
+    writes part of its file (train.py's own files all but their last 10 characters: a row cut
+    short), then raises what it raises on a full disk (as measured on a tmpfs): safetensors a
+    SafetensorError, torch.save a RuntimeError, the tokenizers library a bare Exception, and
+    train.py's own files (metrics.jsonl, curve.svg, trainer_state.json, final.json) an OSError."""
+
+    def __init__(self, monkeypatch, writers=("safetensors", "torch", "tokenizer", "open")):
+        import builtins
+        import transformers
+        import transformers.modeling_utils as modeling
+        from safetensors import SafetensorError
+        enospc = lambda: OSError(28, "No space left on device")  # noqa: E731
+        safetensors = "Error while serializing: I/O error: No space left on device (os error 28)"
+        pytorch = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+        errors = {"safetensors": lambda: SafetensorError(safetensors), "torch": lambda: RuntimeError(pytorch),
+                  "tokenizer": lambda: Exception("No space left on device (os error 28)"), "open": enospc}
+        self.full, tokenizers = False, transformers.PreTrainedTokenizerBase
+
+        def failing(name, real, path_of):
+            def write(*a, **k):
+                if not (self.full and name in writers):
+                    return real(*a, **k)
+                Path(path_of(*a, **k)).write_bytes(b"\0" * 100)  # what was written before the disk filled
+                raise errors[name]()
+            return write
+
+        def open_(file, mode="r", *a, **k):
+            f = builtins.open(file, mode, *a, **k)
+            if self.full and "open" in writers and any(c in mode for c in "wa"):
+                def write(text, real=f.write):
+                    real(text[:-10])
+                    f.flush()
+                    raise errors["open"]()
+                f.write = write
+            return f
+
+        monkeypatch.setattr(modeling, "safe_save_file", failing("safetensors", modeling.safe_save_file,
+                                                                lambda tensors, path, **k: path))
+        monkeypatch.setattr(torch, "save", failing("torch", torch.save, lambda obj, path, *a, **k: path))
+        tokenizer_json = lambda tok, d, *a, **k: Path(d) / "tokenizer.json"  # noqa: E731
+        monkeypatch.setattr(tokenizers, "save_pretrained",
+                            failing("tokenizer", tokenizers.save_pretrained, tokenizer_json))
+        monkeypatch.setattr(train, "open", open_, raising=False)
+
+    def from_update(self, monkeypatch, k):
+        """The disk fills during the k-th update (counted from 1) and stays full."""
+        real, done = magrpo.update_team, []
+
+        def update_team(*a, **kw):
+            done.append(1)
+            self.full = self.full or len(done) >= k
+            return real(*a, **kw)
+        monkeypatch.setattr(magrpo, "update_team", update_team)
+
+
+@pytest.mark.parametrize("writer, cause", [("safetensors", "SafetensorError: .*No space left"),
+                                           ("torch", "RuntimeError: .*unexpected pos"),
+                                           ("tokenizer", "Exception: No space left"),
+                                           ("open", "OSError: .*No space left")])
+def test_save_checkpoint_fails_whole_whatever_writer_fails(tmp_path, monkeypatch, writer, cause):
+    """Any writer of a save that fails is a failed save: SaveFailed names the cause and the newest
+    complete checkpoint, the partial copy is gone, the earlier checkpoint stays; the next save works."""
+    out = str(tmp_path / "run")
+    args = train.parse_args(QUICK + ["--out", out])
+    agents, _ = train.build(args, train.resolve_flags(args)[0])
+    train.save_checkpoint(out, 1, agents, args)
+    disk = FullDisk(monkeypatch, writers=(writer,))
+    disk.full = True
+    newest = f"{out}/checkpoint-1 is the newest complete checkpoint \\(--resume continues from it\\)"
+    with pytest.raises(train.SaveFailed, match=f"could not save checkpoint-2 \\({cause}.*; {newest}"):
+        train.save_checkpoint(out, 2, agents, args)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
+    disk.full = False
+    train.save_checkpoint(out, 2, agents, args)
+    assert [c[0] for c in models.checkpoints(out)] == [2, 1]
+    assert models.checkpoint_problem(out + "/checkpoint-2") is None
+
+
+def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tmp_path, monkeypatch, capsys,
+                                                                                 uninterrupted):
+    """The disk fills during step 2 and stays full: metrics.jsonl and curve.svg warn once each, the
+    save at 4 and the final one fail; the run ends with one line naming checkpoint-2. Once there is
+    room again, --resume gives the uninterrupted run (the half-written row cut away)."""
+    out = tmp_path / "run"
+    disk = FullDisk(monkeypatch)
+    disk.from_update(monkeypatch, 3)
+    with pytest.warns(UserWarning) as warned, pytest.raises(SystemExit) as stop:
+        train.train(train.parse_args(QUICK + ["--save-every", "2", "--out", str(out)]))
+    messages = [str(w.message) for w in warned if "could not" in str(w.message)]
+    assert [m.split(" (")[0] for m in messages] == [
+        f"could not write {out}/metrics.jsonl", "could not save checkpoint-4",
+        f"could not write {out}/curve.svg"]
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert stop.value.code == 1 and "Traceback" not in err
+    assert last.startswith("train.py: error: could not save checkpoint-6 (OSError: [Errno 28] No space left")
+    assert last.endswith(f"{out}/checkpoint-2 is the newest complete checkpoint (--resume continues from it)")
+    assert [c[0] for c in models.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
+    with pytest.raises(ValueError):
+        json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # a row cut short
+    monkeypatch.undo()  # room again
+    train.train(train.parse_args(QUICK + ["--save-every", "2", "--resume", "--out", str(out)]))
+    assert same_run(rows_of(out), uninterrupted)
+
+
+def test_save_final_that_fails_names_the_last_checkpoint_and_resume_finishes(tmp_path, monkeypatch, capsys):
+    """The disk fills while the trained agents are written (final.json cannot be): exit 1, one line
+    naming checkpoint-2; --resume (nothing left to train) writes them again, then final.json."""
+    disk, real = FullDisk(monkeypatch, writers=("open",)), train.save_final
+
+    def save_final_on_a_full_disk(*a, **k):
+        disk.full = True
+        return real(*a, **k)
+    monkeypatch.setattr(train, "save_final", save_final_on_a_full_disk)
+    out = tmp_path / "run"
+    flags = ["--steps", "2", "--num-generations", "2", "--max-new-tokens", "4", "--out", str(out)]
+    with pytest.raises(SystemExit) as stop:
+        train.train(train.parse_args(flags))
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 1 and "No space left on device" in last
+    assert last.startswith(f"train.py: error: could not save the trained agents in {out} (OSError: ")
+    assert last.endswith(f"{out}/checkpoint-2 is the newest complete checkpoint (--resume continues from it)")
+    assert not (out / "final.json").exists() and not list(out.glob(".tmp-*"))
+    monkeypatch.undo()
+    train.train(train.parse_args(flags + ["--resume"]))
+    assert json.loads((out / "final.json").read_text())["step"] == 2
+    assert (out / "agent_1" / "config.json").exists()
+
+
+def mountable_tmpfs(where):
+    """None if `unshare` can mount a tmpfs here (a user and mount namespace), else why not."""
+    if shutil.which("unshare") is None:
+        return "no unshare"
+    p = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                        f"mount -t tmpfs -o size=64k tmpfs {where}"], capture_output=True, text=True)
+    return None if p.returncode == 0 else p.stderr.strip() or f"exit {p.returncode}"
+
+
+def test_a_full_disk_on_a_small_tmpfs_ends_the_run_in_one_line_and_resume_finishes_it(tmp_path,
+                                                                                       uninterrupted):
+    """The issue's test: --out on a 3.5 MB tmpfs, room for one demo checkpoint (2.2 MB) but not two.
+    The save at step 4 fails (safetensors: no space left), the run goes on, the final save fails:
+    one line naming checkpoint-2, no traceback. The run copied to the real disk resumes to the
+    uninterrupted run's exact rewards. (test_a_full_disk_stand_in checks the same anywhere.)"""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    why = mountable_tmpfs(mnt)
+    if why:
+        pytest.skip(f"cannot mount a tmpfs here ({why})")
+    flags = " ".join(QUICK + ["--save-every", "2", "--out", f"{mnt}/run"])
+    script = (f"mount -t tmpfs -o size=3500k tmpfs {mnt} && {sys.executable} train.py {flags} "
+              f"2> {tmp_path}/err; echo $? > {tmp_path}/rc; cp -a {mnt}/run {tmp_path}/run")
+    subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT,
+                   check=True, timeout=300)
+    err = (tmp_path / "err").read_text()
+    last = err.strip().splitlines()[-1]
+    assert (tmp_path / "rc").read_text().strip() == "1" and "Traceback" not in err, err[-3000:]
+    assert "UserWarning: could not save checkpoint-4 (SafetensorError: " in err and "No space left" in err
+    assert last.startswith("train.py: error: could not save checkpoint-6 (SafetensorError: ")
+    assert last.endswith(f"{mnt}/run/checkpoint-2 is the newest complete checkpoint (--resume continues "
+                         "from it)")
+    out = tmp_path / "run"
+    assert [c[0] for c in models.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
+    train.train(train.parse_args(QUICK + ["--save-every", "2", "--resume", "--out", str(out)]))
+    assert same_run(rows_of(out), uninterrupted)
+
+
+def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_path, monkeypatch,
+                                                                           uninterrupted):
+    """From step 3 on every reward raises: the run stops before step 3's update, saves
+    checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
+    import envs
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.update_team, []
+
+    def reward(self, example, outputs):
+        if len(done) >= 3:
+            raise ValueError("the scorer is broken")
+        return real_reward(self, example, outputs)
+
+    def update_team(*a, **k):
+        done.append(1)
+        return real_update(*a, **k)
+    monkeypatch.setattr(envs.DemoEnv, "reward", reward)
+    monkeypatch.setattr(magrpo, "update_team", update_team)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
+    assert stop.value.code == ("train.py: error: step 3: none of the 4 joint answers could be scored "
+                               "(0 sandbox failures, 4 scoring errors)")
+    assert models.latest_checkpoint(str(out))[0] == 3 and [c[0] for c in models.checkpoints(str(out))] == [3]
+    assert [r["step"] for r in rows_of(out)] == [0, 1, 2] and not (out / "final.json").exists()
+    monkeypatch.undo()
+    train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
+    assert same_run(rows_of(out), uninterrupted)
+
+
+def test_cut_metrics_keeps_the_rows_before_the_step_and_drops_a_line_cut_short(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    train.cut_metrics(str(path), 2)
+    assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+    path.write_text('{"step": 0}\n{"step": 1}')  # a last row whole but for its newline
+    train.cut_metrics(str(path), 5)
+    assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_runfile_warns_once_and_catches_up_when_the_disk_has_room(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    log, disk = train.RunFile(str(path)), FullDisk(monkeypatch)
+    log.append('{"step": 0}\n')
+    disk.full = True
+    with pytest.warns(UserWarning, match="could not write .*metrics.jsonl .*No space left") as warned:
+        log.append('{"step": 1}\n')
+        log.append('{"step": 2}\n')
+        log.write(train.write_atomic, str(path), "a whole file")
+    assert len(warned) == 1
+    assert path.read_text() == '{"step": 0}\n{"step": 1}\n{"'  # the last try, cut short
+    with pytest.raises(OSError):
+        log.sync()  # what a checkpoint asks first: refused while rows are missing
+    disk.full = False
+    log.append('{"step": 3}\n')
+    log.sync()
+    assert path.read_text() == "".join(f'{{"step": {k}}}\n' for k in range(4))
+    assert log.size == path.stat().st_size
 
 
 @pytest.mark.slow
