@@ -1,14 +1,13 @@
 """
 The agents' weights: the built-in tiny model, loading by hub name or local path, LoRA adapters on one
 shared frozen base, saving (HF and peft formats), checkpoints on disk, and where each agent runs.
-The algorithm (magrpo.py) never imports this file: it sees an Agent's model, tokenizer, optimizer.
+magrpo.py never imports this file: the algorithm sees an Agent's model, tokenizer and optimizer.
 
     models.load_agent("tiny", "cpu", "float32", seed=0)                 # an Agent (no optimizer yet)
     models.load_agent("Qwen/Qwen2.5-Coder-3B", "cuda:0", "bfloat16", 0, lora=models.LoRAConfig(16))
     models.save_agent(agent, "out/agent_0")                              # HF weights, or a peft adapter
 
-README: "Scale: LoRA agents on one base" (why and how the base is shared), "Runs that survive"
-(checkpoints). Try it: python train.py --lora-r 4; python -m pytest tests/test_lora.py -q
+README: "Scale" (LoRA on a shared base), "Runs that survive" (checkpoints). Try: python train.py --lora-r 4
 """
 import copy
 import itertools
@@ -25,17 +24,16 @@ import torch
 from magrpo import Agent
 
 TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
-# The tiny demo model learns from scratch: high lr, short outputs, big groups; its code never runs long.
-# train.py and eval.py both read these; real models get the paper's (train.py PAPER_DEFAULTS).
+# It learns from scratch (high lr, short outputs, big groups) and its code never runs long (train.py and
+# eval.py read these; real models get the paper's).
 TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
                      temperature=1.0, top_p=1.0, test_timeout=3.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CHECKPOINT_STATE = "trainer_state.json"  # in every checkpoint-<step>: the step, the args, every file's size
+CHECKPOINT_STATE = "trainer_state.json"  # in every checkpoint-<step>: the step, the args, each file's size
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
 TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: the seed its random base is built from
-# peft's default targets for Qwen2/Llama-style models: every attention and MLP projection; GPT-2's Conv1D
-# layers have other names.
+# peft's default targets (Qwen2/Llama: every attention and MLP projection; GPT-2's Conv1D layers)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
 
@@ -44,8 +42,8 @@ LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
 
 
 def tiny_tokenizer():
-    """A byte-level tokenizer made in code: the 256 bytes plus EOS and PAD, so any text round-trips.
-    A PreTrainedTokenizerFast, so save_pretrained/from_pretrained work."""
+    """A byte-level tokenizer made in code (256 bytes, EOS, PAD: any text round-trips), a
+    PreTrainedTokenizerFast, so save_pretrained/from_pretrained work."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
@@ -81,8 +79,8 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
 
 
 def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
-    """(model, tokenizer): the tiny model for "tiny", else from_pretrained by hub name or local
-    directory (e.g. a train.py OUT/agent_0). ValueError with one line when it cannot be loaded."""
+    """(model, tokenizer): the tiny model, or from_pretrained by hub name or local directory (a
+    train.py OUT/agent_0). ValueError, one line, when it cannot be loaded."""
     if name_or_path == TINY:
         tok = tiny_tokenizer()
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
@@ -108,8 +106,7 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     return model.to(device), tok
 
 
-def quiet_transformers():
-    """No progress bar for every shard loaded or written (a checkpoint would bury the training bar)."""
+def quiet_transformers():  # no progress bar per shard loaded or saved: it would bury the training bar
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
 
@@ -118,7 +115,7 @@ def quiet_transformers():
 
 
 class LoRAError(ValueError):
-    """A bad LoRA setting; its message names its own flag (--lora-r, --lora-target-modules)."""
+    """A bad LoRA setting; its message names its own flag."""
 
 
 @dataclass
@@ -136,9 +133,8 @@ class LoRAConfig:
 class LoRALinear(torch.nn.Module):
     """A frozen linear layer plus a trainable low-rank update (Hu et al. 2021):
         y = base(x) + (x A^T B^T) * alpha / r,   A: [r, in], B: [out, r].
-    A as peft draws it (U(-1/sqrt(in), 1/sqrt(in))), B zero: a new agent is its base, logit for logit.
-    The adapter is fp32 whatever the base's dtype (plain AdamW then keeps RL-sized updates). `base`
-    is an nn.Linear or GPT-2's Conv1D, whose weight is stored [in, out] (peft's fan_in_fan_out)."""
+    A as peft draws it, B zero: a new agent is its base, logit for logit. The adapter is fp32 whatever
+    the base's dtype (plain AdamW then keeps RL-sized updates). `base`: nn.Linear, or GPT-2's Conv1D."""
 
     def __init__(self, base, r, alpha, generator=None):
         from transformers.pytorch_utils import Conv1D
@@ -166,15 +162,13 @@ def is_lora(model):
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def is_adapter(path):
-    """Whether `path` is a directory holding a saved adapter (ours, or peft's)."""
+def is_adapter(path):  # a directory holding a saved adapter, ours or peft's
     return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
 def lora_targets(model, targets):
-    """The linear layers named by `targets` (a name or a "." + name suffix: peft's rule). Every target
-    must match, and none may share its weight with another layer (merging a tied lm_head would change
-    the embeddings)."""
+    """The linear layers named by `targets` (a name or "." + name suffix: peft's rule); each target must
+    match, none may share its weight (merging a tied lm_head would change the embeddings)."""
     from transformers.pytorch_utils import Conv1D
     linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
 
@@ -202,9 +196,9 @@ def shared_copy(model, fresh=()):
     return copy.deepcopy(model, memo)
 
 
-def add_lora(base, lora, seed=0, base_name=TINY):
-    """A new agent: a shared_copy of the frozen `base` with its target layers wrapped in LoRALinear
-    (A drawn from `seed` by a generator of its own). model.lora_config is peft's adapter_config.json."""
+def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
+    """A new agent: a shared_copy of the frozen `base`, its target layers wrapped in LoRALinear (A from
+    `seed`, a generator of its own). model.lora_config: peft's adapter_config.json."""
     base.requires_grad_(False)
     model = shared_copy(base)
     names = lora.target_modules or LORA_TARGETS_BY_MODEL_TYPE.get(model.config.model_type, LORA_TARGETS)
@@ -217,6 +211,7 @@ def add_lora(base, lora, seed=0, base_name=TINY):
                          "lora_dropout": 0.0, "bias": "none", "target_modules": list(names),
                          "fan_in_fan_out": any(getattr(m, "fan_in_fan_out", False) for m in model.modules()),
                          "base_model_name_or_path": base_name}
+    model.tiny_base_seed = base_seed if base_name == TINY else None
     return model
 
 
@@ -232,23 +227,21 @@ def shared_base(name, device, dtype, seed, bases):
 
 def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
     """(model, tokenizer) of a LoRA agent: a saved adapter directory (ours or peft's) loads as its base
-    + that adapter, trainable (`lora`, if given, must match it); any other model name becomes base + a
-    new adapter of shape `lora`, A drawn from `seed`. A tiny base is built from base_seed (default seed)."""
+    + that adapter, trainable (`lora`, if given, must match it); another model name becomes base + a
+    new adapter of shape `lora`, A from `seed`. A tiny base is built from base_seed (default seed)."""
     bases = {} if bases is None else bases
     if not is_adapter(name):
         if name != TINY and os.path.isdir(name):
             name = os.path.abspath(name)  # ./m and m are one base; the adapter's config works elsewhere
         base_seed = seed if base_seed is None else base_seed
         base, tok = shared_base(name, device, dtype, base_seed, bases)
-        model = add_lora(base, lora, seed, name)
-        model.tiny_base_seed = base_seed if name == TINY else None
-        return model, tok
+        return add_lora(base, lora, seed, name, base_seed), tok
     with open(os.path.join(name, ADAPTER_CONFIG)) as f:
         config = json.load(f)
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
                                "layers_to_transform") if config.get(k)]
-    unsupported += ["bias"] if config.get("bias", "none") != "none" else []
-    unsupported += ["target_modules as a regex"] if isinstance(config.get("target_modules"), str) else []
+    unsupported += ["bias"] * (config.get("bias", "none") != "none")
+    unsupported += ["a regex for target_modules"] * isinstance(config.get("target_modules"), str)
     if config.get("peft_type", "LORA") != "LORA" or unsupported:
         raise ValueError(f"{name!r}: an adapter with {', '.join(unsupported) or config.get('peft_type')}, "
                          "which this loader does not support")
@@ -266,13 +259,12 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
             tiny_seed = json.load(f)["seed"]
     base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
     try:
-        model = add_lora(base, saved, seed, base_name)
+        model = add_lora(base, saved, seed, base_name, tiny_seed)
     except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
         why = str(e).split(": ", 1)[1]
         raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
     model.lora_config.update((k, v) for k, v in config.items()
                              if k not in ("r", "lora_alpha", "magrpo_base_seed"))
-    model.tiny_base_seed = tiny_seed if base_name == TINY else None
     load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
     return model, tok
 
@@ -414,23 +406,18 @@ def model_names(args):
 
 def per_agent(values, n, flag):
     """A flag given once or as a list -> one value per agent."""
-    if len(values) == 1:
-        return values * n
-    if len(values) != n:
+    if len(values) not in (1, n):
         raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
-    return values
+    return values * (n // len(values))
 
 
 def agent_devices(device, n, local_rank=0, local_world=1):
     """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B agents
     with their optimizers do not fit one 80 GB GPU), else the CPU. Under torchrun, process
     `local_rank` of `local_world` on a node spreads its agents over its own share of the GPUs."""
-    gpus = torch.cuda.device_count()
-    devices = [d.strip() for d in device.split(",") if d.strip()]
-    if devices != ["auto"]:
-        return per_agent(devices, n, "--device")
-    if not gpus:
-        return ["cpu"] * n
+    devices, gpus = [d.strip() for d in device.split(",") if d.strip()], torch.cuda.device_count()
+    if devices != ["auto"] or not gpus:
+        return per_agent(devices if devices != ["auto"] else ["cpu"], n, "--device")
     share = gpus // local_world
     if share < 1:
         raise ValueError(f"--device: {local_world} processes on this node but {gpus} GPUs")

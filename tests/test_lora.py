@@ -222,7 +222,12 @@ def test_lora_adapter_loads_in_peft_as_peft_own(tok, tmp_path):
     randomize_adapters(agent.model)
     models.save_agent(agent, str(tmp_path / "ours"))
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(models.LORA_TARGETS), lora_dropout=0.0)
-    peft.get_peft_model(models.tiny_model(tok, seed=5), config).save_pretrained(tmp_path / "theirs")
+    theirs = peft.get_peft_model(models.tiny_model(tok, seed=5), config)
+    with torch.no_grad():  # B != 0, so that their adapter changes the logits
+        for n, p in theirs.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.2)
+    theirs.save_pretrained(tmp_path / "theirs")
 
     def load(adapter):  # on the tiny base the adapter was trained on (peft can't build "tiny" by name)
         with warnings.catch_warnings(record=True) as caught:
@@ -230,8 +235,14 @@ def test_lora_adapter_loads_in_peft_as_peft_own(tok, tmp_path):
             model = peft.PeftModel.from_pretrained(models.tiny_model(tok, seed=5), adapter)
         return model.eval(), sorted(str(w.message) for w in caught)
     ours, ours_warnings = load(tmp_path / "ours")
-    assert ours_warnings == load(tmp_path / "theirs")[1]
+    theirs, theirs_warnings = load(tmp_path / "theirs")
+    assert ours_warnings == theirs_warnings
     assert torch.equal(logits(ours, tok), logits(agent.model, tok))
+    config_path = tmp_path / "theirs" / "adapter_config.json"  # and we read peft's own files
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": "tiny"}))
+    (tmp_path / "theirs" / models.TINY_BASE).write_text('{"seed": 5}')
+    assert torch.equal(logits(models.load_agent(str(tmp_path / "theirs"), "cpu", "float32", 0).model, tok),
+                       logits(theirs, tok))
 
 
 def test_lora_adapter_without_a_base_is_one_line(tok, tmp_path):
