@@ -34,7 +34,7 @@ import models
 # Real models start from the paper's settings (Sec. 2: G = 4, lr 1e-5, 256 tokens; the env's own
 # defaults, the authors' configs, come first); the tiny model has its own (models.TINY_DEFAULTS).
 PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
-                      temperature=1.0, top_p=1.0)
+                      temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged"}
@@ -89,8 +89,8 @@ def resolve_flags(args):
     """Fill the defaults (the tiny model's, or the env's and the paper's), build the env, check every
     flag that needs no model -> (env, Config); args then holds the values the run uses (args.json)."""
     tiny = all(m == models.TINY for m in models.model_names(args))
-    if tiny and args.test_timeout is None:
-        args.test_timeout = models.TINY_DEFAULTS["test_timeout"]
+    if args.test_timeout is None:  # (the env needs it)
+        args.test_timeout = (models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS)["test_timeout"]
     env = envs.env_from_flags(args)
     for key, value in (models.TINY_DEFAULTS if tiny else {**PAPER_DEFAULTS, **env.defaults}).items():
         if getattr(args, key) is None:
