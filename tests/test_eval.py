@@ -106,7 +106,7 @@ def test_pass_any_reads_the_first_k_samples_and_pass_at_k_all_n():
 
 
 def test_a_sample_whose_scoring_raised_counts_as_zero():
-    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(None, error="ValueError: boom")]
+    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(magrpo.ScoreError("ValueError: boom"))]
     m, _ = ev.aggregate([recs], [1, 2])
     assert m["errors"] == 1 and m["reward"] == 0.5 and m["acc@2"] == 1.0
     assert ev.sample_record(object())["error"].startswith("TypeError")  # float() refuses it
@@ -168,20 +168,18 @@ def test_methods_with_scripted_agents(monkeypatch):
     seen = []
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.DemoEnv(num_examples=3)
-    args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8"])
-    ev.check_flags(args)
-    agents = [FakeAgent("h", 1.0), FakeAgent("b", 3.0)]
-    agents = [magrpo.Agent(a, None) for a in agents]
-    (par,) = ev.run_team(env, agents, env.examples[:2], args, 0)
-    assert [s.outputs for s in par[1]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]
-    assert par[0][0].seconds == 2.0 and par[0][0].tokens == 6
+    cfg, batch, seeds = magrpo.Config(num_generations=2, max_new_tokens=8), env.examples[:2], [0, 1]
+    agents = [magrpo.Agent(FakeAgent("h", 1.0), None), magrpo.Agent(FakeAgent("b", 3.0), None)]
+    (par,) = ev.run_team(env, agents, batch, cfg, seeds)
+    assert [s.outputs for s in par[2:]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]  # problem 1
+    assert par[0].seconds == 2.0 and par[0].tokens == 6
     seen.clear()
-    (seq,) = ev.run_sequential(env, agents, env.examples[:2], args, 0)
-    assert seq[0][0].seconds == 4.0
+    (seq,) = ev.run_sequential(env, agents, batch, cfg, seeds)
+    assert seq[0].seconds == 4.0
     assert "h1.1" in seen[1][1][3]  # the body agent's 4th prompt (problem 1, sample 1) shows h1.1
-    (disc,) = ev.run_discussion(env, agents, env.examples[:2], args, 0)
-    assert disc[0][0].seconds == 4.0 and disc[0][0].tokens == 12
-    assert disc[1][1].outputs[0].startswith("h3.0")  # the revision of problem 1, sample 1 (prompt 3)
+    (disc,) = ev.run_discussion(env, agents, batch, cfg, seeds)
+    assert disc[0].seconds == 4.0 and disc[0].tokens == 12
+    assert disc[3].outputs[0].startswith("h3.0")  # the revision of problem 1, sample 1 (prompt 3)
     assert "h1.1" in seen[-2][1][3]
 
 
@@ -200,9 +198,9 @@ def test_later_turns_revise_unsolved_samples_or_with_authors_rewards_every_sampl
         args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8", "--num-turns", "2", "--feedback",
                               "plain", *flags])
         ev.check_flags(args)
-        first, second = ev.run_team(env, agents, env.examples, args, 0)
-        assert [s.outputs[0] for s in first[0]] == ["h0.0", "h0.1"]
-        assert ["<" in s.outputs[0] for s in second[0]] == revised, flags  # a revision shows its prompt
+        first, second = ev.run_team(env, agents, env.examples, ev.sample_cfg(args), [0])
+        assert [s.outputs[0] for s in first] == ["h0.0", "h0.1"]
+        assert ["<" in s.outputs[0] for s in second] == revised, flags  # a revision shows its prompt
 
 
 def test_scoring_errors_never_abort(monkeypatch):
@@ -342,10 +340,9 @@ def test_single_agent_writing_evaluates(monkeypatch):
     seen = []
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.make_env("tldr", num_agents=1)
-    args = ev.parse_args(["--env", "tldr", "--num-agents", "1", "--num-samples", "2", "--max-new-tokens", "8"])
-    ev.check_flags(args)
-    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], args, 0)
-    assert len(samples[0][0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=8)
+    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], cfg, [0])
+    assert len(samples[0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
     good = "The post says cats like warm places and naps.\n[PARAGRAPH_SPLIT]\n" + DETAILED
     rec = ev.sample_record(env.reward(env.examples[0], (good,)))
     assert rec["reward"] > 1.0 and set(rec["levels"]) == {"structure", "coordination", "vocabulary", "style"}
