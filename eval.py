@@ -8,10 +8,9 @@ CPU demo, tiny agents on the offline demo env (no downloads):
     python train.py --out out && python eval.py --agents out --max-new-tokens 24 --out report.json
 Check the coding harness itself (the canonical solutions must give pass@1 = 1.0):
     python eval.py --env coding --dataset humaneval --methods oracle
-The paper's coding table (a GPU; paper sampling: 15 samples, T 0.8, top-p 0.95, 256 tokens):
-    python eval.py --env coding --dataset humaneval --split test --agents runs/code \
-        --model Qwen/Qwen2.5-Coder-3B --single-model Qwen/Qwen2.5-Coder-7B \
-        --methods magrpo,single,concat,sequential,discussion,oracle --out report.json
+The paper's coding table (a GPU; the paper's sampling is the default):
+    python eval.py --env coding --dataset humaneval --agents runs/code --model Qwen/Qwen2.5-Coder-3B \
+        --single-model Qwen/Qwen2.5-Coder-7B --out report.json
 """
 import argparse
 import dataclasses
@@ -31,7 +30,7 @@ METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
-# The paper's sampling (Sec. 6), the authors' test timeout; the tiny model's length and timeout: models.TINY_DEFAULTS
+# the paper's sampling (Sec. 6) and the authors' test timeout; the tiny model's own: models.TINY_DEFAULTS
 PAPER_DEFAULTS = dict(temperature=0.8, top_p=0.95, max_new_tokens=256, test_timeout=10.0)
 
 # -----------------------------------------------------------------------------
@@ -51,14 +50,15 @@ def pass_at_k(n, c, k):
 
 
 def _number(v):
-    return isinstance(v, (int, float, bool)) and math.isfinite(float(v))
+    return isinstance(v, (int, float)) and math.isfinite(v)  # bool is an int
 
 
 def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
-    """One joint sample's numbers: float(reward), its levels and numeric dataclass fields (tuple t as t_0,
+    """One joint sample's numbers: float(reward), its levels and numeric dataclass fields (a tuple t as t_0,
     t_1, ...). A magrpo.ScoreError, or a reward float() refuses, is reward 0 with its error kept."""
-    rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "outputs": outputs, "levels": {}, "fields": {},
-           "error": reward.error if isinstance(reward, magrpo.ScoreError) else None}  # its float() is 0
+    error = reward.error if isinstance(reward, magrpo.ScoreError) else None  # its float() is 0
+    rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "outputs": outputs, "error": error,
+           "levels": {}, "fields": {}}
     try:
         total = float(reward)
         if not math.isfinite(total):
@@ -67,9 +67,7 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
         rec["error"] = f"{type(e).__name__}: {e}"
         return rec
     rec["reward"], fields = total, rec["fields"]
-    levels = getattr(reward, "levels", None)
-    if isinstance(levels, dict):
-        rec["levels"] = {k: float(v) for k, v in levels.items() if _number(v)}
+    rec["levels"] = {k: float(v) for k, v in getattr(reward, "levels", {}).items() if _number(v)}
     for f in dataclasses.fields(reward) if dataclasses.is_dataclass(reward) else ():
         v = getattr(reward, f.name)
         if _number(v):
@@ -95,13 +93,14 @@ def _mean(xs):
 
 
 def aggregate(problems, ks):
-    """One method's (metrics, details) from its problems, each a list of sample records: test metrics
-    are means over problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
+    """One method's (metrics, details) from its problems' sample records: test metrics are means over
+    problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
     samples = [r for recs in problems for r in recs]
     metrics = {}
     if any("tests" in r for r in samples):  # per problem, its samples in sampling order
         ok = [[all_passed(r) for r in recs] for recs in problems]
-        rates = [[p / n if n else 0.0 for p, n in (r.get("tests", (0, 0)) for r in recs)] for recs in problems]
+        rates = [[p / n if n else 0.0 for p, n in (r.get("tests", (0, 0)) for r in recs)]
+                 for recs in problems]
         metrics.update({f"pass@{k}": _mean(pass_at_k(len(o), sum(o), k) for o in ok) for k in ks})
         metrics.update({f"pass_any@{k}": _mean(any(o[:k]) for o in ok) for k in ks})
         metrics.update({f"acc@{k}": _mean(max(r[:k]) for r in rates) for k in ks})
@@ -113,7 +112,7 @@ def aggregate(problems, ks):
     metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
     metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
-    details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # the reward's order
+    details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # reward's order
     for name in levels:
         metrics[f"level_{name}"] = _mean(r["levels"].get(name, 0.0) for r in samples)
         details[f"earned/{name}"] = _mean(r["levels"].get(name, 0.0) > 0 for r in samples)
@@ -122,17 +121,21 @@ def aggregate(problems, ks):
     return metrics, details
 
 # -----------------------------------------------------------------------------
-# Sampling: each method turns a batch of B problems into B * N joint samples per turn, row b * N + g
-# problem b's g-th (N = --num-samples). Problem p is seeded by mix_seed(--seed, p) for every method,
-# whatever batch it is in: e.g. discussion's first round is exactly concat's samples.
+# Sampling: a method turns B problems into B * N joint samples per turn (N = --num-samples), row
+# b * N + g problem b's g-th; with the same seeds, discussion's first round is exactly concat's samples.
 
 
 @dataclasses.dataclass
 class Sample:
-    outputs: tuple     # one text per agent (one text in all for `single`)
-    tokens: int        # completion tokens generated for it so far: all agents, rounds and turns
-    seconds: float     # response time so far: mean of parallel agents' times, summed over steps and turns
+    outputs: tuple     # one text per agent (one in all for `single`)
+    tokens: int        # completion tokens so far: all agents, rounds and turns
+    seconds: float     # response time so far: parallel agents' mean, sequential steps and turns added
     reward: object = None  # the env's reward, where the sampler already scored it
+
+
+def problem_seeds(args, start, B):
+    """Problems start..start+B-1's seeds: the same for every method, whatever batch a problem is in."""
+    return [magrpo.mix_seed(args.seed, p) for p in range(start, start + B)]
 
 
 def sample_cfg(args):
@@ -151,9 +154,8 @@ def per_row(rollout):
 
 
 def run_team(env, agents, batch, cfg, seeds, expert=None):
-    """magrpo and concat: each agent samples alone from its own prompt (Sec. 1); each later turn revises
-    every unsolved sample once after its feedback (magrpo.rollout_team, one child per node). Per turn,
-    every sample as it then stands, its costs so far added up (a sample takes the mean agent's time)."""
+    """magrpo and concat: each agent samples alone from its own prompt (Sec. 1); a later turn revises each
+    unsolved sample once after its feedback. Per turn, every sample as it then stands, costs so far added."""
     turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
     nodes = [(0, n) for n in range(len(turns[0].outputs))]  # each sample's (turn, node) now
     tokens, seconds, out = [0] * len(nodes), [0.0] * len(nodes), []
@@ -163,8 +165,8 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
                      for tt, n in nodes]
         rows = [per_row(r) for r in turns[t].rollouts] if t < len(turns) else []
         for i, (tt, n) in enumerate(nodes):
-            if tt == t:  # a node carried over costs nothing more
-                tokens[i] += sum(toks[n] for _, toks, _ in rows)  # aligned joint actions: node n is row n
+            if tt == t:  # a new node (aligned joint actions: row n of each agent); one carried over is free
+                tokens[i] += sum(toks[n] for _, toks, _ in rows)
                 seconds[i] += _mean(sec for _, _, sec in rows)
         out.append([Sample(turns[tt].outputs[n], tokens[i], seconds[i], turns[tt].rewards[n])
                     for i, (tt, n) in enumerate(nodes)])
@@ -190,11 +192,11 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
     for i, agent in enumerate(agents):
         if i == 0:
-            r = magrpo.sample_agent(agent, 0, [env.sequential_prompt(ex, 0, []) for ex in batch], N, cfg, seeds)
+            prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
         else:  # one prompt per sample: it shows that sample's earlier outputs
-            prompts = [env.sequential_prompt(batch[n // N], i, earlier) for n, earlier in enumerate(zip(*texts))]
-            r = magrpo.sample_agent(agent, i, prompts, 1, cfg, [magrpo.mix_seed(s, g) for s in seeds for g in range(N)])
-        text, toks, sec = per_row(r)
+            prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
+            size, seeds_i = 1, [magrpo.mix_seed(s, g) for s in seeds for g in range(N)]
+        text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
         texts.append(text)
         tokens.append(toks)
         seconds += sec
@@ -204,11 +206,12 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
 def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     """First answers as concat, then each agent revises after seeing its sample's first answers
     (env.discussion_prompt); scored on the revisions, the two rounds' costs added."""
-    first, N = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0], cfg.num_generations
+    N, second = cfg.num_generations, []
+    first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
     seeds = [magrpo.mix_seed(s, N + g) for s in seeds for g in range(N)]
-    second = [per_row(magrpo.sample_agent(agent, i, [env.discussion_prompt(batch[n // N], i, s.outputs)
-                                                     for n, s in enumerate(first)], 1, cfg, seeds))
-              for i, agent in enumerate(agents)]
+    for i, agent in enumerate(agents):
+        prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
+        second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
     seconds = _mean(sec for _, _, sec in second)
     return [[Sample(tuple(text[n] for text, _, _ in second), s.tokens + sum(toks[n] for _, toks, _ in second),
                     s.seconds + seconds) for n, s in enumerate(first)]]
@@ -223,7 +226,8 @@ def run_single(env, agents, batch, cfg, seeds, expert=None):
 
 def run_oracle(env, agents, batch, cfg, seeds, expert=None):
     """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1)."""
-    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0) for ex in batch for _ in range(cfg.num_generations)]]
+    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0) for ex in batch
+             for _ in range(cfg.num_generations)]]
 
 
 RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
@@ -231,13 +235,13 @@ RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
 
 
 def score_batch(env, batch, samples, single=False):
-    """A turn's sample records (with their outputs), per problem. Samples the sampler did not score go
-    through magrpo.score_joint, identical outputs of one problem once (the oracle's copies, repeats)."""
+    """A turn's sample records, per problem; what the sampler did not score goes through
+    magrpo.score_joint, identical outputs of one problem once (the oracle's copies, repeats)."""
     N = len(samples) // len(batch)
     unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
     one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
-    rewards = magrpo.score_joint(env, [batch[b] for b, _ in unique], [o for _, o in unique], one) if unique else []
-    scored = dict(zip(unique, rewards))
+    examples, outputs = [batch[b] for b, _ in unique], [o for _, o in unique]
+    scored = dict(zip(unique, magrpo.score_joint(env, examples, outputs, one) if unique else []))
     recs = [sample_record(scored[(n // N, s.outputs)] if s.reward is None else s.reward, s.tokens, s.seconds,
                           s.outputs) for n, s in enumerate(samples)]
     return [recs[b * N:(b + 1) * N] for b in range(len(batch))]
@@ -254,7 +258,8 @@ def parse_args(argv=None):
     magrpo.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
-    p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... (method magrpo)")
+    p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... "
+                   "(method magrpo)")
     p.add_argument("--single-model", help="the single baseline's model (default: the first --model)")
     p.add_argument("--num-samples", type=int, default=15, help="joint samples per problem (paper: 15)")
     p.add_argument("--k", help="comma list of k for pass@k/acc@k (default: 1,3,5,10 up to --num-samples)")
@@ -273,16 +278,17 @@ def comma_list(text):
 
 def check_flags(args):
     """Fill the defaults and check every flag that needs no env or model."""
-    saved, path = {}, os.path.join(args.agents or "", "args.json")
+    saved, path, defaults = {}, os.path.join(args.agents or "", "args.json"), dict(PAPER_DEFAULTS)
     if args.agents and not os.path.isdir(args.agents):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
-    if args.agents and os.path.isfile(path):  # train.py's record: the agents' base (for the baselines), ...
+    if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base model is the baselines'
         with open(path) as f:
             saved = json.load(f)
     args.model = args.model or saved.get("model")
     args.chat_template = args.chat_template or bool(saved.get("chat_template"))
-    defaults = dict(PAPER_DEFAULTS, max_new_tokens=saved.get("max_new_tokens") or PAPER_DEFAULTS["max_new_tokens"])
-    if not args.agents and all(m == models.TINY for m in models.model_names(args)):
+    if args.agents:
+        defaults["max_new_tokens"] = saved.get("max_new_tokens") or defaults["max_new_tokens"]
+    elif all(m == models.TINY for m in models.model_names(args)):
         defaults.update({k: models.TINY_DEFAULTS[k] for k in ("max_new_tokens", "test_timeout")})
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -291,7 +297,7 @@ def check_flags(args):
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag}: must be >= {least}, got {value}")
-    cfg = sample_cfg(args)  # checks the sampling and multi-turn flags; args gets Config's defaults
+    cfg = sample_cfg(args)  # checks the sampling flags; args records Config's defaults
     vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
@@ -304,7 +310,8 @@ def check_flags(args):
         args.methods = list(dict.fromkeys(comma_list(args.methods)))
         unknown = [m for m in args.methods if m not in METHODS]
         if unknown or not args.methods:
-            raise ValueError(f"--methods: unknown {', '.join(unknown) or 'empty list'}: use {', '.join(METHODS)}")
+            raise ValueError(f"--methods: unknown {', '.join(unknown) or 'empty list'}: "
+                             f"use {', '.join(METHODS)}")
     if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
         raise ValueError(f"--out: cannot write into the directory of {args.out!r}")
 
@@ -342,7 +349,8 @@ class Team:
             if key not in self.cache:
                 agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
                                           self.args.chat_template, bases=self.bases)
-                magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)  # keeps first-call costs out of timings
+                # one-off first-call costs (allocations, kernel choice) stay out of the timings
+                magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
                 self.cache[key] = agent
             agents.append(self.cache[key])
         return agents
@@ -351,11 +359,11 @@ class Team:
         return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
 
     def for_method(self, method):
-        if method == "oracle":
-            return []
+        if method == "magrpo" and self.args.agents:
+            return self.trained()
         if method == "single":
             return self.load([self.args.single_model or self.models[0]], "--single-model")
-        return self.trained() if method == "magrpo" and self.args.agents else self.load(self.models, "--model")
+        return [] if method == "oracle" else self.load(self.models, "--model")
 
 
 def trained_dirs(out, n):
@@ -377,7 +385,7 @@ def trained_dirs(out, n):
 def setup(args):
     """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
     check_flags(args)
-    args.split = args.split or "test"  # the final-eval split: a forgotten flag must not score training data
+    args.split = args.split or "test"  # a forgotten flag must not score training data
     env = envs.env_from_flags(args)
     examples = env.examples[:args.limit]
     if not examples:
@@ -386,7 +394,7 @@ def setup(args):
         args.methods = [m for m in METHODS if unsupported(env, examples, m) is None]
     for why in filter(None, (unsupported(env, examples, m) for m in args.methods)):
         raise ValueError(f"--methods: {why}")
-    if args.agents and not args.model and set(args.methods) & {"single", "concat", "sequential", "discussion"}:
+    if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     team = Team(args, models.model_names(args), env.num_agents)
@@ -418,38 +426,30 @@ def evaluate(args, env, examples, team):
     try:
         for method in args.methods:
             bar.set_description(method)
-            agents, records, rows = team.for_method(method), [[] for _ in turns], []
+            run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
-                seeds = [magrpo.mix_seed(args.seed, start + b) for b in range(len(batch))]  # whatever the batch
-                by_turn = RUNNERS[method](env, agents, batch, cfg, seeds, team.expert)
-                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # single-turn methods keep their answer
+                by_turn = run(env, agents, batch, cfg, problem_seeds(args, start, len(batch)), team.expert)
+                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods: answer kept
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
-                rows += [problem_row(method, ex.get("task_id", ex.get("id", start + b)), recs, args.save_outputs)
-                         for b, (ex, recs) in enumerate(zip(batch, records[-1][start:]))]
                 bar.update(len(batch))
                 bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
             for t, recs in enumerate(records):
                 turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
-            problems += rows
-            if args.latency_problems and method != "oracle":
-                turns[-1]["methods"][method]["latency_seconds"] = latency(env, agents, examples, cfg, args,
-                                                                          RUNNERS[method], team.expert)
+            problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
+                         for p, (ex, recs) in enumerate(zip(examples, records[-1]))]
+            if args.latency_problems and method != "oracle":  # response time: batch 1, one sample
+                one = dataclasses.replace(cfg, num_generations=1)
+                times = [run(env, agents, [ex], one, problem_seeds(args, p, 1), team.expert)[-1][0].seconds
+                         for p, ex in enumerate(examples[:args.latency_problems])]
+                turns[-1]["methods"][method]["latency_seconds"] = _mean(times)
     except KeyboardInterrupt:
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
     bar.close()
     first, last = turns[0]["methods"], turns[-1]["methods"]
     improvement = {m: {k: v - first[m][k] for k, v in last[m].items() if k in first[m]} for m in last}
     return {**turns[-1], "problems": problems, "turns": turns, "improvement": improvement}
-
-
-def latency(env, agents, examples, cfg, args, run, expert):
-    """The paper's response time: seconds to one problem's joint answer at batch 1, one sample, the mean
-    over the first --latency-problems problems (seconds_per_sample is batched throughput)."""
-    one = dataclasses.replace(cfg, num_generations=1)
-    return _mean(run(env, agents, [ex], one, [magrpo.mix_seed(args.seed, i)], expert)[-1][0].seconds
-                 for i, ex in enumerate(examples[:args.latency_problems]))
 
 
 def format_table(rows, title):
