@@ -50,7 +50,7 @@ def pass_at_k(n, c, k):
 
 
 def _number(v):
-    return isinstance(v, (int, float)) and math.isfinite(v)  # bool is an int
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
@@ -160,12 +160,12 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
     nodes = [(0, n) for n in range(len(turns[0].outputs))]  # each sample's (turn, node) now
     tokens, seconds, out = [0] * len(nodes), [0.0] * len(nodes), []
     for t in range(cfg.num_turns):
-        if t > 0:  # revised: its child group, whose one node has the group's index; else carried over
+        if t > 0:  # revised: its child group's one node (index = the group's); else carried over
             nodes = [(t, turns[tt].children[n]) if tt == t - 1 and n in turns[tt].children else (tt, n)
                      for tt, n in nodes]
         rows = [per_row(r) for r in turns[t].rollouts] if t < len(turns) else []
         for i, (tt, n) in enumerate(nodes):
-            if tt == t:  # a new node (aligned joint actions: row n of each agent); one carried over is free
+            if tt == t:  # a new node: row n of each agent (aligned joint actions); carried over is free
                 tokens[i] += sum(toks[n] for _, toks, _ in rows)
                 seconds[i] += _mean(sec for _, _, sec in rows)
         out.append([Sample(turns[tt].outputs[n], tokens[i], seconds[i], turns[tt].rewards[n])
@@ -281,7 +281,7 @@ def check_flags(args):
     saved, path, defaults = {}, os.path.join(args.agents or "", "args.json"), dict(PAPER_DEFAULTS)
     if args.agents and not os.path.isdir(args.agents):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
-    if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base model is the baselines'
+    if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base is the baselines' model
         with open(path) as f:
             saved = json.load(f)
     args.model = args.model or saved.get("model")
@@ -392,8 +392,9 @@ def setup(args):
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if unsupported(env, examples, m) is None]
-    for why in filter(None, (unsupported(env, examples, m) for m in args.methods)):
-        raise ValueError(f"--methods: {why}")
+    else:
+        for why in filter(None, (unsupported(env, examples, m) for m in args.methods)):
+            raise ValueError(f"--methods: {why}")
     if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)

