@@ -10,11 +10,9 @@ from its own policy (generate); the g-th completions of all agents form the g-th
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ]  -> completion_logprobs, policy_loss
 
 and one AdamW step per agent per batch (update_team). On-policy: no ratio, no clipping, no KL.
-Multi-turn (Sec. 3): each joint action is a node of a tree; the env's feedback on a node's answer goes
-into each agent's next prompt and G children are sampled (rollout_team); a node's return is its reward
-plus gamma times its children's mean return (node_return), and Eq. 1 compares siblings
-(episode_advantages). README: "Multi-turn", "The paper, equation by equation".
-
+Multi-turn (Sec. 3): the env's feedback on a joint answer goes into each agent's next prompt
+(rollout_team); a node's return adds gamma times its children's mean (node_return); Eq. 1 compares
+siblings (episode_advantages). README: "Multi-turn", "The paper, equation by equation".
 A course blanks sample_token, generate, completion_logprobs, group_advantages, policy_loss or
 node_return; pytest -k NAME runs its tests. Try it: python train.py (CPU demo, ~30 s), --num-turns 2.
 """
@@ -30,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 # -----------------------------------------------------------------------------
-# The knobs of one step. train.py and eval.py make a flag of each field (--num-generations sets
-# num_generations), its help the field's comment: declared once, here. Checked on creation.
+# The knobs of one step, checked on creation; each field is a flag of train.py (--num-generations),
+# its help the field's comment: declared once, here.
 
 
 @dataclass
@@ -58,10 +56,11 @@ class Config:
                "feedback": ("level", "plain", "expert")}
 
     def __post_init__(self):
-        if self.turn_weights is not None:  # a list, or a flag's comma list
-            weights = self.turn_weights
+        weights = self.turn_weights
+        if weights is not None:  # a list, or a flag's comma list
             try:
-                self.turn_weights = tuple(map(float, weights.split(",") if isinstance(weights, str) else weights))
+                self.turn_weights = tuple(map(float, weights.split(",") if isinstance(weights, str)
+                                              else weights))
             except ValueError:
                 self.check("turn_weights", False, "want a comma list of numbers")
         for name, choices in self.CHOICES.items():
@@ -144,8 +143,7 @@ def left_pad(rows, pad_id, device):
 
 
 def positions_from_mask(mask):
-    """Position ids for left-padded rows, 0 at each row's first real token (else batched output
-    differs from unbatched)."""
+    """Position ids of left-padded rows, 0 at each row's first token (batched equals unbatched)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -219,10 +217,9 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
              top_p=1.0, top_k=0, seed=None):
-    """G = num_generations completions of each prompt (Sec. 2 step 1). A plain decode loop over
-    model(...) with a KV cache: each prompt is prefilled once and its cache repeated G times, then one
-    token per step for the rows still running (a row is dropped from the batch at its EOS).
-    seed: None (torch's global RNG), an int, or one int per prompt (see mix_seed)."""
+    """G = num_generations completions of each prompt (Sec. 2 step 1): a decode loop with a KV cache,
+    each prompt prefilled once and its cache repeated G times, then a token per step for the rows still
+    running. seed: None (torch's global RNG), an int, or one int per prompt (see mix_seed)."""
     from transformers import DynamicCache  # here: `import magrpo` stays light for the maths tests
     t_start = time.perf_counter()
     device, G = model.device, num_generations
@@ -429,8 +426,7 @@ class Agent:
 
 @dataclass
 class Group:
-    """One prompt per agent, each sampled `size` times: an example's turn-1 prompts, or at a later
-    turn the revision prompts after one node (Sec. 3)."""
+    """One prompt per agent, sampled `size` times: turn 1's, or a later turn's after one node."""
     example: int            # index of the example in the batch
     parent: int             # the node of the previous turn this group revises (None at turn 1)
     prompts: list           # one env prompt per agent
@@ -440,8 +436,7 @@ class Group:
 
 @dataclass
 class Turn:
-    """What one turn sampled and scored for the batch. Node n = k * J + j is the j-th joint action of
-    group k (J = len(joint)); rollout rows k * size + g are group k's."""
+    """One turn of the batch. Node n = k * J + j: group k's j-th joint action; rows k * size + g."""
     groups: list
     size: int               # completions per agent per group
     rollouts: list          # one Rollout per agent
@@ -476,10 +471,9 @@ def sample_turn(agents, env, examples, groups, size, cfg):
 
 
 def expand_nodes(turn, mode, threshold):
-    """The nodes of `turn` that get children; a node whose reward reached the threshold is solved
-    (turn.terminated). all: every node not solved. best: each group's best node (ties to the first),
-    unless the whole group is solved (the paper-era rule: revising a solved best answer teaches the
-    agents to keep what is right)."""
+    """The nodes of `turn` that get children; one whose reward reached the threshold is solved. all:
+    every node not solved. best: each group's best (ties to the first) unless the whole group is solved
+    (the paper-era rule: revising a solved best answer teaches the agents to keep what is right)."""
     values, J = turn.values(), len(turn.joint)
     turn.terminated = [float(v) >= threshold - 1e-9 for v in values.view(-1)]
     if mode == "all":
@@ -503,12 +497,10 @@ def team_feedback(env, examples, turn, nodes, cfg, expert=None):
 
 
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
-    """One episode per example (Sec. 2 steps 1-3; Sec. 3 when cfg.num_turns > 1) -> the list of Turns.
-    Turn 1: every agent samples G completions of its own prompt; the env scores the joint actions.
-    Between turns the nodes of expand_nodes get the env's feedback and each becomes a group: every
-    agent's prompt is its own turn-1 prompt, its own earlier answers and the feedback to it (never a
-    partner's prompt or answer unless the feedback quotes it), sampled `children` times (default G).
-    seeds: one per example, e.g. mix_seed(run seed, step, example index)."""
+    """One episode per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. Between turns each node of
+    expand_nodes gets the env's feedback and becomes a group: each agent's prompt holds its own earlier
+    answers and the feedback to it (never a partner's, unless quoted), sampled `children` times
+    (default G). seeds: one per example, e.g. mix_seed(run seed, step, example index)."""
     threshold = cfg.termination_threshold
     threshold = getattr(env, "max_reward", math.inf) if threshold is None else threshold
     n, size = len(agents), cfg.num_generations
@@ -550,10 +542,9 @@ def episode_returns(turns, gamma, num_turns):
 
 
 def episode_advantages(turns, cfg):
-    """Eq. 1 among every group of siblings: per turn, per agent, one advantage per rollout row. expand
-    all: on the returns (every sibling is revised or solved: one horizon); best: on each turn's own
-    rewards, as the paper-era runs (only the best sibling has a next turn: a return would favour it
-    for being revised). cross: a completion is credited the mean over its joint actions first."""
+    """Eq. 1 among siblings: per turn, per agent, an advantage per rollout row. all: on the returns
+    (every sibling is revised or solved: one horizon); best: on each turn's rewards (only the best has
+    a next turn: a return would favour it). cross: a completion's credit is its joint actions' mean."""
     if cfg.expand == "all":
         values = episode_returns(turns, cfg.discount, cfg.num_turns)
     else:
@@ -606,9 +597,8 @@ def make_optimizer(model, learning_rate, weight_decay=0.0):
     return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 
-# Data parallelism (torchrun, train.py): each process samples and scores its share of the batch; the
-# loss denominators, then the gradients, are summed over the processes, so every process takes the
-# step of the whole batch and all keep identical weights. Alone, these sums are the values themselves.
+# Data parallelism (torchrun): each process samples its share of the batch; the loss denominators, then
+# the gradients, are summed over the processes, so all take the whole batch's step (alone: no-ops).
 def data_parallel():
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -636,11 +626,9 @@ def sum_gradients(model):
 
 
 def update_agent(agent, parts, cfg):
-    """Eq. 2 for one agent: parts = [(rollout or None, advantages, weight)], one per turn, each turn's
-    loss normalised once over that turn's whole batch (all processes) and weighted; the micro-batches'
-    losses accumulate into one gradient (memory does not grow with G), then one optimizer step. Rows
-    with advantage 0 carry no gradient and are not run. A non-finite loss or gradient skips the step
-    with a warning rather than corrupt the weights. -> {"loss", "grad_norm", "skipped"}."""
+    """Eq. 2 for one agent: parts = [(rollout or None, advantages, weight)] per turn, each turn's loss
+    normalised over its whole batch (all processes) and weighted; micro-batches accumulate one gradient
+    (rows with advantage 0 are not run), then one step, skipped with a warning if not finite."""
     model, opt, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
     opt.zero_grad(set_to_none=True)
