@@ -40,7 +40,7 @@ class Config:
     top_p: float = 1.0                  # nucleus sampling: keep the most likely tokens up to this mass
     top_k: int = 0                      # sample among the k most likely tokens only (0: off)
     joint: str = "aligned"              # joint actions: aligned (G of them, the paper) or cross (G^n)
-    advantage: str = "mean"             # Eq. 1's baseline: mean (the paper), rloo or std
+    advantage: str = "mean"             # Eq. 1's baseline: mean (the paper), rloo, std, none or remax
     loss_type: str = "seq_sum"          # Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean
     micro_batch_size: int = 8           # rows per log-prob forward/backward (memory, not maths)
     num_turns: int = 1                  # T: answer, get feedback, revise (Sec. 3; 1: single turn)
@@ -51,7 +51,7 @@ class Config:
     feedback: str = "level"             # between turns: level, plain or expert
     feedback_max_new_tokens: int = 256  # bound on the expert's review (--feedback expert)
 
-    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std"),
+    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
                "loss_type": ("seq_sum", "token_mean", "seq_mean"), "expand": ("best", "all"),
                "feedback": ("level", "plain", "expert")}
 
@@ -332,14 +332,19 @@ def score_joint(env, examples, outputs, one=None):
 # Eq. 1 and Eq. 2
 
 
-def group_advantages(rewards, mode="mean"):
+def group_advantages(rewards, mode="mean", baseline=None):
     """Eq. 1 over the last dim (the G joint actions of one prompt). mean: A = R - mean R (the paper;
     no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; std: the
-    original GRPO z-score (R - mean) / std, 0 where the group's std is 0."""
+    original GRPO z-score (R - mean) / std, 0 where the group's std is 0; none: A = R (REINFORCE);
+    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023)."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     G = rewards.shape[-1]
     if G < 2:
         raise ValueError(f"group_advantages needs a group of at least 2, got {G}")
+    if mode == "none":
+        return rewards
+    if mode == "remax":
+        return rewards - torch.as_tensor(baseline, dtype=torch.float32)[..., None]
     centered = rewards - rewards.mean(-1, keepdim=True)
     if mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
         return centered * G / (G - 1)
@@ -445,6 +450,8 @@ class Turn:
     rewards: list           # per node: the env's reward (float() of it is the number)
     terminated: list        # per node: its reward reached the termination threshold (solved)
     children: dict = field(default_factory=dict)  # revised node -> its group at the next turn
+    baseline: list = None   # remax, turn 1: per group, the reward of the greedy joint answer
+    advantages: list = None  # per agent, each row's advantage in Eq. 2 (update_team sets it)
 
     def values(self):
         """The rewards as numbers, [groups, J]."""
@@ -459,15 +466,23 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
                     cfg.top_k, seed=[mix_seed(s, i) for s in seeds])
 
 
-def sample_turn(agents, env, examples, groups, size, cfg):
-    """Sample every group of a turn (one generate call per agent), join and score (Sec. 2 steps 1-3)."""
-    rollouts = [sample_agent(agent, i, [g.prompts[i] for g in groups], size, cfg, [g.seed for g in groups])
+def sample_turn(agents, env, examples, groups, size, cfg, greedy=False):
+    """Sample every group of a turn (one generate call per agent), join and score (Sec. 2 steps 1-3).
+    greedy (remax): also each agent's greedy answer to each prompt, their joint answer's reward the
+    group's baseline (one more generate call per agent)."""
+    def sample(size, cfg):
+        return [sample_agent(agent, i, [g.prompts[i] for g in groups], size, cfg, [g.seed for g in groups])
                 for i, agent in enumerate(agents)]
-    joint = joint_actions(len(agents), size, cfg.joint)
+    rollouts, joint = sample(size, cfg), joint_actions(len(agents), size, cfg.joint)
     outputs = [tuple(r.texts[k][j] for r, j in zip(rollouts, idx)) for k in range(len(groups))
                for idx in joint]
     rewards = score_joint(env, [examples[g.example] for g in groups for _ in joint], outputs)
-    return Turn(groups, size, rollouts, joint, outputs, rewards, [False] * len(outputs))
+    turn = Turn(groups, size, rollouts, joint, outputs, rewards, [False] * len(outputs))
+    if greedy:
+        texts = [r.texts for r in sample(1, dataclasses.replace(cfg, temperature=0.0))]
+        answers = [tuple(t[k][0] for t in texts) for k in range(len(groups))]
+        turn.baseline = [float(r) for r in score_joint(env, [examples[g.example] for g in groups], answers)]
+    return turn
 
 
 def expand_nodes(turn, mode, threshold):
@@ -508,7 +523,7 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
               for b, ex in enumerate(examples)]
     turns = []
     for t in range(1, cfg.num_turns + 1):
-        turn = sample_turn(agents, env, examples, groups, size, cfg)
+        turn = sample_turn(agents, env, examples, groups, size, cfg, t == 1 and cfg.advantage == "remax")
         turns.append(turn)
         nodes = expand_nodes(turn, cfg.expand, threshold)
         if t == cfg.num_turns or not nodes:
@@ -549,9 +564,10 @@ def episode_advantages(turns, cfg):
         values = episode_returns(turns, cfg.discount, cfg.num_turns)
     else:
         values = [turn.values() for turn in turns]
-    return [[group_advantages(c, cfg.advantage).view(-1)
+    mode = [cfg.advantage if cfg.advantage != "remax" or turn.baseline else "mean" for turn in turns]
+    return [[group_advantages(c, m, turn.baseline).view(-1)  # remax after turn 1: no greedy answer, mean
              for c in credited_returns(v, turn.joint, len(turn.rollouts), turn.size)]
-            for turn, v in zip(turns, values)]
+            for turn, v, m in zip(turns, values, mode)]
 
 # -----------------------------------------------------------------------------
 # Sec. 2 steps 4-6: the update, Eq. 2 for every agent, one AdamW step each
@@ -663,6 +679,8 @@ def update_team(agents, turns, cfg):
     -> per-agent metrics, and zero_adv_groups: groups whose advantages are 0 for every agent (no
     signal: count them; the loss being ~0 is expected with centred advantages)."""
     advantages = episode_advantages(turns, cfg)
+    for turn, adv in zip(turns, advantages):
+        turn.advantages = adv
     zero = sum(int(torch.stack([a.view(len(turn.groups), -1) == 0 for a in adv]).all(0).all(-1).sum())
                for turn, adv in zip(turns, advantages))
     metrics = {"zero_adv_groups": int(all_sum([zero])[0])}

@@ -37,7 +37,7 @@ PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5,
                       temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
-             "eval_every", "eval_split", "eval_limit", "world_size", "save_merged"}
+             "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every"}
 
 
 def parse_args(argv=None):
@@ -68,6 +68,8 @@ def parse_args(argv=None):
                    "--eval-split, logged as eval_reward_mean (0: off)")
     p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
     p.add_argument("--eval-limit", type=int, default=32, help="at most this many eval examples")
+    p.add_argument("--log-completions-every", type=int, default=1, help="every N steps, each joint action's "
+                   "completions, reward and advantages in OUT/completions.jsonl (0: off)")
     return p.parse_args(argv)
 
 
@@ -97,7 +99,7 @@ def resolve_flags(args):
             setattr(args, key, value)
     args.world_size = world()[1]
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
-                 save_every=0)  # G >= 2: a group has a baseline; a prompt per process at least
+                 save_every=0, log_completions_every=0)  # G >= 2: a group has a baseline; a prompt a process
     for flag, least in least.items():
         if getattr(args, flag) < least:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= {least}, got {getattr(args, flag)}")
@@ -159,18 +161,19 @@ def train(args):
         torch.set_rng_state(rng["torch"])
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-    log, curve = (RunFile(os.path.join(args.out, name)) for name in ("metrics.jsonl", "curve.svg"))
+    log, curve, completions = (RunFile(os.path.join(args.out, f))
+                               for f in ("metrics.jsonl", "curve.svg", "completions.jsonl"))
     history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
     signals, signum, error, recent = Signals(), None, None, []
     bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
                total=args.steps, disable=not main)
     try:
         for step in bar:
-            batch = batch_at(env, args.seed, step, args.batch_size)
-            seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])  # per prompt
-            t0, turns = time.time(), None
+            indices = my_share(batch_at(len(env.examples), args.seed, step, args.batch_size))
+            seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(args.batch_size)])
+            batch, t0, turns = [env.examples[i] for i in indices], time.time(), None
             with contextlib.suppress(Stop), signals.abandon_on_signal():  # a signal drops the step here
-                turns = magrpo.rollout_team(agents, env, my_share(batch), cfg, seeds, expert)
+                turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert)
             votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
             signum = next((s for s, _ in votes if s is not None), None)
             if any(abandoned for _, abandoned in votes):
@@ -183,6 +186,10 @@ def train(args):
             if error:  # the same on every process (the summary is merged): stop before this step's update
                 break
             m.update(magrpo.update_team(agents, turns, cfg), seconds=round(time.time() - t0, 4))
+            if args.log_completions_every and step % args.log_completions_every == 0:
+                rows = [row for rows in gather(completion_rows(step, indices, turns)) for row in rows]
+                if main:  # every process's rows, once
+                    completions.append("".join(json.dumps(row) + "\n" for row in rows))
             done, last = step + 1, step == args.steps - 1
             if main and eval_env and (step % args.eval_every == 0 or last):
                 rewards = evaluation.team_rewards(agents, eval_env, cfg, args.eval_limit, expert)
@@ -200,7 +207,7 @@ def train(args):
                     curve.write(write_curve, curve.path, history)
                 if args.save_every and done % args.save_every == 0 and not last:
                     try:
-                        save_checkpoint(args.out, done, agents, args, log)
+                        save_checkpoint(args.out, done, agents, args, (log, completions))
                     except SaveFailed as e:
                         warnings.warn(f"{e}; the run goes on")
                 shown = m[f"reward_mean_turn{cfg.num_turns}"]
@@ -219,7 +226,7 @@ def train(args):
     failed = False
     try:
         if main:
-            save_checkpoint(args.out, done, agents, args, log)
+            save_checkpoint(args.out, done, agents, args, (log, completions))
         if main and signum is None and error is None:
             save_final(args.out, done, agents, merged=args.save_merged)
             print(f"wrote {log.path} and {len(agents)} agents under {args.out}/agent_*")
@@ -232,14 +239,25 @@ def train(args):
     return log.path
 
 
-def batch_at(env, seed, step, batch_size):
-    """The examples of a step: shuffled epochs (each example once before any repeats), each epoch's
-    order from (seed, epoch) alone, so step k's batch needs no state of earlier steps."""
-    n, batch = len(env.examples), []
-    for pos in range(step * batch_size, (step + 1) * batch_size):
-        order = random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)
-        batch.append(env.examples[order[pos % n]])
-    return batch
+def batch_at(n, seed, step, batch_size):
+    """The indices of a step's examples among n: shuffled epochs (each once before any repeats), an
+    epoch's order from (seed, epoch) alone, so step k's batch needs no state of earlier steps."""
+    return [random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)[pos % n]
+            for pos in range(step * batch_size, (step + 1) * batch_size)]
+
+
+def completion_rows(step, indices, turns):
+    """OUT/completions.jsonl's rows: every joint action of the step (its example's index in the split,
+    its turn, one text per agent), its reward and levels, and each agent's advantage in Eq. 2."""
+    rows = []
+    for t, turn in enumerate(turns, 1):
+        for n, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
+            k, j = divmod(n, len(turn.joint))
+            advantages = [a[k * turn.size + g].item() for a, g in zip(turn.advantages, turn.joint[j])]
+            rows.append({"step": step, "example": indices[turn.groups[k].example], "turn": t,
+                         "completions": list(outputs), "reward": float(reward),
+                         "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
+    return rows
 
 # -----------------------------------------------------------------------------
 # What a step scored (metrics.jsonl; README "Multi-turn" for the per-turn keys)
@@ -338,7 +356,8 @@ def start_out(args, checkpoint):
         print(f"resuming {args.out} at step {checkpoint[0]} from {checkpoint[1]}", file=sys.stderr)
     try:
         os.makedirs(args.out, exist_ok=True)
-        cut_metrics(os.path.join(args.out, "metrics.jsonl"), 0 if checkpoint is None else checkpoint[0])
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            cut_metrics(os.path.join(args.out, name), 0 if checkpoint is None else checkpoint[0])
         write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
     except OSError as e:
         raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
@@ -385,9 +404,9 @@ def saving(out, what, *tmps):
                          + where) from None
 
 
-def save_checkpoint(out, step, agents, args, log=None):
+def save_checkpoint(out, step, agents, args, logs=()):
     """OUT/checkpoint-<step> (HF Trainer's name): each agent's weights and optimizer state, the RNG
-    states, the step and args, once `log` (metrics.jsonl) holds every row before it. Written aside,
+    states, the step and args, once the `logs` (RunFiles) hold every row before it. Written aside,
     fsync'd and renamed into place: a kill at any instant leaves the last complete checkpoint or
     this one. Keeps the newest --save-total-limit. SaveFailed (a full disk) keeps the earlier ones."""
     final = os.path.join(out, f"checkpoint-{step}")
@@ -395,7 +414,7 @@ def save_checkpoint(out, step, agents, args, log=None):
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
         return  # saved already (a signal right after a periodic save)
     with saving(out, f"checkpoint-{step}", tmp):
-        if log is not None:
+        for log in logs:
             log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
         for i, agent in enumerate(agents):

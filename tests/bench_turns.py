@@ -22,7 +22,7 @@ def seconds_per_step(num_turns, steps, expand):
     agents, expert = train.build(args, env)
     times = []
     for step in range(steps):
-        batch = train.batch_at(env, args.seed, step, args.batch_size)
+        batch = [env.examples[i] for i in train.batch_at(len(env.examples), args.seed, step, args.batch_size)]
         t0 = time.perf_counter()
         turns = magrpo.rollout_team(agents, env, batch, cfg, [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])
         magrpo.update_team(agents, turns, cfg)

@@ -257,6 +257,15 @@ def test_group_advantages_eq1_by_hand():
         group_advantages([1.0])
 
 
+def test_group_advantages_none_and_remax_by_hand():
+    """none: REINFORCE, A = R; remax: A = R - the group's greedy reward (one baseline per group)."""
+    r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [2.0, 2.0, 2.0, 2.0]])
+    assert torch.equal(group_advantages(r, "none"), r)
+    remax = group_advantages(r, "remax", baseline=[2.5, 3.0])
+    assert torch.equal(remax, torch.tensor([[-1.5, -0.5, 0.5, 3.5], [-1.0, -1.0, -1.0, -1.0]]))
+    assert group_advantages([4.0, 0.0], "remax", baseline=4.0).tolist() == [0.0, -4.0]
+
+
 def test_policy_loss_eq2_by_hand_with_padding():
     lp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0: EOS at t=1, t=2 is padding

@@ -138,6 +138,27 @@ def test_train_step_with_cross_joint_actions(tok):
     assert m["grad_norm_0"] > 0 and len(m["samples"]) == 2
 
 
+def test_rollout_team_remax_baseline_is_the_greedy_joint_answers_reward(tok):
+    """--advantage remax: each group's baseline is the reward of the joint answer that the agents write
+    greedily, each from its own prompt; Eq. 1 then subtracts it (at turn 1; later turns: the mean)."""
+    class Scripted(envs.DemoEnv):  # a reward that tells answers apart: their lengths
+        def reward(self, example, outputs):
+            return float(len(outputs[0]) + 2 * len(outputs[1]))
+    env, agents = Scripted(), team(tok)
+    cfg = magrpo.Config(num_generations=3, max_new_tokens=6, advantage="remax", num_turns=2, expand="all",
+                        termination_threshold=99, feedback="plain")
+    t1, t2 = magrpo.rollout_team(agents, env, env.examples[:2], cfg, seeds=[3, 4])
+    for k, ex in enumerate(env.examples[:2]):
+        greedy = [magrpo.generate(a.model, tok, [env.prompts(ex)[i]], 1, 6, temperature=0).texts[0][0]
+                  for i, a in enumerate(agents)]
+        assert t1.baseline[k] == env.reward(ex, tuple(greedy))
+    assert t2.baseline is None
+    (a1, _), (a2, _) = magrpo.episode_advantages([t1, t2], cfg)
+    returns = magrpo.episode_returns([t1, t2], cfg.discount, 2)
+    assert torch.allclose(a1.view(2, 3), returns[0] - torch.tensor(t1.baseline)[:, None])
+    assert torch.allclose(a2.view(6, 3), returns[1] - returns[1].mean(-1, keepdim=True))
+
+
 def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     """A joint answer whose reward raised costs only itself: its node gets feedback saying it could not
     be scored, is revised, and the episode goes on (before: AttributeError on the ScoreError)."""

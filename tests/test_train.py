@@ -72,6 +72,8 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--num-turns", "2", "--turn-weights", "1.2,x"], "--turn-weights"),
     (["--num-turns", "2", "--expand", "some"], "--expand"),
     (["--top-k", "-3"], "--top-k"),
+    (["--log-completions-every", "-1"], "--log-completions-every"),
+    (["--advantage", "greedy"], "--advantage"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -166,6 +168,53 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
     state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["step"] == 6 and state["args"]["steps"] == 6 and "agent_0/optimizer.pt" in state["files"]
     assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 6
+
+
+def completions_of(out):
+    return [json.loads(line) for line in (Path(out) / "completions.jsonl").read_text().splitlines()]
+
+
+def test_completions_log_every_joint_action_with_what_eq2_made_of_it(tmp_path):
+    """3 demo steps, 2 prompts x G = 4: 24 rows, one per joint action, each advantage R - the group's
+    mean (Eq. 1); the example is its index in the split, and the texts are the agents' own."""
+    train.train(train.parse_args(["--steps", "3", "--num-generations", "4", "--out", str(tmp_path)]))
+    rows = completions_of(tmp_path)
+    assert len(rows) == 3 * 2 * 4 and [r["step"] for r in rows] == [s for s in range(3) for _ in range(8)]
+    assert all(set(r) == {"step", "example", "turn", "completions", "reward", "levels", "advantages"} for r in rows)
+    for s in range(3):
+        for k in range(2):
+            group = rows[s * 8 + k * 4:s * 8 + k * 4 + 4]
+            mean = sum(r["reward"] for r in group) / 4
+            assert len({r["example"] for r in group}) == 1 and all(len(r["completions"]) == 2 for r in group)
+            for r in group:
+                assert r["advantages"] == pytest.approx([r["reward"] - mean] * 2, abs=1e-5)
+                assert sum(r["levels"].values()) == pytest.approx(r["reward"])
+    env = train.envs.DemoEnv()
+    assert all(0 <= r["example"] < len(env.examples) for r in rows)
+    assert train.batch_at(len(env.examples), 0, 1, 2) == [r["example"] for r in rows[8:16:4]]
+
+
+def test_completions_log_on_resume_has_each_step_once_and_can_be_off(tmp_path):
+    out = str(tmp_path / "run")
+    train.train(train.parse_args(QUICK[:1] + ["4"] + QUICK[2:] + ["--save-every", "2", "--out", out]))
+    whole = completions_of(out)
+    for name in ("checkpoint-4", "agent_0", "agent_1"):  # as if killed after step 3's rows
+        shutil.rmtree(Path(out) / name)
+    (Path(out) / "final.json").unlink()
+    train.train(train.parse_args(QUICK[:1] + ["4"] + QUICK[2:] + ["--save-every", "2", "--resume", "--out", out]))
+    assert completions_of(out) == whole  # steps 2 and 3 once, as in the run that was not stopped
+    quiet = str(tmp_path / "quiet")
+    train.train(train.parse_args(QUICK + ["--log-completions-every", "0", "--out", quiet]))
+    assert not (Path(quiet) / "completions.jsonl").exists() or not completions_of(quiet)
+
+
+@pytest.mark.parametrize("mode", ["none", "remax"])
+def test_reinforce_and_remax_train_the_demo(tmp_path, mode):
+    train.train(train.parse_args(QUICK + ["--advantage", mode, "--out", str(tmp_path)]))
+    rows = rows_of(tmp_path)
+    assert len(rows) == 6 and all(r["grad_norm_0"] > 0 and r["skipped_1"] == 0 for r in rows)
+    if mode == "none":  # REINFORCE: the advantage is the reward itself
+        assert all(r["advantages"] == pytest.approx([r["reward"]] * 2) for r in completions_of(tmp_path))
 
 
 def test_a_broken_checkpoint_is_skipped_for_the_one_before(tmp_path, uninterrupted):
@@ -546,6 +595,8 @@ def test_torchrun_two_processes_train_as_one(tmp_path, lora):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), (a["step"], key)
     assert json.loads((tmp_path / "two" / "args.json").read_text())["world_size"] == 2
     assert p.stdout.count("wrote ") == 1  # process 0 alone reports and saves
+    c1, c2 = completions_of(tmp_path / "one"), completions_of(tmp_path / "two")  # every process's rows once
+    assert len(c2) == 4 * 2 * 4 and c2[:8] == c1[:8]  # step 0: the same joint actions, to the bit
 
 
 def test_weights_digest_tells_agents_apart():
