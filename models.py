@@ -189,8 +189,7 @@ def lora_targets(model, targets):
 
 
 def shared_copy(model, fresh=()):
-    """A structural copy of `model` whose parameters and buffers ARE the original's tensors (new
-    modules, config and generation_config, no new weights), but for the tensors in `fresh`."""
+    """A structural copy of `model` whose parameters and buffers ARE its tensors, but for `fresh`."""
     fresh = {id(t) for t in fresh}
     memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
     return copy.deepcopy(model, memo)
@@ -216,8 +215,7 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
 
 
 def shared_base(name, device, dtype, seed, bases):
-    """(base, tokenizer) for `name`, loaded once per (name, device, dtype; for tiny: seed) into the
-    dict `bases`: a team passes one dict, so its agents on one device share one frozen base."""
+    """(base, tokenizer) of `name`, loaded once per (name, device, dtype, tiny's seed) into `bases`."""
     key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
     if key not in bases:
         model, tok = load_model(name, device, dtype, seed=seed)
@@ -269,8 +267,7 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
     return model, tok
 
 
-def adapter_state(model):
-    """The adapter's tensors under peft's names (base_model.model.<layer>.lora_A.weight)."""
+def adapter_state(model):  # the adapter's tensors under peft's names
     return {f"base_model.model.{name}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
             for name, m in model.named_modules() if isinstance(m, LoRALinear) for ab in "AB"}
 
@@ -291,8 +288,7 @@ def load_adapter_weights(model, path):
 
 @torch.no_grad()
 def merged_model(model):
-    """A plain HF model equal to base + adapter: each adapted weight is W + (alpha / r) B A (in fp32,
-    stored in W's dtype: bf16 rounds), fresh tensors; the rest stays shared with the base."""
+    """A plain HF model equal to base + adapter: W + (alpha / r) B A in fresh tensors (in W's dtype)."""
     adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
     merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
     for name, m in list(merged.named_modules()):
@@ -308,9 +304,8 @@ def merged_model(model):
 
 
 def save_agent(agent, path, merged=False):
-    """An agent as transformers saves a model (it loads with from_pretrained or as --model PATH), or
-    a LoRA agent as peft saves an adapter (adapter_model.safetensors, adapter_config.json exactly
-    peft's; a tiny base's seed beside them), with the tokenizer. merged: base + adapter as one model."""
+    """An agent as transformers saves a model (from_pretrained or --model PATH load it), or a LoRA agent
+    as peft saves an adapter (a tiny base's seed beside it), with the tokenizer. merged: one model."""
     from safetensors.torch import save_file
     quiet_transformers()
     model = agent.model
@@ -330,8 +325,8 @@ def save_agent(agent, path, merged=False):
 
 def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, lora=None, bases=None,
                base_seed=None):
-    """An Agent (no optimizer yet) for one model name, plain or LoRA (load_lora); a bad name raises
-    ValueError naming `flag`. `bases`: one dict per team, so its LoRA agents share their base."""
+    """An Agent (no optimizer yet), plain or LoRA (load_lora); ValueError naming `flag`. `bases`: one
+    dict per team, so its LoRA agents share their base."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
     try:
@@ -349,8 +344,7 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
 
 
 def checkpoint_problem(path):
-    """None if checkpoint directory `path` is complete, else what is wrong: its state file lists every
-    file with its size, so a missing or truncated file is found without reading it."""
+    """None if checkpoint `path` is complete, else what is wrong (its state file lists each file's size)."""
     try:
         with open(os.path.join(path, CHECKPOINT_STATE)) as f:
             files = json.load(f)["files"]
@@ -367,17 +361,13 @@ def checkpoint_problem(path):
 
 def checkpoints(out):
     """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
-    found = []
-    for name in os.listdir(out) if os.path.isdir(out) else []:
-        step = name.removeprefix("checkpoint-")
-        if step != name and step.isdigit() and os.path.isdir(os.path.join(out, name)):
-            found.append((int(step), os.path.join(out, name)))
-    return sorted(found, reverse=True)
+    names = os.listdir(out) if os.path.isdir(out) else []
+    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
+                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
 
 
 def latest_checkpoint(out):
-    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one (a file
-    missing or truncated: a full disk, a copy cut short) is skipped with a warning."""
+    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one is skipped."""
     for step, path in checkpoints(out):
         problem = checkpoint_problem(path)
         if problem is None:
@@ -397,6 +387,28 @@ def add_model_flags(p):
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in its chat template")
     p.add_argument("--feedback-model", help="--feedback expert: the reviewing model (hub name or path)")
+
+
+def add_lora_flags(p):  # train.py's
+    p.add_argument("--lora-r", type=int, default=0, help="a rank-R LoRA adapter per agent on one shared base")
+    p.add_argument("--lora-alpha", type=float, help="the update is scaled by alpha / r (default 2r)")
+    p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
+                   f"(default {','.join(LORA_TARGETS)}; GPT-2: c_attn,c_proj,c_fc)")
+    p.add_argument("--save-merged", action="store_true", help="LoRA: OUT/agent_i/merged, the full model too")
+
+
+def lora_from_flags(args):
+    """The LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules; None without --lora-r."""
+    r, alpha, targets = args.lora_r, args.lora_alpha, args.lora_target_modules
+    names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
+    for flag, bad, why in (("--lora-r", r < 0, f"must be >= 1 (0: full fine-tuning), got {r}"),
+                           ("--lora-alpha", not r and alpha is not None, "only with --lora-r"),
+                           ("--lora-target-modules", not r and targets, "only with --lora-r"),
+                           ("--lora-alpha", alpha is not None and not alpha > 0, f"must be > 0, got {alpha}"),
+                           ("--lora-target-modules", targets is not None and not names, "want a comma list")):
+        if bad:
+            raise ValueError(f"{flag}: {why}")
+    return LoRAConfig(r, alpha, names or None) if r else None
 
 
 def model_names(args):

@@ -45,13 +45,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     models.add_model_flags(p)
-    p.add_argument("--lora-r", type=int, default=0, help="train a rank-R LoRA adapter per agent on one "
-                   "shared frozen base instead of the whole model (0: full fine-tuning)")
-    p.add_argument("--lora-alpha", type=float, help="the update is scaled by alpha / r (default 2r)")
-    p.add_argument("--lora-target-modules", help="comma list of the linear layers that get adapters "
-                   f"(default {','.join(models.LORA_TARGETS)}; GPT-2: c_attn,c_proj,c_fc)")
-    p.add_argument("--save-merged", action="store_true", help="LoRA: each final agent also as a full HF "
-                   "model (the adapter folded in), OUT/agent_i/merged")
+    models.add_lora_flags(p)
     magrpo.add_config_flags(p)
     p.add_argument("--learning-rate", type=float, help="each agent's AdamW (default 1e-5, the paper's)")
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -59,32 +53,14 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out", help="directory for metrics.jsonl, checkpoints and the agents")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest complete "
-                   "checkpoint (from step 0 if it has none)")
-    p.add_argument("--save-every", type=int, default=50, help="a checkpoint every N steps (0: at the end "
-                   "and on a signal only)")
+    p.add_argument("--resume", action="store_true", help="continue from --out's newest complete checkpoint")
+    p.add_argument("--save-every", type=int, default=50, help="a checkpoint every N steps (0: at the end)")
     p.add_argument("--save-total-limit", type=int, default=2, help="keep the newest N checkpoints")
-    p.add_argument("--eval-every", type=int, default=0, help="every N steps, the greedy joint reward on "
-                   "--eval-split, logged as eval_reward_mean (0: off)")
+    p.add_argument("--eval-every", type=int, default=0, help="every N steps: eval_reward_mean (0: off)")
     p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
     p.add_argument("--eval-limit", type=int, default=32, help="at most this many eval examples")
-    p.add_argument("--log-completions-every", type=int, default=1, help="every N steps, each joint action's "
-                   "completions, reward and advantages in OUT/completions.jsonl (0: off)")
+    p.add_argument("--log-completions-every", type=int, default=1, help="OUT/completions.jsonl every N steps")
     return p.parse_args(argv)
-
-
-def lora_from_flags(args):
-    """The models.LoRAConfig of --lora-r/--lora-alpha/--lora-target-modules; None without --lora-r."""
-    r, alpha, targets = args.lora_r, args.lora_alpha, args.lora_target_modules
-    names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
-    for flag, bad, why in (("--lora-r", r < 0, f"must be >= 1 (0: full fine-tuning), got {r}"),
-                           ("--lora-alpha", not r and alpha is not None, "only with --lora-r"),
-                           ("--lora-target-modules", not r and targets, "only with --lora-r"),
-                           ("--lora-alpha", alpha is not None and not alpha > 0, f"must be > 0, got {alpha}"),
-                           ("--lora-target-modules", targets is not None and not names, "want a comma list")):
-        if bad:
-            raise ValueError(f"{flag}: {why}")
-    return models.LoRAConfig(r, alpha, names or None) if r else None
 
 
 def resolve_flags(args):
@@ -116,7 +92,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model, or a checkpoint's (weights and optimizer state), on
     this process's devices. LoRA agents on one base and device share one frozen copy of it (so
     --device auto puts them all on one GPU, the process's first)."""
-    lora, bases = lora_from_flags(args), {}
+    lora, bases = models.lora_from_flags(args), {}
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
@@ -147,15 +123,22 @@ def train(args):
         checkpoint = prepare_out(args)
         agents, expert = build(args, env, checkpoint, local_rank, local_world)
         eval_env = args.eval_every and envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
-        if main:
-            start_out(args, checkpoint)
+        start = done = 0 if checkpoint is None else checkpoint[0]
+        if main:  # only now, every input checked: --out, its logs cut back to the step, args.json
+            try:
+                os.makedirs(args.out, exist_ok=True)
+                for name in ("metrics.jsonl", "completions.jsonl"):
+                    cut_metrics(os.path.join(args.out, name), start)
+                write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
+            except OSError as e:
+                raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
     except ValueError as e:
         sys.exit(f"train.py: error: {e}")
     gather(None)  # every process has read --out before process 0 writes into it
-    start = done = 0 if checkpoint is None else checkpoint[0]
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     if checkpoint is not None:
+        print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
         rng = torch.load(os.path.join(checkpoint[1], "rng_state.pt"), weights_only=False)
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
@@ -182,9 +165,15 @@ def train(args):
             summary = [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if isinstance(v, list) else 0)
                         for k, v in summaries[0][0].items()} for t in range(max(map(len, summaries)))]
             m = {"step": step, **episode_metrics(summary, cfg.num_turns)}
-            error = warn_scoring(m, step, sum(len(t["rewards"]) for t in summary))
-            if error:  # the same on every process (the summary is merged): stop before this step's update
-                break
+            bad, total = m["sandbox_errors"] + m["score_errors"], sum(len(t["rewards"]) for t in summary)
+            why = f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)"
+            if bad == total:  # the sandbox or the env is broken, not the agents: stop before the update
+                error = (f"train.py: error: step {step}: none of the {total} joint answers could be "
+                         f"scored {why}")
+                break  # (the same on every process: the summary is merged)
+            if bad:
+                tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and "
+                           f"count as 0 {why}", file=sys.stderr)
             m.update(magrpo.update_team(agents, turns, cfg), seconds=round(time.time() - t0, 4))
             if args.log_completions_every and step % args.log_completions_every == 0:
                 rows = [row for rows in gather(completion_rows(step, indices, turns)) for row in rows]
@@ -223,32 +212,29 @@ def train(args):
         for s, handler in signals.previous.items():
             signal.signal(s, handler)
     check_ranks_agree(agents)
-    failed = False
     try:
         if main:
             save_checkpoint(args.out, done, agents, args, (log, completions))
-        if main and signum is None and error is None:
-            save_final(args.out, done, agents, merged=args.save_merged)
-            print(f"wrote {log.path} and {len(agents)} agents under {args.out}/agent_*")
+            if signum is None and error is None:
+                save_final(args.out, done, agents, merged=args.save_merged)
+                print(f"wrote {log.path} and {len(agents)} agents under {args.out}/agent_*")
     except SaveFailed as e:
         print(f"train.py: error: {e}", file=sys.stderr)
-        failed = True
+        error = error or 1
     gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None or error or failed:
-        sys.exit(128 + signum if signum is not None else error or 1)
+    if signum is not None or error:
+        sys.exit(128 + signum if signum is not None else error)
     return log.path
 
 
 def batch_at(n, seed, step, batch_size):
-    """The indices of a step's examples among n: shuffled epochs (each once before any repeats), an
-    epoch's order from (seed, epoch) alone, so step k's batch needs no state of earlier steps."""
+    """A step's examples, indices among n: shuffled epochs, each epoch's order from (seed, epoch) alone."""
     return [random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)[pos % n]
             for pos in range(step * batch_size, (step + 1) * batch_size)]
 
 
 def completion_rows(step, indices, turns):
-    """OUT/completions.jsonl's rows: every joint action of the step (its example's index in the split,
-    its turn, one text per agent), its reward and levels, and each agent's advantage in Eq. 2."""
+    """OUT/completions.jsonl's rows: each joint action of the step, its reward, each agent's advantage."""
     rows = []
     for t, turn in enumerate(turns, 1):
         for n, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
@@ -264,8 +250,8 @@ def completion_rows(step, indices, turns):
 
 
 def episode_summary(turns):
-    """Per turn, plain lists (a data-parallel run gathers them): every node's reward, levels and
-    solved flag, per revised group its children's mean reward minus its parent's, the errors."""
+    """Per turn, plain lists (gathered under torchrun): each node's reward, levels, solved flag; each
+    revised group's mean reward minus its parent's; the errors."""
     out = []
     for t, turn in enumerate(turns):
         values, rewards = turn.values(), turn.rewards
@@ -278,16 +264,14 @@ def episode_summary(turns):
     return out
 
 
-def level_means(levels, suffix=""):
-    """level_<name><suffix>: the mean of each reward level (a level a reward lacks, gated off, is 0)."""
-    names = dict.fromkeys(k for lv in levels for k in lv)
-    return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels) for k in names}
-
-
 def episode_metrics(summary, num_turns):
     """A step's row of metrics.jsonl from its (merged) summary: turn 1's reward_mean/std/max and
     levels, per turn t reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t}, its levels and
     improvement_turn{t} (t > 1; None for a turn no node reached), sandbox_errors, score_errors."""
+    def level_means(levels, suffix=""):  # a level a reward lacks (gated off) counts 0
+        names = dict.fromkeys(k for lv in levels for k in lv)
+        return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels)
+                for k in names}
     first = torch.tensor(summary[0]["rewards"])
     m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if len(first) > 1 else 0.0,
          "reward_max": first.max().item(), **level_means(summary[0]["levels"])}
@@ -307,25 +291,13 @@ def episode_metrics(summary, num_turns):
     return m
 
 
-def warn_scoring(m, step, total):
-    """Joint answers that could not be scored count 0: say so at every step. -> the error that stops
-    the run when none could be scored (the sandbox or the env is broken, not the agents)."""
-    bad = m["sandbox_errors"] + m["score_errors"]
-    if bad == total:
-        return (f"train.py: error: step {step}: none of the {total} joint answers could be scored "
-                f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)")
-    if bad:
-        tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count "
-                   f"as 0 ({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)",
-                   file=sys.stderr)
-
 # -----------------------------------------------------------------------------
 # The run directory: refuse to clobber a run, resume one, write checkpoints atomically
 
 
 def prepare_out(args):
-    """Where the run starts: None (step 0) or the (step, path) of the checkpoint to resume from.
-    A new run refuses an --out that holds a run; --resume refuses flags that would change the run."""
+    """None (step 0) or the (step, path) of the checkpoint to resume from. A new run refuses an --out
+    that holds a run; --resume refuses flags that would change the run."""
     if not args.resume:
         names = os.listdir(args.out) if os.path.isdir(args.out) else []
         if any(n in ("args.json", "metrics.jsonl", "final.json") or n.startswith(("checkpoint-", "agent_"))
@@ -348,19 +320,6 @@ def prepare_out(args):
     if args.steps < checkpoint[0]:
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
-
-
-def start_out(args, checkpoint):
-    """--out made, metrics.jsonl cut back to the checkpoint's step, args.json (eval.py reads it)."""
-    if checkpoint is not None:
-        print(f"resuming {args.out} at step {checkpoint[0]} from {checkpoint[1]}", file=sys.stderr)
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        for name in ("metrics.jsonl", "completions.jsonl"):
-            cut_metrics(os.path.join(args.out, name), 0 if checkpoint is None else checkpoint[0])
-        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
-    except OSError as e:
-        raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
 
 
 def write_atomic(path, text):
@@ -435,10 +394,8 @@ def save_checkpoint(out, step, agents, args, logs=()):
         os.rename(tmp, final)
         fsync_tree(out)
     complete = [c for c in models.checkpoints(out) if models.checkpoint_problem(c[1]) is None]
-    keep = {path for _, path in complete[:args.save_total_limit]}
-    for _, old in models.checkpoints(out):
-        if old in keep:
-            continue  # the newest --save-total-limit complete ones; broken ones go too
+    keep = {path for _, path in complete[:args.save_total_limit]}  # the newest; broken ones go too
+    for old in [path for _, path in models.checkpoints(out) if path not in keep]:
         trash = os.path.join(out, ".trash-" + os.path.basename(old))
         with contextlib.suppress(OSError):
             os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
@@ -447,10 +404,9 @@ def save_checkpoint(out, step, agents, args, logs=()):
 
 
 def save_final(out, step, agents, merged=False):
-    """OUT/agent_i (eval.py --agents OUT reads them), hard links to the last checkpoint's files where
-    it can, then OUT/final.json (without it they are not final); `merged`: a LoRA agent also as a full
-    HF model in OUT/agent_i/merged. SaveFailed on a full disk."""
-    source = os.path.join(out, f"checkpoint-{step}")
+    """OUT/agent_i (eval.py --agents OUT reads them), hard links to checkpoint-<step>'s files where it
+    can, then OUT/final.json (without it they are not final); `merged`: a LoRA agent also as a full HF
+    model in OUT/agent_i/merged. SaveFailed on a full disk."""
     tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
     with saving(out, f"the trained agents in {out}", *tmps):
         with contextlib.suppress(FileNotFoundError):
@@ -458,11 +414,8 @@ def save_final(out, step, agents, merged=False):
         for i, (agent, tmp) in enumerate(zip(agents, tmps)):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
-            if models.checkpoint_problem(source) is None:
-                shutil.copytree(os.path.join(source, f"agent_{i}"), tmp, copy_function=link_or_copy,
-                                ignore=shutil.ignore_patterns("optimizer.pt"))
-            else:
-                models.save_agent(agent, tmp)
+            shutil.copytree(os.path.join(out, f"checkpoint-{step}", f"agent_{i}"), tmp,
+                            copy_function=link_or_copy, ignore=shutil.ignore_patterns("optimizer.pt"))
             if merged and models.is_lora(agent.model):
                 models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
             fsync_tree(tmp)
@@ -480,16 +433,15 @@ def link_or_copy(src, dst):
 
 
 def cut_metrics(path, step):
-    """metrics.jsonl without the rows of steps >= `step` (to be run again) or a line cut short."""
-    if not os.path.exists(path):
-        return
-    rows = []
-    with open(path) as f:
-        for line in f:
-            with contextlib.suppress(ValueError):  # json's error for a line cut short
-                if json.loads(line)["step"] < step:
-                    rows.append(line.rstrip("\n") + "\n")
-    write_atomic(path, "".join(rows))
+    """A log (metrics.jsonl) without the rows of steps >= `step` (to be run again) or a line cut short."""
+    def kept(line):
+        try:
+            return json.loads(line)["step"] < step
+        except ValueError:  # a line cut short
+            return False
+    if os.path.exists(path):
+        with open(path) as f:
+            write_atomic(path, "".join(line.rstrip("\n") + "\n" for line in f if kept(line)))
 
 
 class RunFile:
@@ -501,8 +453,7 @@ class RunFile:
         self.path, self.pending, self.warned = path, "", False
         self.size = os.path.getsize(path) if os.path.exists(path) else 0
 
-    def write(self, writer, *args):
-        """writer(*args), which writes this file; if it fails, a warning the first time."""
+    def write(self, writer, *args):  # writer(*args) writes this file; a failure warns, the first time
         try:
             writer(*args)
         except OSError as e:
@@ -528,8 +479,8 @@ class RunFile:
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
 
 
-class Stop(Exception):
-    """Raised by the signal handler while the step can be abandoned (sampling and scoring)."""
+class Stop(Exception):  # raised by the signal handler while the step can be abandoned (sampling)
+    pass
 
 
 class Signals:
