@@ -34,21 +34,21 @@ import torch
 
 @dataclass
 class Config:
-    num_generations: int = 4            # G, completions per agent per prompt (Sec. 2 step 1)
-    max_new_tokens: int = 256           # tokens per completion at most
-    temperature: float = 1.0            # sampling temperature (0: greedy)
-    top_p: float = 1.0                  # nucleus sampling: keep the most likely tokens up to this mass
-    top_k: int = 0                      # sample among the k most likely tokens only (0: off)
-    joint: str = "aligned"              # joint actions: aligned (G of them, the paper) or cross (G^n)
-    advantage: str = "mean"             # Eq. 1's baseline: mean (the paper), rloo, std, none or remax
-    loss_type: str = "seq_sum"          # Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean
-    micro_batch_size: int = 8           # rows per log-prob forward/backward (memory, not maths)
-    num_turns: int = 1                  # T: answer, get feedback, revise (Sec. 3; 1: single turn)
-    expand: str = "best"                # multi-turn: revise the best joint answer of each group, or all
-    discount: float = 0.9               # gamma of node_return, with --expand all (best: turn rewards)
+    num_generations: int = 4  # G, completions per agent per prompt (Sec. 2 step 1)
+    max_new_tokens: int = 256  # tokens per completion at most
+    temperature: float = 1.0  # sampling temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this mass
+    top_k: int = 0  # sample among the k most likely tokens only (0: off)
+    joint: str = "aligned"  # joint actions: aligned (G of them, the paper) or cross (G^n)
+    advantage: str = "mean"  # Eq. 1's baseline: mean (the paper), rloo, std, none or remax
+    loss_type: str = "seq_sum"  # Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean
+    micro_batch_size: int = 8  # rows per log-prob forward/backward (memory, not maths)
+    num_turns: int = 1  # T: answer, get feedback, revise (Sec. 3; 1: single turn)
+    expand: str = "best"  # multi-turn: revise the best joint answer of each group, or all
+    discount: float = 0.9  # gamma of node_return, with --expand all (best: turn rewards)
     termination_threshold: float = None  # a joint answer whose reward reaches it is solved (None: env max)
-    turn_weights: tuple = None          # comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)
-    feedback: str = "level"             # between turns: level, plain or expert
+    turn_weights: tuple = None  # comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)
+    feedback: str = "level"  # between turns: level, plain or expert
     feedback_max_new_tokens: int = 256  # bound on the expert's review (--feedback expert)
 
     CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
@@ -103,14 +103,14 @@ def config_from_flags(args, **overrides):
 @dataclass
 class Rollout:
     """The output of `generate`: B prompts x G completions, row b * G + g the g-th of prompt b."""
-    prompt_ids: torch.Tensor       # [B*G, P] left-padded
-    prompt_mask: torch.Tensor      # [B*G, P] 1 on real prompt tokens
-    completion_ids: torch.Tensor   # [B*G, T] pad after the first EOS
+    prompt_ids: torch.Tensor  # [B*G, P] left-padded
+    prompt_mask: torch.Tensor  # [B*G, P] 1 on real prompt tokens
+    completion_ids: torch.Tensor  # [B*G, T] pad after the first EOS
     completion_mask: torch.Tensor  # [B*G, T] 1 up to and including the first EOS, 0 after
-    logprobs: torch.Tensor         # [B*G, T] log softmax(logits / T) of each sampled token (0: greedy)
-    texts: list                    # B lists of G decoded completions, without EOS/pad
+    logprobs: torch.Tensor  # [B*G, T] log softmax(logits / T) of each sampled token (0: greedy)
+    texts: list  # B lists of G decoded completions, without EOS/pad
     num_generations: int
-    seconds: float = 0.0           # wall time of the generate call
+    seconds: float = 0.0  # wall time of the generate call
 
     def __len__(self):
         return self.completion_ids.shape[0]
@@ -192,10 +192,9 @@ def row_uniforms(keys, t):
 
 
 def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
-    """One token per row from softmax(logits / temperature), cut to the top_k most likely tokens
-    (0: all) and then to the nucleus (the fewest most likely tokens whose probability reaches top_p).
-    temperature 0 is greedy. `uniform` ([rows] in (0, 1), default torch.rand): the token is the first
-    whose cumulative probability exceeds it (inverse-CDF sampling: one number, one token)."""
+    """One token per row from softmax(logits / temperature) cut to the top_k tokens (0: all), then to
+    the nucleus (the fewest tokens whose probability reaches top_p); temperature 0 is greedy. The token
+    is the first whose cumulative probability exceeds the row's `uniform` (default torch.rand)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -218,8 +217,8 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
              top_p=1.0, top_k=0, seed=None):
     """G = num_generations completions of each prompt (Sec. 2 step 1): a decode loop with a KV cache,
-    each prompt prefilled once and its cache repeated G times, then a token per step for the rows still
-    running. seed: None (torch's global RNG), an int, or one int per prompt (see mix_seed)."""
+    each prompt prefilled once, its cache repeated G times, a token a step for the rows still running.
+    seed: None (torch's RNG), an int, or one int per prompt (see mix_seed)."""
     from transformers import DynamicCache  # here: `import magrpo` stays light for the maths tests
     t_start = time.perf_counter()
     device, G = model.device, num_generations
@@ -312,9 +311,8 @@ class ScoreError:
 
 
 def score_joint(env, examples, outputs, one=None):
-    """The shared reward of each (example, joint output): env.rewards on the batch (an env may score
-    it in parallel); if that raises, or with a per-sample scorer `one` (default env.reward), one by
-    one, a sample whose scoring raises getting a ScoreError: one bad sample costs only itself."""
+    """The shared reward of each (example, joint output): env.rewards on the batch, else one by one
+    with `one` (default env.reward), a sample whose scoring raises getting a ScoreError."""
     if one is None:
         try:
             return list(env.rewards(examples, outputs))
@@ -355,9 +353,9 @@ def group_advantages(rewards, mode="mean", baseline=None):
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
-    """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2's log-prob), at the
-    sampling temperature (logits / T: the distribution the tokens were drawn from, before any top-p
-    or top-k cut, as TRL's GRPO); greedy scores at T = 1. [rows, T]; mask what follows EOS."""
+    """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2), at the sampling
+    temperature (the distribution the tokens came from, before a top-p/k cut, as TRL's GRPO; greedy:
+    T = 1). [rows, T]; what follows EOS is to be masked."""
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
@@ -374,8 +372,8 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     seq_sum    -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
     token_mean -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
     seq_mean   -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
-    mask: 1 up to and including EOS. normalizer: the denominator counted once over the whole batch
-    (loss_normalizer), so that micro-batch losses add up to the batch's; default this batch's."""
+    mask: 1 up to EOS. normalizer: counted once over the whole batch (loss_normalizer), so that
+    micro-batch losses add up to the batch's (default: this batch's)."""
     mask = mask.to(logprobs.dtype)
     adv = torch.as_tensor(advantages, dtype=logprobs.dtype, device=logprobs.device).reshape(-1)
     masked = (logprobs * mask).sum(-1)  # per sequence; 0 * lp gives padding no gradient
@@ -432,25 +430,25 @@ class Agent:
 @dataclass
 class Group:
     """One prompt per agent, sampled `size` times: turn 1's, or a later turn's after one node."""
-    example: int            # index of the example in the batch
-    parent: int             # the node of the previous turn this group revises (None at turn 1)
-    prompts: list           # one env prompt per agent
-    histories: list         # per agent: [(its own answer, the feedback it got), ...] of earlier turns
-    seed: int               # the group's sampling seed; agent i samples with mix_seed(seed, i)
+    example: int  # index of the example in the batch
+    parent: int  # the node of the previous turn this group revises (None at turn 1)
+    prompts: list  # one env prompt per agent
+    histories: list  # per agent: [(its own answer, the feedback it got), ...] of earlier turns
+    seed: int  # the group's sampling seed; agent i samples with mix_seed(seed, i)
 
 
 @dataclass
 class Turn:
     """One turn of the batch. Node n = k * J + j: group k's j-th joint action; rows k * size + g."""
     groups: list
-    size: int               # completions per agent per group
-    rollouts: list          # one Rollout per agent
-    joint: list             # index tuples of one group's joint actions
-    outputs: list           # per node: one text per agent
-    rewards: list           # per node: the env's reward (float() of it is the number)
-    terminated: list        # per node: its reward reached the termination threshold (solved)
+    size: int  # completions per agent per group
+    rollouts: list  # one Rollout per agent
+    joint: list  # index tuples of one group's joint actions
+    outputs: list  # per node: one text per agent
+    rewards: list  # per node: the env's reward (float() of it is the number)
+    terminated: list  # per node: its reward reached the termination threshold (solved)
     children: dict = field(default_factory=dict)  # revised node -> its group at the next turn
-    baseline: list = None   # remax, turn 1: per group, the reward of the greedy joint answer
+    baseline: list = None  # remax, turn 1: per group, the reward of the greedy joint answer
     advantages: list = None  # per agent, each row's advantage in Eq. 2 (update_team sets it)
 
     def values(self):
@@ -467,9 +465,8 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
 
 
 def sample_turn(agents, env, examples, groups, size, cfg, greedy=False):
-    """Sample every group of a turn (one generate call per agent), join and score (Sec. 2 steps 1-3).
-    greedy (remax): also each agent's greedy answer to each prompt, their joint answer's reward the
-    group's baseline (one more generate call per agent)."""
+    """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3).
+    greedy (remax): the reward of the agents' greedy joint answer is the group's baseline."""
     def sample(size, cfg):
         return [sample_agent(agent, i, [g.prompts[i] for g in groups], size, cfg, [g.seed for g in groups])
                 for i, agent in enumerate(agents)]
@@ -512,10 +509,9 @@ def team_feedback(env, examples, turn, nodes, cfg, expert=None):
 
 
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
-    """One episode per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. Between turns each node of
-    expand_nodes gets the env's feedback and becomes a group: each agent's prompt holds its own earlier
-    answers and the feedback to it (never a partner's, unless quoted), sampled `children` times
-    (default G). seeds: one per example, e.g. mix_seed(run seed, step, example index)."""
+    """One episode per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. Each node of expand_nodes gets
+    the env's feedback and becomes a group: each agent's prompt holds its own answers and feedback (not
+    a partner's), sampled `children` times (default G). seeds: one per example."""
     threshold = cfg.termination_threshold
     threshold = getattr(env, "max_reward", math.inf) if threshold is None else threshold
     n, size = len(agents), cfg.num_generations
@@ -540,9 +536,8 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
 
 
 def episode_returns(turns, gamma, num_turns):
-    """Per turn, every node's return as a [groups, J] tensor, from the last turn back: a revised
-    node's node_return over its children's; a solved one's solved_return over the turns it skips
-    (of num_turns); another (the last turn's) its reward."""
+    """Per turn, each node's return, [groups, J], from the last turn back: node_return of a revised
+    node, solved_return of a solved one (over the turns it skips), else its reward."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
@@ -675,9 +670,8 @@ def update_agent(agent, parts, cfg):
 
 
 def update_team(agents, turns, cfg):
-    """Sec. 2 steps 4-6 on an episode: the advantages of every turn, then update_agent for each agent.
-    -> per-agent metrics, and zero_adv_groups: groups whose advantages are 0 for every agent (no
-    signal: count them; the loss being ~0 is expected with centred advantages)."""
+    """Sec. 2 steps 4-6: every turn's advantages, then update_agent for each agent -> per-agent metrics,
+    and zero_adv_groups (groups with no signal: all advantages 0)."""
     advantages = episode_advantages(turns, cfg)
     for turn, adv in zip(turns, advantages):
         turn.advantages = adv
