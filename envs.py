@@ -53,19 +53,19 @@ class Env(abc.ABC):
     # Multi-turn (Sec. 3): between turns the env comments on each joint answer, one text per agent
 
     def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
-        """One text per agent. level: what the reward saw (reward: computed if not given; one with an
-        `error`, magrpo.ScoreError, could not be scored); plain: the request to revise only; expert:
-        reviews[i], an expert model's review of agent i's part."""
-        if mode == "expert":
-            return [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}\n{self.revise_note(i)}"
-                    for i in range(self.num_agents)]
+        """One text per agent, ending in the request to revise. level: what the reward saw (computed if
+        not given; magrpo.ScoreError's `error`: unscored); plain: the request only; expert: reviews[i]."""
+        agents = range(self.num_agents)
         if mode == "plain":
-            return [self.revise_note(i) for i in range(self.num_agents)]
-        reward = self.reward(example, outputs) if reward is None else reward
-        if isinstance(getattr(reward, "error", None), str):  # its scoring raised: nothing to diagnose
-            return [f"Feedback: your joint answer could not be scored ({reward.error})\n{self.revise_note(i)}"
-                    for i in range(self.num_agents)]
-        return [f"{self.diagnose(example, outputs, reward, i)}\n{self.revise_note(i)}" for i in range(self.num_agents)]
+            return [self.revise_note(i) for i in agents]
+        if mode == "expert":
+            notes = [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}" for i in agents]
+        else:
+            reward = self.reward(example, outputs) if reward is None else reward
+            error = getattr(reward, "error", None)  # its scoring raised: nothing to diagnose
+            notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
+                     else self.diagnose(example, outputs, reward, i) for i in agents]
+        return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def diagnose(self, example, outputs, reward, i):
         """The level feedback for agent i: what the reward found (envs say more)."""
@@ -140,8 +140,8 @@ class DemoEnv(Env):
     long in letters n-z, each with at least 6 distinct letters. The length ratio is joint: no agent
     reaches it alone. Scored on characters, so models trained from scratch learn it in minutes."""
     name = "demo"
-    num_agents = 2
     agent_names = ("headline", "body")
+    max_reward = 3.0
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
@@ -153,42 +153,36 @@ class DemoEnv(Env):
             raise ValueError("the demo env is ours: there is no authors' reward for it")
         if dataset:
             raise ValueError("the demo env has its own built-in topics: it takes no dataset")
-        splits = ("train", "eval", "test")
-        if split not in (None, *splits):
+        if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        rng = random.Random(seed + 1000 * splits.index(split or "train"))  # train: Random(seed)
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
         self.examples = [{"topic": rng.choice(TOPICS), "id": i} for i in range(num_examples)]
 
     def prompts(self, example):
         t = example["topic"]
         return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
 
-    max_reward = 3.0
-
     def diagnose(self, example, outputs, reward, i):
         """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
-        text, alpha = outputs[i].strip(), self.alphabets[i]
-        part, letters = ("headline", "a to m") if i == 0 else ("body", "n to z")
-        bad = sorted(set(text) - alpha)
-        lines = [f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
-                 f"(want {self.distinct})",
-                 f"letters outside {letters}: {' '.join(bad)}" if bad else f"no letter outside {letters}"]
-        lo, hi = self.band[1], self.band[2]
-        advice = ""
-        if reward.length_ratio < lo:
-            advice = ": write a shorter headline" if i == 0 else ": write a longer body"
-        elif reward.length_ratio > hi:
-            advice = ": write a longer headline" if i == 0 else ": write a shorter body"
-        lines.append(f"the body is {reward.length_ratio:.1f}x as long as the headline (want {lo:g}x to "
-                     f"{hi:g}x){advice}")
-        return "\n".join(lines)
+        text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
+        letters = ("a to m", "n to z")[i]
+        bad = " ".join(sorted(set(text) - alpha))
+        ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
+        longer = (ratio < lo) == (i == 1)  # a ratio too low: a shorter headline or a longer body
+        advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
+        return "\n".join([
+            f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
+            f"(want {self.distinct})",
+            f"letters outside {letters}: {bad}" if bad else f"no letter outside {letters}",
+            f"the body is {ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}"])
 
     def revise_note(self, i):
-        return f"Write the {('headline', 'body')[i]} again."
+        return f"Write the {self.agent_names[i]} again."
 
     def task_text(self, example):
-        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, the "
-                "other a body 2 to 4 times as long in letters n to z; each uses at least 6 different letters.")
+        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, "
+                "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
+                "letters.")
 
     def reward(self, example, outputs):
         texts = [o.strip() for o in outputs]
@@ -213,11 +207,11 @@ SPLITS = {  # the paper's splits (Sec. 4)
     "none": {},  # a file of its own: every split name means the whole file
 }
 # Datasets known by name, on the model hub (needs `datasets` and a network; offline, pass the file):
-# (hub name, the hub split holding each of our splits). Row slices of ours apply after.
+# (hub name, the hub split of our train, that of our eval and test). Row slices of ours apply after.
 HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", dict.fromkeys(SPLIT_NAMES, "test")),  # 82 rows, one split
-    "tldr": ("trl-lib/tldr", {"train": "train[:1000]", "eval": "test[:1000]", "test": "test[:1000]"}),
-    "arxiv": ("OpenMLRL/arXiv_abstract", {"train": "train[:1000]", "eval": "val[:1000]", "test": "val[:1000]"}),
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
+    "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
+    "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
 }
 
 
@@ -260,7 +254,8 @@ def read_rows(path, parse):
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+            where = f"{path}:{lineno or e.lineno}"
+            raise ValueError(f"{where}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
     return [parse_at(parse, loads(line, n), f"{path}:{n}") for n, line in enumerate(text.split("\n"), 1)
@@ -277,7 +272,7 @@ def read_hub(name, split, parse):
     try:
         data = datasets.load_dataset(name, split=split)
     except Exception as e:  # no network, no such dataset or split: one line, not a traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
                          "local JSON/JSONL file as --dataset") from None
     return [parse_at(parse, dict(row), f"{name}[{split}] row {i}") for i, row in enumerate(data)]
@@ -287,11 +282,8 @@ def load_rows(dataset, split, parse):
     """The rows `split` is cut from: a file, a name of HUB, or another hub name (train/validation)."""
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
         return read_rows(dataset, parse)
-    if dataset in HUB:
-        name, hub_splits = HUB[dataset]
-        return read_hub(name, hub_splits.get(split or "train", hub_splits["train"]), parse)
-    hub_split = {"eval": "validation", "test": "validation"}.get(split, "train")
-    return read_hub(dataset, hub_split, parse)
+    name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
+    return read_hub(name, held_out if split in ("eval", "test") else train, parse)
 
 
 # -----------------------------------------------------------------------------
