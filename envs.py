@@ -362,11 +362,10 @@ SINGLE_HEAD = """\
 
 
 class CodingEnv(Env):
-    """Sec. 4: agents aux (the helper) and main (the entry function, may call aux), rewards.code_reward
-    (max 4.0; num_agents=1: main alone, max 2.1). dataset: "humaneval", "coophumaneval" (the hub) or a
-    HumanEval-format JSON array or JSONL file; HumanEval and CoopHumanEval rows (recognised by their
-    task ids) get the paper's splits, other data is one split. timeout: seconds per sandbox test (the
-    authors' 10). authors: their code reward and program layout (README "The authors' rewards")."""
+    """Sec. 4: agents aux (a helper) and main (the entry function, may call aux), or main alone
+    (num_agents=1); rewards.code_reward, max 4.0 (2.1 alone). dataset: "humaneval", "coophumaneval"
+    (the hub) or a HumanEval-format JSON/JSONL file, split as README "Environments and data" says.
+    timeout: seconds per sandbox test; authors: their reward and program layout."""
     name = "coding"
     runs_code = True
 
@@ -377,56 +376,55 @@ class CodingEnv(Env):
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
-        self.agent_names = ("aux", "main") if num_agents == 2 else ("main",)
+        self.agent_names = ("aux", "main")[2 - num_agents:]
+        self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
         rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
+        # The paper's splits for HumanEval and for CoopHumanEval rows (by their task ids), else one split
         self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
-        if not isinstance(splits, dict):  # splits: a name of SPLITS or a dict, to force another table
-            splits = SPLITS[splits or ("humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop
-                                       else "none")]
-        self.examples = take_split(rows, split, splits, dataset)
+        default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
+        named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
+        self.examples = take_split(rows, split, named, dataset)
         # The authors' training sampling (their HumanEval and CoopHumanEval configs), for real models.
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
-    def aux_prompt(self, ex, notes=""):
-        context, _ = prompt_parts(ex)
-        head = AUX_HEAD.format(entry=ex["entry_point"], problem=as_comment(ex["prompt"]))
-        return head + notes + "\n" + (context + "\n\n\n" if context else "") + "# The helper function:\n"
-
-    def main_prompt(self, ex, aux_code=None, notes="", head=MAIN_HEAD):
-        """The main agent's file: instructions, the problem's context, the partner's aux when it
-        is shown (sequential and discussion baselines), then the stub to continue."""
+    def file_prompt(self, ex, head, notes="", aux_code=None):
+        """A Python file to continue: `head`, `notes`, the problem's context, the partner's aux when it
+        is shown (the Sec. 6 baselines), then the stub (main, single) or the cue for a whole def aux."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
-        text = head.format(entry=entry, seen=" (shown below)" if aux_code is not None else "") + notes
-        if stub is None:  # a prose problem: show it, and ask for the whole def
+        seen = " (shown below)" if aux_code is not None else ""
+        text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
+        if head is AUX_HEAD:
+            stub = "# The helper function:\n"
+        elif stub is None:  # a prose problem: show it, and ask for the whole def
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
         code = [c for c in (context, aux_code) if c]
         return text + "\n" + "".join(c + "\n\n\n" for c in code) + stub
 
     def prompts(self, example):
-        if self.num_agents == 1:
-            return [self.single_prompt(example)]
-        return [self.aux_prompt(example), self.main_prompt(example)]
+        return [self.file_prompt(example, head) for head in self.heads]
 
     @property
     def max_reward(self):
         return 4.0 if self.num_agents == 2 else 2.1
 
-    def own_function(self, example, i):
-        return "aux" if self.num_agents == 2 and i == 0 else example["entry_point"]
+    def functions(self, example):
+        """The function each agent writes."""
+        return ("aux", example["entry_point"])[2 - self.num_agents:]
 
     def diagnose(self, example, outputs, r, i):
         """Level feedback (Sec. 3) from the reward's findings (nothing runs again): definitions, syntax,
         the tests passed and the first failing one, whether the main function calls or only wraps aux."""
-        entry, own = example["entry_point"], self.own_function(example, i)
+        entry, names = example["entry_point"], self.functions(example)
         lines = ["Feedback:"]
-        for name, found in (("aux", r.has_aux), (entry, r.has_main))[2 - self.num_agents:]:
-            who = "your" if name == own else "your partner's"
+        for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
+            who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
         if r.has_main:
-            lines.append("the combined program " + ("parses" if r.syntax else f"does not parse: {r.syntax_error}"))
+            parses = "parses" if r.syntax else f"does not parse: {r.syntax_error}"
+            lines.append(f"the combined program {parses}")
         if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
             lines.append(f"the tests could not be run ({r.sandbox_error})")
         elif r.syntax:
@@ -444,15 +442,13 @@ class CodingEnv(Env):
 
     def revision_prompt(self, example, i, history):
         """The agent's own file again, with its earlier answers and the feedback on each as comments."""
-        own = self.own_function(example, i)
+        own = self.functions(example)[i]
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(example, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
-        if self.num_agents == 1:
-            return self.main_prompt(example, notes=notes, head=SINGLE_HEAD)
-        return self.aux_prompt(example, notes) if i == 0 else self.main_prompt(example, notes=notes)
+        return self.file_prompt(example, self.heads[i], notes)
 
     def expert_prompt(self, example, outputs, i):
-        names = ("aux", example["entry_point"])[2 - self.num_agents:]
+        names = self.functions(example)
         code = "".join(f"The `{name}` function:\n```python\n{shown_code(example, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
         return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
@@ -463,7 +459,7 @@ class CodingEnv(Env):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
         if self.num_agents == 1 or i == 0:
             return self.prompts(example)[i]
-        return self.main_prompt(example, aux_code=shown_code(example, earlier[0], "aux"))
+        return self.file_prompt(example, MAIN_HEAD, aux_code=shown_code(example, earlier[0], "aux"))
 
     def discussion_prompt(self, example, i, first):
         """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
@@ -475,14 +471,14 @@ class CodingEnv(Env):
             notes = ("#\n# Your first helper:\n" + as_comment(aux) +
                      f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
                      "\n#\n# Write `aux` again so that it serves the main function well.\n")
-            return self.aux_prompt(example, notes)
+            return self.file_prompt(example, AUX_HEAD, notes)
         notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
                  f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
-        return self.main_prompt(example, aux_code=aux, notes=notes)
+        return self.file_prompt(example, MAIN_HEAD, notes, aux_code=aux)
 
     def single_prompt(self, example):
         """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
-        return self.main_prompt(example, head=SINGLE_HEAD)
+        return self.file_prompt(example, SINGLE_HEAD)
 
     def item(self, example, outputs):
         """code_reward's arguments for (aux, main) or (main,). Ours: the program and the test side get
@@ -558,20 +554,17 @@ def builtin_passages(min_words, target, max_words):
                          "pass --dataset PATH.jsonl") from None
     out, seen = [], set()
     for name in sorted(topics):
-        cur, n = [], 0
+        passages, n = [[]], 0
         for para in prose_paragraphs(topics[name]):
             k = len(para.split())
             if para in seen or k > max_words:  # topics repeat each other: keep train/eval disjoint
                 continue
             seen.add(para)
-            if n + k > max_words:
-                out += [(name, " ".join(cur))] if n >= min_words else []
-                cur, n = [], 0
-            cur, n = cur + [para], n + k
-            if n >= target:
-                out.append((name, " ".join(cur)))
-                cur, n = [], 0
-        out += [(name, " ".join(cur))] if n >= min_words else []
+            if n >= target or n + k > max_words:  # the passage is long enough, or would be too long
+                passages, n = passages + [[]], 0
+            passages[-1].append(para)
+            n += k
+        out += [(name, text) for text in map(" ".join, passages) if len(text.split()) >= min_words]
     return tuple(out)
 
 
@@ -579,14 +572,13 @@ class WritingEnv(Env):
     """Sec. 5: two writers, one leveled reward (max 3.0); num_agents=1: one writes both parts (the
     paper's GRPO baseline). dataset: the built-in corpus (80% train, the rest eval = test), a name of
     HUB, a JSON/JSONL file (text in text_field, else the first of TEXT_FIELDS) or a hub name."""
-    num_agents = 2
-    templates = ()
-    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
     defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
+    max_reward = 3.0
 
     def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
         if num_agents not in (1, 2):
-            raise ValueError(f"the {self.name} env has 2 agents, or 1 that writes both parts, not {num_agents}")
+            raise ValueError(f"the {self.name} env has 2 agents, or 1 that writes both parts, "
+                             f"not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
@@ -604,8 +596,6 @@ class WritingEnv(Env):
         if self.num_agents == 1:
             return [self.single_prompt(example)]
         return [t.format(text=example["text"]) for t in self.templates]
-
-    max_reward = 3.0
 
     def reward(self, example, outputs):
         if self.num_agents == 1:
@@ -627,20 +617,18 @@ class WritingEnv(Env):
         spec, (first, second) = self.spec, self.parts
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
         lo, hi = spec.tokens
-        lines = ["Feedback:"]
-        short = [(name, n) for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
-        if short:
-            return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
-                                      for name, n in short])
+        lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
+                                 for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
+        if len(lines) > 1:
+            return "\n".join(lines)
+        grow = i == 1 or self.num_agents == 1  # a ratio too low: the second part grows, the first shrinks
         for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
                                    ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
-            if not band[1] <= x <= band[2]:
-                more = (x < band[1]) == (i == 1 or self.num_agents == 1)  # a low ratio: the 2nd part grows
-                advice = f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else \
-                         f": use {'more' if more else 'fewer'} different words in {whose} part"
-            else:
-                advice = " (in the target band)"
-            target = f"at least {band[1]:g}x" if band[2] == math.inf else f"{band[1]:g}x to {band[2]:g}x"
+            low, high, more = band[1], band[2], (x < band[1]) == grow
+            advice = (" (in the target band)" if low <= x <= high else
+                      f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else
+                      f": use {'more' if more else 'fewer'} different words in {whose} part")
+            target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
             lines.append(f"the {second} part has {x:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
             if key not in r.levels:
@@ -668,7 +656,7 @@ class TldrEnv(WritingEnv):
     """TLDR (Sec. 5): a concise summary, and a detailed one with varied words and transitions."""
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
-    lengths = (100, 200, 400)
+    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
     score, spec = staticmethod(tldr_reward), TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
