@@ -25,17 +25,17 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function, prompt_imports,
-                     split_single_output, tldr_reward)
+from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function,
+                     prompt_imports, split_single_output, tldr_reward)
 
 
 class Env(abc.ABC):
-    """Base class: subclasses set name, num_agents, agent_names, examples; define prompts and reward."""
+    """Subclasses set name, num_agents, agent_names, examples and define prompts and reward."""
     name = "env"
     num_agents = 2
     agent_names = ()
     max_reward = math.inf
-    runs_code = False  # True: the reward runs model code in the sandbox (--test-timeout)
+    runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
     @abc.abstractmethod
@@ -47,10 +47,10 @@ class Env(abc.ABC):
         """The shared reward of the joint output `outputs` (one text per agent)."""
 
     def rewards(self, examples, outputs):
-        """Shared rewards of a batch of joint actions, in order. Override to score in parallel."""
+        """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
-    # Multi-turn (Sec. 3): between turns the env comments on each joint answer, one text per agent
+    # Multi-turn (Sec. 3): between turns, feedback on a joint answer, one text per agent
 
     def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
         """One text per agent, ending in the request to revise. level: what the reward saw (computed if
@@ -68,14 +68,14 @@ class Env(abc.ABC):
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def diagnose(self, example, outputs, reward, i):
-        """The level feedback for agent i: what the reward found (envs say more)."""
+        """Agent i's level feedback: what the reward found (envs say more)."""
         return f"Feedback: your joint answer scored {float(reward):.2f} of {self.max_reward:g}."
 
     def revise_note(self, i):
         return "Revise your answer: output only the new answer."
 
     def revision_prompt(self, example, i, history):
-        """Agent i's turn-1 prompt, then per earlier turn its own answer, its feedback, the cue again."""
+        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback and the cue again."""
         text = self.prompts(example)[i]
         for answer, notes in history:
             text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
@@ -85,7 +85,7 @@ class Env(abc.ABC):
         return f"Revised {self.agent_names[i]}:\n"
 
     def expert_prompt(self, example, outputs, i):
-        """What an expert model is asked: the whole answer (the parts must fit), a review of part i."""
+        """The whole answer (the parts must fit) and a request to review part i."""
         parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
         return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
@@ -96,9 +96,7 @@ class Env(abc.ABC):
     # The baselines of Sec. 6 (eval.py): agents that see their partners' text
 
     def sequential_prompt(self, example, i, earlier):
-        """Agent i's prompt in a sequential pipeline, after agents 0..i-1 wrote `earlier`."""
-        if not earlier:
-            return self.prompts(example)[i]
+        """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
         seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
         return seen + self.prompts(example)[i]
 
@@ -122,10 +120,10 @@ class Env(abc.ABC):
 
 @dataclass
 class DemoReward:
-    """The demo's shared reward in levels, like the paper's writing rewards (max 3.0): vocabulary
-    (the share of each agent's characters from its own alphabet), variety (of its letters), ratio."""
+    """The demo's reward in levels (max 3.0): vocabulary (each agent's share of characters from its
+    alphabet), variety (of its letters), ratio (len(body) / len(headline), 1 in the band)."""
     levels: dict
-    length_ratio: float  # len(body) / len(headline): the ratio level is 1 in the band, ramps outside
+    length_ratio: float
 
     def __float__(self):
         return sum(self.levels.values())
@@ -136,9 +134,8 @@ TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind pap
 
 
 class DemoEnv(Env):
-    """Like TLDR's two summarisers: agent 0 writes a headline in letters a-m, agent 1 a body 2-4x as
-    long in letters n-z, each with at least 6 distinct letters. The length ratio is joint: no agent
-    reaches it alone. Scored on characters, so models trained from scratch learn it in minutes."""
+    """Like TLDR's two summarisers: a headline in letters a-m, a body 2-4x as long in letters n-z, each
+    with 6+ distinct letters; no agent reaches the ratio alone. On characters: learnt in minutes."""
     name = "demo"
     agent_names = ("headline", "body")
     max_reward = 3.0
@@ -197,8 +194,7 @@ class DemoEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Data for every env: JSON/JSONL files or the hub, named splits and slices; a bad row is reported as
-# "path:line: what is wrong" (JSONL) or "path: row N: ..." (a JSON array).
+# Data for every env: JSON/JSONL files or the hub, named splits and slices; errors name file and line
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 SPLITS = {  # the paper's splits (Sec. 4)
@@ -215,19 +211,14 @@ HUB = {
 }
 
 
-def parse_slice(text):
-    """'33:133', ':32', '133:' -> a slice object."""
-    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", text)
-    if not m:
-        raise ValueError(f"unknown split {text!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
-    return slice(*(int(g) if g else None for g in m.groups()))
-
-
 def take_split(rows, split, named, source):
-    """The rows of a split name (its slice in `named`; else all rows) or a slice; never empty."""
+    """The rows of a split name (its slice in `named`; else all rows) or a slice ("33:133"); never empty."""
     split = split or "train"
     spec = named.get(split, ":" if split in SPLIT_NAMES else split)
-    part = rows[parse_slice(spec)]
+    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    if not m:
+        raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
+    part = rows[slice(*(int(g) if g else None for g in m.groups()))]
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
     return part
@@ -338,9 +329,8 @@ def shown_code(example, text, name):
     return found if found else as_comment(text or f"(no {name} function)")
 
 
-# The prompts are Python files for a base code model to continue (Sec. 4: raw prompts): instruction
-# comments, then code. The helper ends on a comment, so it writes a whole `def aux`; the main and
-# single agents end inside the problem's own stub, so they write its body, as in HumanEval.
+# The prompts are Python files for a base model to continue (Sec. 4: raw prompts). The helper's ends
+# on a comment, so it writes a whole `def aux`; the others inside the problem's stub: they write its body.
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
 # You are the helper: write one function `aux` that does a useful part of the job (a check,
@@ -362,10 +352,8 @@ SINGLE_HEAD = """\
 
 
 class CodingEnv(Env):
-    """Sec. 4: agents aux (a helper) and main (the entry function, may call aux), or main alone
-    (num_agents=1); rewards.code_reward, max 4.0 (2.1 alone). dataset: "humaneval", "coophumaneval"
-    (the hub) or a HumanEval-format JSON/JSONL file, split as README "Environments and data" says.
-    timeout: seconds per sandbox test; authors: their reward and program layout."""
+    """Sec. 4: agents aux (a helper) and main (the entry function, may call aux), or main alone;
+    rewards.code_reward, max 4.0 (2.1 alone). Data and splits: README "Environments and data"."""
     name = "coding"
     runs_code = True
 
@@ -377,10 +365,10 @@ class CodingEnv(Env):
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
         self.agent_names = ("aux", "main")[2 - num_agents:]
+        self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
         rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
-        # The paper's splits for HumanEval and for CoopHumanEval rows (by their task ids), else one split
         self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
         default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
         named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
@@ -405,10 +393,6 @@ class CodingEnv(Env):
 
     def prompts(self, example):
         return [self.file_prompt(example, head) for head in self.heads]
-
-    @property
-    def max_reward(self):
-        return 4.0 if self.num_agents == 2 else 2.1
 
     def functions(self, example):
         """The function each agent writes."""
@@ -481,9 +465,8 @@ class CodingEnv(Env):
         return self.file_prompt(example, SINGLE_HEAD)
 
     def item(self, example, outputs):
-        """code_reward's arguments for (aux, main) or (main,). Ours: the program and the test side get
-        the prompt's context (imports, helpers: HumanEval/32's tests call its poly); authors': their
-        import rule on the raw prompt (it also finds HumanEval/115's `import math`)."""
+        """code_reward's arguments for (aux, main) or (main,): ours give the program and the tests the
+        prompt's context (HumanEval/32's tests call its poly); the authors' import rule, the raw prompt."""
         aux, main = ("", *outputs) if len(outputs) == 1 else outputs
         context, stub = prompt_parts(example)
         item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
@@ -569,9 +552,8 @@ def builtin_passages(min_words, target, max_words):
 
 
 class WritingEnv(Env):
-    """Sec. 5: two writers, one leveled reward (max 3.0); num_agents=1: one writes both parts (the
-    paper's GRPO baseline). dataset: the built-in corpus (80% train, the rest eval = test), a name of
-    HUB, a JSON/JSONL file (text in text_field, else the first of TEXT_FIELDS) or a hub name."""
+    """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline). Data:
+    the built-in corpus (80% train, 20% eval = test), a name of HUB, a JSON/JSONL file or a hub name."""
     defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
     max_reward = 3.0
 
@@ -604,10 +586,9 @@ class WritingEnv(Env):
 
     def single_prompt(self, example):
         """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
-        first, second = self.parts
-        return (f"{self.task}\n\n{self.source}:\n{example['text']}\n\nWrite exactly two paragraphs: "
-                f"first the {first} part, then the {second} part, with a line [PARAGRAPH_SPLIT] "
-                f"between them.\n\nParagraph 1:\n")
+        return (f"{self.task_text(example)}\n\nWrite exactly two paragraphs: first the {self.parts[0]} "
+                f"part, then the {self.parts[1]} part, with a line [PARAGRAPH_SPLIT] between them.\n\n"
+                "Paragraph 1:\n")
 
     def single_reward(self, example, output):
         return self.score(*split_single_output(output, self.authors), authors=self.authors)
