@@ -30,7 +30,8 @@ from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, ex
 
 
 class Env(abc.ABC):
-    """Subclasses set name, num_agents, agent_names, examples and define prompts and reward."""
+    """Subclasses set name, num_agents, agent_names, examples and define prompts and reward; multi-turn
+    (Sec. 3) needs their words too: diagnose(example, outputs, reward, i), revise_note(i), task_text."""
     name = "env"
     num_agents = 2
     agent_names = ()
@@ -67,13 +68,6 @@ class Env(abc.ABC):
                      else self.diagnose(example, outputs, reward, i) for i in agents]
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
-    def diagnose(self, example, outputs, reward, i):
-        """Agent i's level feedback: what the reward found (envs say more)."""
-        return f"Feedback: your joint answer scored {float(reward):.2f} of {self.max_reward:g}."
-
-    def revise_note(self, i):
-        return "Revise your answer: output only the new answer."
-
     def revision_prompt(self, example, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback and the cue again."""
         text = self.prompts(example)[i]
@@ -89,9 +83,6 @@ class Env(abc.ABC):
         parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
         return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
-
-    def task_text(self, example):
-        return f"Task: the team answers the prompt:\n{self.prompts(example)[0]}"
 
     # The baselines of Sec. 6 (eval.py): agents that see their partners' text
 
@@ -183,10 +174,9 @@ class DemoEnv(Env):
 
     def reward(self, example, outputs):
         texts = [o.strip() for o in outputs]
-        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0
-                  for s, alpha in zip(texts, self.alphabets)]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct)
-                   for s, alpha in zip(texts, self.alphabets)]
+        own = list(zip(texts, self.alphabets))
+        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
+        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in own]
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
                   "ratio": band_score(ratio, self.band) or 0.0}
@@ -202,8 +192,7 @@ SPLITS = {  # the paper's splits (Sec. 4)
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
     "none": {},  # a file of its own: every split name means the whole file
 }
-# Datasets known by name, on the model hub (needs `datasets` and a network; offline, pass the file):
-# (hub name, the hub split of our train, that of our eval and test). Row slices of ours apply after.
+# Hub datasets by name (need `datasets`, a network): (hub name, hub split of our train, of eval and test)
 HUB = {
     "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
@@ -280,8 +269,7 @@ def load_rows(dataset, split, parse):
 # -----------------------------------------------------------------------------
 # Coding (Sec. 4): the helper agent writes aux(...), the main agent the entry function
 
-CODE_FIELDS = {"task_id": (str, int), "prompt": str, "test": str, "entry_point": str,
-               "canonical_solution": str}  # the last one is optional
+CODE_FIELDS = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
 
 
 def code_row(row):
@@ -308,8 +296,7 @@ def humaneval_path():
 
 
 def prompt_parts(example):
-    """(context, stub) of a prompt: stub, the entry function's def line and docstring; context, all
-    before it (imports, helpers like HumanEval/10's is_palindrome). Prose: (its imports, None)."""
+    """(context, stub): what precedes the entry's def (imports, helpers), the def; prose: (imports, None)."""
     prompt, entry = example["prompt"], example["entry_point"]
     starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
     if not starts:
@@ -323,8 +310,7 @@ def as_comment(text):
 
 
 def shown_code(example, text, name):
-    """An earlier answer as it goes into a later prompt: its `name` function as code (a body-only
-    answer completed by the stub), else the raw text as comments (it cannot break the file)."""
+    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
     found = extract_function(text, name, None if name == "aux" else prompt_parts(example)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
@@ -377,8 +363,7 @@ class CodingEnv(Env):
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
-        """A Python file to continue: `head`, `notes`, the problem's context, the partner's aux when it
-        is shown (the Sec. 6 baselines), then the stub (main, single) or the cue for a whole def aux."""
+        """A Python file: `head`, `notes`, the context, the partner's aux if shown, then the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
         seen = " (shown below)" if aux_code is not None else ""
@@ -399,8 +384,7 @@ class CodingEnv(Env):
         return ("aux", example["entry_point"])[2 - self.num_agents:]
 
     def diagnose(self, example, outputs, r, i):
-        """Level feedback (Sec. 3) from the reward's findings (nothing runs again): definitions, syntax,
-        the tests passed and the first failing one, whether the main function calls or only wraps aux."""
+        """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, the use of aux."""
         entry, names = example["entry_point"], self.functions(example)
         lines = ["Feedback:"]
         for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
@@ -441,7 +425,7 @@ class CodingEnv(Env):
 
     def sequential_prompt(self, example, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        if self.num_agents == 1 or i == 0:
+        if i == 0:  # the helper, or the only agent
             return self.prompts(example)[i]
         return self.file_prompt(example, MAIN_HEAD, aux_code=shown_code(example, earlier[0], "aux"))
 
@@ -493,9 +477,9 @@ class CodingEnv(Env):
             raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
         return (solution,) if self.num_agents == 1 else ("", solution)
 
+
 # -----------------------------------------------------------------------------
 # Writing (Sec. 5): two agents write complementary texts about one passage
-
 
 # tried in order without --text-field: "prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's
 TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
@@ -533,8 +517,7 @@ def builtin_passages(min_words, target, max_words):
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise ValueError("this Python has no pydoc_data for the built-in corpus: "
-                         "pass --dataset PATH.jsonl") from None
+        raise ValueError("no pydoc_data in this Python for the built-in corpus: pass --dataset") from None
     out, seen = [], set()
     for name in sorted(topics):
         passages, n = [[]], 0
@@ -559,8 +542,7 @@ class WritingEnv(Env):
 
     def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
         if num_agents not in (1, 2):
-            raise ValueError(f"the {self.name} env has 2 agents, or 1 that writes both parts, "
-                             f"not {num_agents}")
+            raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
@@ -685,15 +667,12 @@ def add_env_flags(p):
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
-    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' released "
-                   "rewards exactly (to reproduce the paper's numbers) instead of ours")
-    p.add_argument("--test-timeout", type=float, help="coding: seconds per test in the sandbox "
-                   "(default 10, the authors'; 3 with the tiny model)")
+    p.add_argument("--authors-rewards", action="store_true", help="the authors' rewards (paper numbers)")
+    p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (10; tiny model: 3)")
 
 
 def env_from_flags(args, split=None, flag=None):
-    """The env of --env and the data flags, or another `split` of its data (its flag: `flag`).
-    ValueError("--flag: what is wrong") on a bad value."""
+    """The env of --env and the data flags, or of another `split` (flag `flag`); ValueError("--flag: ...")."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
