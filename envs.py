@@ -30,12 +30,10 @@ from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, ex
 
 
 class Env(abc.ABC):
-    """Subclasses set name, num_agents, agent_names, examples and define prompts and reward; multi-turn
-    (Sec. 3) needs their words too: diagnose(example, outputs, reward, i), revise_note(i), task_text."""
+    """Subclasses set name, num_agents, agent_names, max_reward, examples; define prompts and reward,
+    and for multi-turn (Sec. 3) their words: diagnose(example, outputs, reward, i), revise_note, task_text."""
     name = "env"
     num_agents = 2
-    agent_names = ()
-    max_reward = math.inf
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
@@ -111,17 +109,12 @@ class Env(abc.ABC):
 
 @dataclass
 class DemoReward:
-    """The demo's reward in levels (max 3.0): vocabulary (each agent's share of characters from its
-    alphabet), variety (of its letters), ratio (len(body) / len(headline), 1 in the band)."""
+    """The demo's reward in levels (max 3.0): vocabulary, variety and ratio (DemoEnv.reward)."""
     levels: dict
-    length_ratio: float
+    length_ratio: float  # len(body) / len(headline)
 
     def __float__(self):
         return sum(self.levels.values())
-
-
-TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
-          "moss bells kites lamps fish wool glass sand smoke").split()
 
 
 class DemoEnv(Env):
@@ -133,6 +126,8 @@ class DemoEnv(Env):
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
+    topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
+              "moss bells kites lamps fish wool glass sand smoke").split()
 
     def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
         if num_agents != 2:
@@ -144,7 +139,7 @@ class DemoEnv(Env):
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
         rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
-        self.examples = [{"topic": rng.choice(TOPICS), "id": i} for i in range(num_examples)]
+        self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
     def prompts(self, example):
         t = example["topic"]
@@ -153,8 +148,7 @@ class DemoEnv(Env):
     def diagnose(self, example, outputs, reward, i):
         """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
-        letters = ("a to m", "n to z")[i]
-        bad = " ".join(sorted(set(text) - alpha))
+        letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
         longer = (ratio < lo) == (i == 1)  # a ratio too low: a shorter headline or a longer body
         advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
@@ -173,6 +167,7 @@ class DemoEnv(Env):
                 "letters.")
 
     def reward(self, example, outputs):
+        """Each agent's share of characters from its alphabet, the variety of its letters, the ratio."""
         texts = [o.strip() for o in outputs]
         own = list(zip(texts, self.alphabets))
         shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
@@ -230,12 +225,11 @@ def read_rows(path, parse):
             text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
-    def loads(text, lineno=0):  # (JSONDecodeError is a ValueError without the file's name)
+    def loads(text, n=0):  # (JSONDecodeError is a ValueError without the file's name)
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            where = f"{path}:{lineno or e.lineno}"
-            raise ValueError(f"{where}: not valid JSON ({e.msg}, column {e.colno})") from None
+            raise ValueError(f"{path}:{n or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
     return [parse_at(parse, loads(line, n), f"{path}:{n}") for n, line in enumerate(text.split("\n"), 1)
@@ -269,12 +263,11 @@ def load_rows(dataset, split, parse):
 # -----------------------------------------------------------------------------
 # Coding (Sec. 4): the helper agent writes aux(...), the main agent the entry function
 
-CODE_FIELDS = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
-
 
 def code_row(row):
     """A HumanEval-format problem, checked: its fields and their types, and a usable entry_point."""
-    for key, kind in CODE_FIELDS.items():
+    fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
+    for key, kind in fields.items():
         if key not in row and key != "canonical_solution":
             raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
         if key in row and not isinstance(row[key], kind):
@@ -389,7 +382,7 @@ class CodingEnv(Env):
         lines = ["Feedback:"]
         for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
             who = "your" if name == names[i] else "your partner's"
-            lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
+            lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
         if r.has_main:
             parses = "parses" if r.syntax else f"does not parse: {r.syntax_error}"
             lines.append(f"the combined program {parses}")
@@ -451,7 +444,7 @@ class CodingEnv(Env):
     def item(self, example, outputs):
         """code_reward's arguments for (aux, main) or (main,): ours give the program and the tests the
         prompt's context (HumanEval/32's tests call its poly); the authors' import rule, the raw prompt."""
-        aux, main = ("", *outputs) if len(outputs) == 1 else outputs
+        aux, main = ("", *outputs)[-2:]  # (main,): no aux
         context, stub = prompt_parts(example)
         item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
         if self.authors:
@@ -475,7 +468,7 @@ class CodingEnv(Env):
         solution = example.get("canonical_solution")
         if not solution:
             raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
-        return (solution,) if self.num_agents == 1 else ("", solution)
+        return ("", solution)[2 - self.num_agents:]
 
 
 # -----------------------------------------------------------------------------
@@ -485,17 +478,15 @@ class CodingEnv(Env):
 TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
 
-def text_row(field=None):
-    """A parse(row) for writing data: the passage is row[field], or the first of TEXT_FIELDS."""
-    def parse(row):
-        key = field or next((k for k in TEXT_FIELDS if k in row), None)
-        if key not in row:
-            wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
-            raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-        if not isinstance(row[key], str) or not row[key].strip():
-            raise ValueError(f"field {key!r} must be a non-empty string")
-        return {**row, "text": row[key].strip()}
-    return parse
+def text_row(row, field=None):
+    """A row of writing data, checked: its passage, row[field] or the first of TEXT_FIELDS, as "text"."""
+    key = field or next((k for k in TEXT_FIELDS if k in row), None)
+    if key not in row:
+        wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
+        raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+    if not isinstance(row[key], str) or not row[key].strip():
+        raise ValueError(f"field {key!r} must be a non-empty string")
+    return {**row, "text": row[key].strip()}
 
 
 def prose_paragraphs(doc):
@@ -546,7 +537,8 @@ class WritingEnv(Env):
         self.num_agents, self.authors = num_agents, authors
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
-            self.examples = take_split(load_rows(dataset, split, text_row(text_field)), split, {}, dataset)
+            rows = load_rows(dataset, split, functools.partial(text_row, field=text_field))
+            self.examples = take_split(rows, split, {}, dataset)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
