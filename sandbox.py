@@ -197,7 +197,11 @@ def _split_check(test, entry_point):
             compile(source, "<check>", "exec")
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
-    asserting, groups, current = _asserting_defs(tree), [], []
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    asserting, groups, current = set(), [], []
+    while new := {d.name for d in defs if d.name not in asserting  # calls of each other too
+                  and any(_runs_assert(s, asserting) for s in d.body)}:
+        asserting |= new  # the defs whose call may run an assert
     for statement, source in zip(body, sources):
         current.append(source)
         if _runs_assert(statement, asserting):
@@ -216,16 +220,6 @@ def _runs_assert(node, asserting):
     return (isinstance(node, ast.Assert)
             or isinstance(node, ast.Call) and getattr(node.func, "id", None) in asserting
             or any(_runs_assert(child, asserting) for child in ast.iter_child_nodes(node)))
-
-
-def _asserting_defs(tree):
-    """Names of the test's defs whose call may run an assert (calls of each other included)."""
-    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    found = set()
-    while new := {d.name for d in defs if d.name not in found
-                  and any(_runs_assert(s, found) for s in d.body)}:
-        found |= new
-    return found
 
 
 def _unbound(tree):
@@ -271,9 +265,9 @@ def _read_verdicts(rep, reports, groups, overdue, cap):
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts (real paths, in bytes): covers over HIDDEN, the home and the top
-    directories of cwd and home; binds of Python's directories below them; late covers below those
-    (benchmark data in site-packages)."""
+    """What _lock_down mounts, in order: (real path, "dir" or "file": covered, or "bind": bound back).
+    Covers over HIDDEN, the home, the top directories of cwd and home; Python's directories below
+    them bound back; then the covers below those (benchmark data in site-packages)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -291,9 +285,8 @@ def _mount_plan(cwd, home):
     late = {p for p in hide if any(under(p, b) for b in bind)}
 
     def cover(paths):
-        return sorted((os.fsencode(p), os.path.isdir(p)) for p in paths)
-    return dict(covers=cover(outer - late), binds=sorted(map(os.fsencode, bind)),
-                late_covers=cover(late))
+        return sorted((os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in paths)
+    return [*cover(outer - late), *((os.fsencode(b), "bind") for b in sorted(bind)), *cover(late)]
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
@@ -304,7 +297,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     if job["isolation"] == "rlimits":  # a directory of its own (namespaces: a tmpfs at /tmp)
         home = tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
     tmp = home.name if home else "/tmp"
-    job.update(_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=home.name if home else "/",
+    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=home.name if home else "/",
                cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, executable=sys.executable,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
@@ -372,31 +365,27 @@ def _memory_file(value):  # reading it never blocks, unlike a pipe's
 
 def _start_run(*fds):
     """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server, which forks a run's first process on them."""
+    server (started where none is or it died), which forks a run's first process on them. It saves
+    each run an interpreter's start and PRELOAD's imports (~25 ms); it ends when this process does."""
     with _FORK_SERVER_LOCK:
-        try:
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-        except OSError:  # it died since the last run: once more, with a fresh one
-            _stop_fork_server()
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-
-
-def _fork_server_socket():
-    """This process's fork server's socket, started where none is. The server saves each run an
-    interpreter's start (~10 ms) and PRELOAD's imports (typing alone: ~15 ms); it ends when its
-    socket closes: when this process ends, however it ends."""
-    if _FORK_SERVER:
-        return _FORK_SERVER["sock"]
-    ours, theirs = socket.socketpair()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
-    with theirs, proc.stdin:
-        proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
-        proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                            site_packages=_SITE)))
-    _FORK_SERVER.update(proc=proc, sock=ours)
-    return ours
+        for again in (False, True):
+            if not _FORK_SERVER:
+                ours, theirs = socket.socketpair()  # the server ends when `ours` closes
+                proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        pass_fds=[theirs.fileno()], env=_SERVER_ENV,
+                                        start_new_session=True)
+                with theirs, proc.stdin:
+                    proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
+                    proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
+                                                        site_packages=_SITE)))
+                _FORK_SERVER.update(proc=proc, sock=ours)
+            try:
+                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
+            except OSError:  # it died since the last run: once more, with a fresh one
+                _stop_fork_server()
+                if again:
+                    raise
 
 
 def _stop_fork_server():  # (its runs die with it)
@@ -546,27 +535,21 @@ def _libc(name, *args):
 
 
 def _lock_down(job):
-    """As root of the new namespaces: a /proc of ours; empty file systems over the covers, Python's
-    directories bound back below them (from O_PATH descriptors taken before), the late covers;
-    then all read-only (mount_setattr: Linux >= 5.12) but /tmp, the working directory."""
+    """As root of the new namespaces: a /proc of ours, the mounts of _mount_plan (binds from O_PATH
+    descriptors taken before the covers), then all read-only (Linux >= 5.12) but /tmp, the cwd."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    sources = [(path, os.open(path, os.O_PATH)) for path in job["binds"]]
-
-    def cover(path, is_dir):
-        if not is_dir:
-            return _libc("mount", b"/dev/null", path, None, MS_BIND, None)
-        options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
-        _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    for path, is_dir in job["covers"]:
-        cover(path, is_dir)
-    for path, fd in sources:
-        os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
-        _libc("mount", f"/proc/self/fd/{fd}".encode(), path, None, MS_BIND | MS_REC, None)
-        os.close(fd)
-    for path, is_dir in job["late_covers"]:
-        cover(path, is_dir)
+    sources = {path: os.open(path, os.O_PATH) for path, kind in job["mounts"] if kind == "bind"}
+    for path, kind in job["mounts"]:
+        if kind == "bind":
+            os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
+            _libc("mount", f"/proc/self/fd/{sources.pop(path)}".encode(), path, None, MS_BIND | MS_REC, None)
+        elif kind == "file":
+            _libc("mount", b"/dev/null", path, None, MS_BIND, None)
+        else:
+            options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
+            _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
 
     def attr(set_, clear):  # struct mount_attr {attr_set, attr_clr, propagation, userns_fd}
         return set_.to_bytes(8, sys.byteorder) + clear.to_bytes(8, sys.byteorder) + bytes(16)
