@@ -45,7 +45,7 @@ PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools"
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
 _BOOT = """\
 import json, marshal, os, select, sys, time
-codes, job = marshal.load(sys.stdin.buffer), marshal.load(sys.stdin.buffer)
+codes, job = marshal.load(sys.stdin.buffer)
 space = dict(json=json, marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals
 space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # of _INSIDE
 space["_fork_server"](job)
@@ -112,8 +112,7 @@ def _namespaces_work():
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
     """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock."""
     level, t0 = isolation or isolation_level(), time.monotonic()
-    job = dict(mode="run", program=code, timeout=float(timeout), isolation=level,
-               memory_mb=memory_mb)
+    job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
     infra = reports.get("infra", [None])[0]
     if "exit" not in reports and infra is None:
@@ -265,9 +264,9 @@ def _read_verdicts(rep, reports, groups, overdue, cap):
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts, in order: (real path, "dir" or "file": covered, or "bind": bound back).
-    Covers over HIDDEN, the home, the top directories of cwd and home; Python's directories below
-    them bound back; then the covers below those (benchmark data in site-packages)."""
+    """What _lock_down mounts, in order: (real path, "dir" or "file": covered, or "bind": bound
+    back). Covers over HIDDEN, the home, the top directories of cwd and home; Python's directories
+    below them bound back; then the covers below those (benchmark data in site-packages)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -290,27 +289,28 @@ def _mount_plan(cwd, home):
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run (job and test in memory files, a lifeline whose closing
-    kills it); read its output (capped) and reports until they end, `cap` s pass or `abort` turns
-    readable. -> ({first item of a report: the rest}, stdout, stderr, truncated, overdue)."""
+    """Have the fork server start a run, whose lifeline we hold; read its output (capped) and reports
+    until they end, `cap` s pass or `abort` turns readable; then close the lifeline: that kills it.
+    -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
     home = None
     if job["isolation"] == "rlimits":  # a directory of its own (namespaces: a tmpfs at /tmp)
         home = tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
     tmp = home.name if home else "/tmp"
-    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=home.name if home else "/",
+    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp if home else "/",
                cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, executable=sys.executable,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
         [os.pipe() for _ in range(4)]
+    theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
+              _memory_file(marshal.dumps(test_job))]  # (the test in a file of its own)
     try:
-        with _memory_file(job) as job_file, _memory_file(test_job) as test_file:
-            _start_run(life_r, out_w, err_w, report_w, job_file.fileno(), test_file.fileno())
+        _start_run(theirs)
     except OSError as e:
         _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
     finally:
-        for fd in (life_r, out_w, err_w, report_w):  # the run has its own copies
+        for fd in theirs:  # the run has its own copies
             os.close(fd)
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
     reading, truncated, poller = set(bufs), False, select.poll()
@@ -356,29 +356,22 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     return reports, out, err, truncated, overdue
 
 
-def _memory_file(value):  # reading it never blocks, unlike a pipe's
-    f = open(os.memfd_create("sandbox"), "w+b")
-    f.write(marshal.dumps(value))
-    f.seek(0)
-    return f
-
-
-def _start_run(*fds):
-    """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server (started where none is or it died), which forks a run's first process on them. It saves
-    each run an interpreter's start and PRELOAD's imports (~25 ms); it ends when this process does."""
+def _start_run(fds):
+    """Hand the run's descriptors to this process's fork server (started where none is or it died),
+    which forks its first process on them. The server saves each run an interpreter's start and
+    PRELOAD's imports (~25 ms); it ends when its socket closes: when this process ends, however."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:
-                ours, theirs = socket.socketpair()  # the server ends when `ours` closes
+                ours, theirs = socket.socketpair()
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         pass_fds=[theirs.fileno()], env=_SERVER_ENV,
                                         start_new_session=True)
                 with theirs, proc.stdin:
-                    proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
-                    proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                        site_packages=_SITE)))
+                    proc.stdin.write(marshal.dumps(({f.__name__: f.__code__ for f in _INSIDE},
+                                                    dict(sock=theirs.fileno(), preload=PRELOAD,
+                                                         site_packages=_SITE))))
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
@@ -396,9 +389,7 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():
-    """In a child forked from this process (a data loader's worker): it starts its own server
-    when it runs code, under a lock no thread of the parent holds."""
+def _forget_fork_server():  # in a child forked from this process: a server and lock of its own
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -409,7 +400,7 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 # ------------------------------------------------------------------------------------------
 # Inside the sandbox. The fork server defines the functions below from their code objects (see
 # _BOOT): their globals there are each other and the modules json, marshal, os, select, sys and
-# time, nothing else of this module. The caller uses none of them but _describe, _say, the codec.
+# time, nothing else of this module. The caller uses only the helpers at the end.
 
 
 def _fork_server(job):
@@ -461,8 +452,7 @@ def _fork(body, *args):
 
 def _first(sock, lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: read the job, enter new namespaces (at that level), fork the
-    supervisor, then kill the run's session, itself included, when the lifeline closes. Its stdin
-    (and all the run's) is the fork server's: a pipe at EOF."""
+    supervisor, then kill the run's session when the lifeline closes. Stdin: the server's, at EOF."""
     sock.close()
     server = os.getppid()
     for fd, std in ((out, 1), (err, 2)):
@@ -503,7 +493,7 @@ def _supervisor(job):
         _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
         pidns = None
         if job["isolation"] == "namespaces":
-            _lock_down(job)
+            _lock_down(job["mounts"])
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
                   R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
@@ -534,17 +524,18 @@ def _libc(name, *args):
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
-def _lock_down(job):
-    """As root of the new namespaces: a /proc of ours, the mounts of _mount_plan (binds from O_PATH
-    descriptors taken before the covers), then all read-only (Linux >= 5.12) but /tmp, the cwd."""
+def _lock_down(mounts):
+    """As root of the new namespaces: a /proc of ours, `mounts` (binds from O_PATH descriptors
+    taken before the covers), then all read-only but /tmp, the working directory."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    sources = {path: os.open(path, os.O_PATH) for path, kind in job["mounts"] if kind == "bind"}
-    for path, kind in job["mounts"]:
+    sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
+    for path, kind in mounts:
         if kind == "bind":
             os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
-            _libc("mount", f"/proc/self/fd/{sources.pop(path)}".encode(), path, None, MS_BIND | MS_REC, None)
+            source = f"/proc/self/fd/{sources.pop(path)}".encode()
+            _libc("mount", source, path, None, MS_BIND | MS_REC, None)
         elif kind == "file":
             _libc("mount", b"/dev/null", path, None, MS_BIND, None)
         else:
@@ -559,8 +550,8 @@ def _lock_down(job):
 
 
 def _relay(job, pidns, asks, answers):
-    """Make each call of the tester (seconds, call) on a program process (a fresh one after a call
-    that failed), answer ("R", its reply line), ("T", "") past the time or ("D", why) when it ended.
+    """Make each call (seconds, call) of the tester on a program process, a fresh one after a call
+    that failed; answer ("R", its reply line), ("T", "") past the time, or ("D", why) if it ended.
     The test never enters this process: no program process, forked here, can find it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
@@ -642,20 +633,17 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process. run(): exec Python on the program. run_tests: load it, then answer each
-    call (None: "did it load?") with a line of what came of it. From the program's first line on,
-    nothing here can be trusted (it may patch it all): the supervisor and the tester check."""
+    """The program process. run(): exec Python on the program. run_tests: load it, answer each call
+    (None: "did it load?") with a line of what came of it. Nothing here can be trusted from the
+    program's first line on (it may patch it all): the supervisor and the tester check."""
     _close_fds((call_r, reply_w))
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":  # (Python reads the script from stdin, which is then at EOF)
-        script = os.memfd_create("program")
-        os.write(script, job["program"].encode("utf-8", "surrogatepass"))
-        os.lseek(script, 0, os.SEEK_SET)
-        os.dup2(script, 0)
+    if job["mode"] == "run":  # (python - reads the script from stdin, which is then at EOF)
+        os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(job["executable"], [job["executable"], "-I", "-u", "-"])
     replies = open(reply_w, "wb")
 
@@ -683,7 +671,7 @@ def _program(job, pidns, call_r, reply_w):
         except EOFError:
             return 0
         try:
-            send("R", function(*call[0], **call[1])) if call else send("loaded")
+            send("R", function(*call[0], **call[1]) if call else None)
         except BaseException as e:
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
@@ -702,27 +690,31 @@ def _tester(job, ask_w, answer_r):
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
     t = marshal.load(open(job["test_fd"], "rb"))
     asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
-    timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
+    late, running = ("timeout", f"timed out after {t['timeout']:g} s"), {}  # running: this test's
+    # deadline, and its failure once a call failed
 
-    def ask(seconds, call):  # -> ("R", the program's reply, decoded) or ("T"|"D", why)
+    def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
+        if seconds <= 0:
+            return late
         marshal.dump((seconds, call), asks)
         asks.flush()
         try:
             tag, data = marshal.load(answers)
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
+        if tag != "R":  # the supervisor's word: it timed out or ended
+            return late if tag == "T" else ("failed", data)
         try:
-            return tag, _decode(json.loads(data), 0) if tag == "R" else data
+            reply = _decode(json.loads(data), 0)
         except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
-            return tag, ("U", f"the program's reply is not data ({_describe(e)})")
-
-    def failure(answer):  # -> (outcome, why) of an answer that brought no value
-        match answer:
-            case "T", _:
-                return "timeout", f"timed out after {timeout:g} s"
-            case "R", ("E", _, str(own), str(text)):
-                return "failed", f"the program raised {own}: {text}"
-            case ("R", ("U" | "error", str(why))) | ("D", str(why)) if why:
+            return "failed", f"the program's reply is not data ({_describe(e)})"
+        match reply:
+            case "R", _:
+                return reply
+            case "E", str(base), str(own), str(text):
+                error = _raised(base, own, text)
+                return ("E", error) if error else ("failed", f"the program raised {own}: {text}")
+            case ("U" | "error", str(why)) if why:
                 return "failed", why
         return "failed", "a malformed reply"
 
@@ -735,14 +727,12 @@ def _tester(job, ask_w, answer_r):
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # a function, an object: the test can't run here
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            left = running["deadline"] - time.monotonic()
-            answer = ask(left, call) if left > 0 else ("T", "")
-            match answer:
-                case "R", ("R", value):
-                    return value
-                case "R", ("E", str(base), str(own), str(text)) if (error := _raised(base, own, text)):
-                    raise error
-            running["failure"] = failure(answer)
+            tag, value = ask(running["deadline"] - time.monotonic(), call)
+            if tag == "R":
+                return value
+            if tag == "E":
+                raise value
+            running["failure"] = tag, value
         raise Failed(running["failure"][1])
 
     g = {"__name__": "__test__"}
@@ -753,15 +743,15 @@ def _tester(job, ask_w, answer_r):
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    answer = ask(timeout, marshal.dumps(None))
-    if answer != ("R", ("loaded",)):
-        _say(report, "error", failure(answer)[1])
+    tag, why = ask(t["timeout"], marshal.dumps(None))
+    if tag != "R":
+        _say(report, "error", str(why))
         return _say(report, "done")
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
         running.clear()
-        running["deadline"] = time.monotonic() + timeout
+        running["deadline"] = time.monotonic() + t["timeout"]
         status, text, where = "passed", "", 0
         for where, code in enumerate(group):
             try:
@@ -830,6 +820,13 @@ def _decode(x, depth):
             if name == "set" else dict(zip(items[::2], items[1::2])))
 
 
+def _memory_file(data):  # -> a descriptor to read `data` from; unlike a pipe's, reads never block
+    fd = os.memfd_create("sandbox")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
     return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
 
@@ -847,4 +844,5 @@ def _close_fds(keep):  # all but stdin, stdout, stderr and `keep`
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _tester, _raised, _encode, _decode, _describe, _say, _close_fds)
+           _end, _program, _tester, _raised, _encode, _decode, _memory_file, _describe, _say,
+           _close_fds)
