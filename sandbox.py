@@ -420,7 +420,7 @@ def _fork_server(job):
         if not message:
             return  # the caller is gone
         if len(fds) == 6:
-            _fork(_first, sock, *fds)
+            _fork(_first, fds, *fds)
         for fd in fds:
             os.close(fd)
         try:  # reap the runs that ended
@@ -430,9 +430,9 @@ def _fork_server(job):
             pass
 
 
-def _fork(body, *args):
-    """Fork a child that dies with this process (PR_SET_PDEATHSIG, checked against a race), runs
-    body(*args) and exits with what it returned (1 if it raised: on stderr). -> its pid."""
+def _fork(body, keep, *args):
+    """Fork a child that keeps only stdio and the descriptors in `keep`, dies with this process
+    (PR_SET_PDEATHSIG, checked against a race) and exits with body(*args) (1 if it raised). -> pid"""
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -440,7 +440,8 @@ def _fork(body, *args):
         try:
             _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the parent...
             if not select.select([parent], [], [], 0)[0]:  # ...even if it died before we asked
-                os.close(parent)
+                for low, high in zip([2, *sorted(keep)], [*sorted(keep), 1 << 20]):
+                    os.closerange(low + 1, high)
                 status = body(*args) or 0
         except BaseException as e:
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
@@ -450,10 +451,9 @@ def _fork(body, *args):
     return pid
 
 
-def _first(sock, lifeline, out, err, report, job_fd, test_fd):
+def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: read the job, enter new namespaces (at that level), fork the
     supervisor, then kill the run's session when the lifeline closes. Stdin: the server's, at EOF."""
-    sock.close()
     server = os.getppid()
     for fd, std in ((out, 1), (err, 2)):
         os.dup2(fd, std)
@@ -474,7 +474,7 @@ def _first(sock, lifeline, out, err, report, job_fd, test_fd):
             _libc("prctl", 1, 9)  # again: the new user namespace cleared it
             if os.getppid() != server:
                 return
-        _fork(_supervisor, job)  # our next child: pid 1 of the new pid namespace
+        _fork(_supervisor, (report, test_fd), job)  # our next child: pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
         while os.read(lifeline, 1 << 16):  # until the caller closes it: done, gave up or dead
@@ -508,7 +508,7 @@ def _supervisor(job):
             return _say(job["report_fd"], "exit", returncode, late)
         ask_r, ask_w = os.pipe()
         answer_r, answer_w = os.pipe()
-        _fork(_tester, job, ask_w, answer_r)
+        _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
             os.close(fd)
         _relay(job, pidns, open(ask_r, "rb"), open(answer_w, "wb"))
@@ -569,8 +569,6 @@ def _relay(job, pidns, asks, answers):
             proc = None
         marshal.dump((tag, data), answers)
         answers.flush()
-    if proc:
-        _end(proc, 0)
 
 
 def _spawn(job, pidns):
@@ -580,7 +578,7 @@ def _spawn(job, pidns):
     reply_r, reply_w = os.pipe()
     if pidns is not None:
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
-    pid = _fork(_program, job, pidns, call_r, reply_w)
+    pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
     if pidns is not None:
         _libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
     os.close(call_r)
@@ -636,7 +634,6 @@ def _program(job, pidns, call_r, reply_w):
     """The program process. run(): exec Python on the program. run_tests: load it, answer each call
     (None: "did it load?") with a line of what came of it. Nothing here can be trusted from the
     program's first line on (it may patch it all): the supervisor and the tester check."""
-    _close_fds((call_r, reply_w))
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
@@ -685,7 +682,6 @@ def _tester(job, ask_w, answer_r):
     """Read the test from its file and run it, the entry point bound to a proxy of the program
     process; report a verdict per test."""
     report = job["report_fd"]
-    _close_fds((report, job["test_fd"], ask_w, answer_r))
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
     t = marshal.load(open(job["test_fd"], "rb"))
@@ -836,13 +832,5 @@ def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
     return 0
 
 
-def _close_fds(keep):  # all but stdin, stdout, stderr and `keep`
-    low = 3
-    for fd in sorted(keep) + [1 << 20]:
-        os.closerange(low, fd)
-        low = fd + 1
-
-
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _tester, _raised, _encode, _decode, _memory_file, _describe, _say,
-           _close_fds)
+           _end, _program, _tester, _raised, _encode, _decode, _memory_file, _describe, _say)
