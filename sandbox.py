@@ -114,10 +114,10 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     level, t0 = isolation or isolation_level(), time.monotonic()
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
+    rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
     infra = reports.get("infra", [None])[0]
     if "exit" not in reports and infra is None:
         infra = "the sandbox ended without a word"
-    rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
     return Result(ok="exit" in reports and not timed_out and rc == 0, timed_out=timed_out,
                   returncode=rc, stdout=out, stderr=err, seconds=time.monotonic() - t0,
                   truncated=truncated, isolation=level, infra_error=infra)
@@ -126,8 +126,7 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test. setup: the problem's code the test calls (a prompt's helpers), run on the test's side.
-    timeout: seconds per test and for loading the program. _abort: run_tests_many's."""
+    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading."""
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
@@ -141,7 +140,24 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
                     timeout=float(timeout), max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
-    _read_verdicts(rep, reports, groups, overdue, cap)
+    try:  # the tester's and the supervisor's reports: trusted, but a fault there must not raise here
+        rep.infra_error = reports.get("infra", [None])[0]
+        if "error" in reports:
+            rep.error = f"the program failed to load: {reports['error'][0]}"
+        for k in range(len(groups)):
+            if k in reports:
+                rep.outcomes[k], why, where = reports[k]
+                if rep.outcomes[k] != "passed" and rep.first_failure is None:
+                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
+    except Exception as e:
+        rep.infra_error = f"a malformed report ({_describe(e)})"
+    if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
+        if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled
+            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
+            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+        else:
+            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
+                               else "the sandbox ended before the tests did")
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
         rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
@@ -150,16 +166,15 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
 
 
 def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
-    """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time (default two
-    per CPU: a run mostly waits); the reports in the order of `jobs`. An exception in the calling
-    thread (a signal handler's) drops the jobs not started and ends the running ones at once."""
+    """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
+    exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
     abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
 
     def one(job):
         return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "",
                          _abort=abort_r, **kwargs)
-    pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))
+    pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))  # a run mostly waits
     try:
         return list(pool.map(one, jobs))
     finally:
@@ -212,8 +227,7 @@ def _split_check(test, entry_point):
 
 
 def _runs_assert(node, asserting):
-    """Running `node` may run an assert: its own (not in a def or lambda it only defines), or one
-    in a def named in `asserting` that it calls."""
+    """Running `node` may run an assert: its own (not in a def or lambda it defines) or a call's."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         return False
     return (isinstance(node, ast.Assert)
@@ -239,34 +253,10 @@ def _unbound(tree):
     return read - bound
 
 
-def _read_verdicts(rep, reports, groups, overdue, cap):
-    """Fill `rep` in from the reports of the tester and the supervisor."""
-    try:  # trusted reports, but a fault there must not raise here
-        rep.infra_error = reports.get("infra", [None])[0]
-        if "error" in reports:
-            rep.error = f"the program failed to load: {reports['error'][0]}"
-        for k in range(len(groups)):
-            if k in reports:
-                rep.outcomes[k], why, where = reports[k]
-                if rep.outcomes[k] != "passed" and rep.first_failure is None:
-                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
-    except Exception as e:
-        rep.infra_error = f"a malformed report ({_describe(e)})"
-    if "done" in reports or rep.error is not None or rep.infra_error is not None:
-        return
-    if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled on
-        rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # what it got
-        rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
-    else:
-        rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
-                           else "the sandbox ended before the tests did")
-
-
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts, in order: (real path, "dir" or "file": covered, or "bind": bound
-    back). Covers over HIDDEN, the home, the top directories of cwd and home; Python's directories
-    below them bound back; then the covers below those (benchmark data in site-packages)."""
+    """What _lock_down mounts, in order: (real path, "dir" or "file" to cover, or "bind" back). Covers
+    of HIDDEN and cwd's and home's tops; Python's directories in them; covers in those (site data)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -289,9 +279,8 @@ def _mount_plan(cwd, home):
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run, whose lifeline we hold; read its output (capped) and reports
-    until they end, `cap` s pass or `abort` turns readable; then close the lifeline: that kills it.
-    -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
+    """Start a run; read its output and reports until they end, `cap` s pass or `abort` turns
+    readable. -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
     home = None
     if job["isolation"] == "rlimits":  # a directory of its own (namespaces: a tmpfs at /tmp)
         home = tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
@@ -357,12 +346,10 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
 
 
 def _start_run(fds):
-    """Hand the run's descriptors to this process's fork server (started where none is or it died),
-    which forks its first process on them. The server saves each run an interpreter's start and
-    PRELOAD's imports (~25 ms); it ends when its socket closes: when this process ends, however."""
+    """Hand a run's descriptors to our fork server (which saves each run ~25 ms), started if need be."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
-            if not _FORK_SERVER:
+            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends, however
                 ours, theirs = socket.socketpair()
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -404,10 +391,9 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 def _fork_server(job):
-    """Fork a run's first process on the descriptors of each message on the socket. Not dumpable:
-    code of the same uid (rlimits level) can't ptrace it to bend later runs."""
+    """Fork a run's first process on the descriptors of each message on the socket."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us to bend later runs
     sys.path += job["site_packages"]
     for name in job["preload"]:
         __import__(name)
@@ -452,8 +438,8 @@ def _fork(body, keep, *args):
 
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
-    """A run's first process: read the job, enter new namespaces (at that level), fork the
-    supervisor, then kill the run's session when the lifeline closes. Stdin: the server's, at EOF."""
+    """A run's first process: enter new namespaces (at that level), fork the supervisor, then kill
+    the run's session when the lifeline closes. Stdin: the fork server's, at EOF."""
     server = os.getppid()
     for fd, std in ((out, 1), (err, 2)):
         os.dup2(fd, std)
@@ -467,8 +453,8 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
             uid, gid = os.geteuid(), os.getegid()
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
-                               ("gid_map", f"0 {gid} 1")):
+            for name, text in zip(("setgroups", "uid_map", "gid_map"),
+                                  ("deny", f"0 {uid} 1", f"0 {gid} 1")):
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
             _libc("prctl", 1, 9)  # again: the new user namespace cleared it
@@ -486,8 +472,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
 
 
 def _supervisor(job):
-    """Pid 1 of the new namespaces at that level: lock down, set the limits, then run the program
-    (run()), or start the tester and relay its calls to program processes."""
+    """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
     import resource as R
     try:
         _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
@@ -525,8 +510,7 @@ def _libc(name, *args):
 
 
 def _lock_down(mounts):
-    """As root of the new namespaces: a /proc of ours, `mounts` (binds from O_PATH descriptors
-    taken before the covers), then all read-only but /tmp, the working directory."""
+    """As root of the new namespaces: a /proc of ours, `mounts`, then all read-only but /tmp."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -550,15 +534,14 @@ def _lock_down(mounts):
 
 
 def _relay(job, pidns, asks, answers):
-    """Make each call (seconds, call) of the tester on a program process, a fresh one after a call
-    that failed; answer ("R", its reply line), ("T", "") past the time, or ("D", why) if it ended.
-    The test never enters this process: no program process, forked here, can find it."""
+    """Make each call of the tester on a program process (a fresh one after a failure), answer
+    what came of it. The test never enters this process: no program process forked here finds it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
             seconds, call = marshal.load(asks)
         except EOFError:
-            break
+            return
         proc = proc or _spawn(job, pidns)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
@@ -572,8 +555,7 @@ def _relay(job, pidns, asks, answers):
 
 
 def _spawn(job, pidns):
-    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own).
-    -> its pid, pidfd, call and reply pipes."""
+    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own)."""
     call_r, call_w = os.pipe()
     reply_r, reply_w = os.pipe()
     if pidns is not None:
@@ -617,8 +599,7 @@ def _exchange(proc, call, deadline, max_reply):
 
 
 def _end(proc, timeout):
-    """Wait up to `timeout` s for the program process to end, kill it (at the namespaces level,
-    with all in its pid namespace), reap it. -> (its returncode, whether it ran late)."""
+    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it. -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     try:
         os.kill(proc["pid"], 9)
@@ -631,9 +612,8 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process. run(): exec Python on the program. run_tests: load it, answer each call
-    (None: "did it load?") with a line of what came of it. Nothing here can be trusted from the
-    program's first line on (it may patch it all): the supervisor and the tester check."""
+    """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
+    Nothing here can be trusted once the program runs (it may patch it all): others check."""
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
@@ -648,9 +628,7 @@ def _program(job, pidns, call_r, reply_w):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
-            line = json.dumps(_encode(("U", f"the program returned {e}: only None, bool, int, "
-                                            "float, complex, str, bytes, tuple, list, dict and set "
-                                            "cross to the test"), 0))
+            line = json.dumps(_encode(("U", f"the program returned {e}"), 0))
         replies.write(line.encode() + b"\n")
         replies.flush()
     g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
@@ -679,15 +657,14 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Read the test from its file and run it, the entry point bound to a proxy of the program
-    process; report a verdict per test."""
+    """Run the test, the entry point bound to a proxy of the program process; report each verdict."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
     t = marshal.load(open(job["test_fd"], "rb"))
     asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
-    late, running = ("timeout", f"timed out after {t['timeout']:g} s"), {}  # running: this test's
-    # deadline, and its failure once a call failed
+    late = "timeout", f"timed out after {t['timeout']:g} s"
+    running = {}  # this test's deadline, and its failure once a call failed
 
     def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
         if seconds <= 0:
@@ -766,8 +743,7 @@ def _tester(job, ask_w, answer_r):
 
 
 def _raised(base, own, text):
-    """The exception a call raised, rebuilt as its nearest builtin class, or None where it must
-    fail the test whatever the test does (SystemExit, KeyboardInterrupt, ...)."""
+    """A call's exception as its nearest builtin class; None where it fails the test (SystemExit)."""
     import builtins
     cls = getattr(builtins, base, None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
@@ -782,16 +758,16 @@ def _raised(base, own, text):
 
 
 def _encode(x, depth):
-    """Plain data of exact builtin types -> JSON's: None, bool and str as they are, the rest as
-    [type name, text or items] (ints in hex: no digit limit). TypeError for any other type
-    (subclasses included), ValueError when nested deeper than 100."""
+    """Plain data -> JSON's: None, bool, str as they are, the rest [type name, text or items] (ints
+    in hex: no digit limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
     t = type(x)
     if x is None or t in (bool, str):
         return x
     if t in (int, float, complex, bytes):
         return [t.__name__, hex(x) if t is int else x.decode("latin-1") if t is bytes else repr(x)]
     if t not in (tuple, list, set, dict):
-        raise TypeError(f"a {t.__module__}.{t.__qualname__}")
+        raise TypeError(f"a {t.__module__}.{t.__qualname__}: only None, bool, int, float, complex, "
+                        "str, bytes, tuple, list, dict and set cross to the test")
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
     items = [y for kv in x.items() for y in kv] if t is dict else x
@@ -799,8 +775,8 @@ def _encode(x, depth):
 
 
 def _decode(x, depth):
-    """The inverse of _encode, on what json.loads made of the program's line: it builds values of
-    the plain types only and checks each shape and the depth; ValueError or TypeError if wrong."""
+    """The inverse of _encode, on what json.loads made of the program's line: only values of the
+    plain types, each shape and the depth checked; ValueError or TypeError if wrong."""
     if x is None or type(x) in (bool, str):
         return x
     if type(x) is not list or len(x) != 2:
