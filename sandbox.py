@@ -44,10 +44,10 @@ PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools"
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
 _BOOT = """\
-import json, marshal, os, select, sys, time
+import json, marshal, os, select, signal, sys, time
 codes, job = marshal.load(sys.stdin.buffer)
-space = dict(json=json, marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals
-space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # of _INSIDE
+space = dict(json=json, marshal=marshal, os=os, select=select, signal=signal, sys=sys, time=time)
+space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
@@ -195,13 +195,11 @@ def _split_check(test, entry_point):
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
-    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"),
-                 None)
+    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
     if check is None:  # MBPP style: the top-level statements are the body
         preamble, arg, body = "", None, tree.body
     else:  # all but a call `check(...)` of its own: we make that call
-        top = [n for n in tree.body if not (isinstance(n, ast.Expr)
-                                            and isinstance(n.value, ast.Call)
+        top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                                             and getattr(n.value.func, "id", "") == "check")]
         preamble = test if len(top) == len(tree.body) else ast.unparse(ast.Module(top, []))
         arg, body = (check.args.args[0].arg if check.args.args else None), check.body
@@ -281,9 +279,8 @@ def _mount_plan(cwd, home):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` turns
     readable. -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
-    home = None
-    if job["isolation"] == "rlimits":  # a directory of its own (namespaces: a tmpfs at /tmp)
-        home = tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+    home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+            if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
     tmp = home.name if home else "/tmp"
     job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp if home else "/",
                cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, executable=sys.executable,
@@ -386,8 +383,8 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
 # Inside the sandbox. The fork server defines the functions below from their code objects (see
-# _BOOT): their globals there are each other and the modules json, marshal, os, select, sys and
-# time, nothing else of this module. The caller uses only the helpers at the end.
+# _BOOT): their globals there are each other and the modules json, marshal, os, select, signal,
+# sys and time, nothing else of this module. The caller uses only the helpers at the end.
 
 
 def _fork_server(job):
@@ -397,23 +394,16 @@ def _fork_server(job):
     sys.path += job["site_packages"]
     for name in job["preload"]:
         __import__(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the runs that end
     sock = socket.socket(fileno=job["sock"])
     while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(sock, 1, 6)
-        except OSError:
-            return
+        message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
         if len(fds) == 6:
             _fork(_first, fds, *fds)
         for fd in fds:
             os.close(fd)
-        try:  # reap the runs that ended
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
 
 
 def _fork(body, keep, *args):
@@ -441,10 +431,10 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: enter new namespaces (at that level), fork the supervisor, then kill
     the run's session when the lifeline closes. Stdin: the fork server's, at EOF."""
     server = os.getppid()
-    for fd, std in ((out, 1), (err, 2)):
-        os.dup2(fd, std)
-        os.close(fd)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
     os.setsid()  # a session of our own: the kill at the end takes all of the run
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
@@ -496,7 +486,7 @@ def _supervisor(job):
         _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
             os.close(fd)
-        _relay(job, pidns, open(ask_r, "rb"), open(answer_w, "wb"))
+        _relay(job, pidns, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
@@ -550,8 +540,7 @@ def _relay(job, pidns, asks, answers):
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
             proc = None
-        marshal.dump((tag, data), answers)
-        answers.flush()
+        os.write(answers, marshal.dumps((tag, data)))  # (a blocking pipe: all of it)
 
 
 def _spawn(job, pidns):
@@ -622,15 +611,13 @@ def _program(job, pidns, call_r, reply_w):
     if job["mode"] == "run":  # (python - reads the script from stdin, which is then at EOF)
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(job["executable"], [job["executable"], "-I", "-u", "-"])
-    replies = open(reply_w, "wb")
 
     def send(*reply):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("U", f"the program returned {e}"), 0))
-        replies.write(line.encode() + b"\n")
-        replies.flush()
+        os.write(reply_w, line.encode() + b"\n")  # (a blocking pipe: all of it)
     g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
@@ -662,15 +649,14 @@ def _tester(job, ask_w, answer_r):
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
     t = marshal.load(open(job["test_fd"], "rb"))
-    asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
+    answers = open(answer_r, "rb")
     late = "timeout", f"timed out after {t['timeout']:g} s"
     running = {}  # this test's deadline, and its failure once a call failed
 
     def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
         if seconds <= 0:
             return late
-        marshal.dump((seconds, call), asks)
-        asks.flush()
+        os.write(ask_w, marshal.dumps((seconds, call)))
         try:
             tag, data = marshal.load(answers)
         except EOFError:

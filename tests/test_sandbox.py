@@ -114,8 +114,8 @@ def test_inside_functions_use_only_builtins_and_each_other():
     _BOOT gives them, no defaults."""
     import builtins
     import dis
-    modules = {"json", "marshal", "os", "select", "sys", "time"}
-    assert "import json, marshal, os, select, sys, time\n" in sandbox._BOOT
+    modules = {"json", "marshal", "os", "select", "signal", "sys", "time"}
+    assert "import json, marshal, os, select, signal, sys, time\n" in sandbox._BOOT
     names = {f.__name__ for f in sandbox._INSIDE} | modules
 
     def global_loads(co):
