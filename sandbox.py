@@ -8,12 +8,9 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-A fork server per calling process forks each run. In a run, a tester process runs the test and
-never the program; a program process loads the program and serves calls of its entry point; a
-supervisor, pid 1 of the run's namespaces, relays the calls and the replies (plain data, read by a
-parser that trusts nothing). Every process dies with the caller, however it ends. The threat model
-(the processes, where verdicts come from, how check() is split into tests, what each isolation
-level covers and what it does not) is README.md's "The sandbox": read it before changing this file.
+A tester process runs the test, never the program; a program process serves calls of its entry
+point with plain data. The threat model (the processes, where verdicts come from, how check() is
+split into tests, what each isolation level covers and what not) is README.md's "The sandbox".
 """
 import ast
 import builtins
@@ -140,7 +137,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
                     timeout=float(timeout), max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
-    try:  # the tester's and the supervisor's reports: trusted, but a fault there must not raise here
+    try:  # trusted reports, but a fault there must not raise here
         rep.infra_error = reports.get("infra", [None])[0]
         if "error" in reports:
             rep.error = f"the program failed to load: {reports['error'][0]}"
@@ -282,15 +279,15 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
             if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
     tmp = home.name if home else "/tmp"
-    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp if home else "/",
-               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, executable=sys.executable,
+    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
+               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
         [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
-              _memory_file(marshal.dumps(test_job))]  # (the test in a file of its own)
+              _memory_file(marshal.dumps(test_job))]
     try:
         _start_run(theirs)
     except OSError as e:
@@ -540,7 +537,7 @@ def _relay(job, pidns, asks, answers):
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
             proc = None
-        os.write(answers, marshal.dumps((tag, data)))  # (a blocking pipe: all of it)
+        os.write(answers, marshal.dumps((tag, data)))
 
 
 def _spawn(job, pidns):
@@ -610,7 +607,7 @@ def _program(job, pidns, call_r, reply_w):
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
     if job["mode"] == "run":  # (python - reads the script from stdin, which is then at EOF)
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
-        os.execv(job["executable"], [job["executable"], "-I", "-u", "-"])
+        os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
     def send(*reply):
         try:
@@ -645,6 +642,7 @@ def _program(job, pidns, call_r, reply_w):
 
 def _tester(job, ask_w, answer_r):
     """Run the test, the entry point bound to a proxy of the program process; report each verdict."""
+    import builtins
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
@@ -670,9 +668,17 @@ def _tester(job, ask_w, answer_r):
         match reply:
             case "R", _:
                 return reply
-            case "E", str(base), str(own), str(text):
-                error = _raised(base, own, text)
-                return ("E", error) if error else ("failed", f"the program raised {own}: {text}")
+            case "E", str(base), str(own), str(text):  # rebuilt as its nearest builtin class
+                cls = getattr(builtins, base, None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
+                    return "failed", f"the program raised {own}: {text}"  # (whatever the test does)
+                if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
+                    cls = RuntimeError
+                message = text if own == base else f"{own}: {text}"
+                try:
+                    return "E", cls(message)
+                except Exception:  # a class that wants other arguments (UnicodeDecodeError)
+                    return "E", RuntimeError(f"{base}: {message}")
             case ("U" | "error", str(why)) if why:
                 return "failed", why
         return "failed", "a malformed reply"
@@ -728,21 +734,6 @@ def _tester(job, ask_w, answer_r):
     _say(report, "done")
 
 
-def _raised(base, own, text):
-    """A call's exception as its nearest builtin class; None where it fails the test (SystemExit)."""
-    import builtins
-    cls = getattr(builtins, base, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
-        return None
-    if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop of the test
-        cls = RuntimeError
-    message = text if own == base else f"{own}: {text}"
-    try:
-        return cls(message)
-    except Exception:  # a class that wants other arguments (UnicodeDecodeError)
-        return RuntimeError(f"{base}: {message}")
-
-
 def _encode(x, depth):
     """Plain data -> JSON's: None, bool, str as they are, the rest [type name, text or items] (ints
     in hex: no digit limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
@@ -795,4 +786,4 @@ def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _tester, _raised, _encode, _decode, _memory_file, _describe, _say)
+           _end, _program, _tester, _encode, _decode, _memory_file, _describe, _say)
