@@ -39,7 +39,7 @@ _SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "
            "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
-_SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
+_SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 _BOOT = """\
 import json, marshal, os, select, signal, sys, time
 codes, job = marshal.load(sys.stdin.buffer)
@@ -54,28 +54,28 @@ _FORK_SERVER_LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class Result:
-    ok: bool                 # exited with status 0 within the timeout
+    ok: bool  # exited with status 0 within the timeout
     timed_out: bool
-    returncode: int          # negative: killed by that signal
+    returncode: int  # negative: killed by that signal
     stdout: str
     stderr: str
     seconds: float
-    truncated: bool          # stdout or stderr went over max_output (the rest was dropped)
+    truncated: bool  # stdout or stderr went over max_output (the rest was dropped)
     isolation: str
     infra_error: str | None = None  # the sandbox itself failed: nothing says how the code ran
 
 
 @dataclasses.dataclass
 class TestReport:
-    __test__ = False         # not a pytest test class
+    __test__ = False  # not a pytest test class
     passed: int
     total: int
-    outcomes: list           # per test: "passed" | "failed" | "timeout" | "skipped"
+    outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
     first_failure: str | None  # the statement where the first failing test stopped, then why
-    timed_out: int           # tests that timed out
-    error: str | None        # the program does not parse or load: its fault
+    timed_out: int  # tests that timed out
+    error: str | None  # the program does not parse or load: its fault
     seconds: float
-    stdout: str = ""         # the program's (and the test's) output, capped
+    stdout: str = ""  # the program's (and the test's) output, capped
     stderr: str = ""
     infra_error: str | None = None  # not the program's fault: no (or not all) verdicts came
     isolation: str = ""
@@ -115,9 +115,8 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     infra = reports.get("infra", [None])[0]
     if "exit" not in reports and infra is None:
         infra = "the sandbox ended without a word"
-    return Result(ok="exit" in reports and not timed_out and rc == 0, timed_out=timed_out,
-                  returncode=rc, stdout=out, stderr=err, seconds=time.monotonic() - t0,
-                  truncated=truncated, isolation=level, infra_error=infra)
+    return Result("exit" in reports and not timed_out and rc == 0, timed_out, rc, out, err,
+                  time.monotonic() - t0, truncated, level, infra)
 
 
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
@@ -199,7 +198,7 @@ def _split_check(test, entry_point):
         top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                                             and getattr(n.value.func, "id", "") == "check")]
         preamble = test if len(top) == len(tree.body) else ast.unparse(ast.Module(top, []))
-        arg, body = (check.args.args[0].arg if check.args.args else None), check.body
+        arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
     try:  # a statement that can't stand alone (`return`, `yield`): then check runs whole
         for source in sources:
@@ -207,18 +206,14 @@ def _split_check(test, entry_point):
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    asserting, groups, current = set(), [], []
-    while new := {d.name for d in defs if d.name not in asserting  # calls of each other too
+    asserting = set()  # the defs whose call may run an assert (calls of each other too)
+    while new := {d.name for d in defs if d.name not in asserting
                   and any(_runs_assert(s, asserting) for s in d.body)}:
-        asserting |= new  # the defs whose call may run an assert
-    for statement, source in zip(body, sources):
-        current.append(source)
-        if _runs_assert(statement, asserting):
-            groups.append(tuple(current))
-            current = []
-    if current:  # statements after the last assert belong to the last test (or are the only one)
-        groups = groups[:-1] + [groups[-1] + tuple(current)] if groups else [tuple(current)]
-    return preamble, arg, tuple(groups)
+        asserting |= new
+    # a test ends with each statement that may assert, but the statements after the last one join
+    # the last test (or are the only one)
+    ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
+    return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
 
 def _runs_assert(node, asserting):
@@ -241,17 +236,15 @@ def _unbound(tree):
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
-                            ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
-            bound.add(getattr(n, "name", None) or getattr(n, "arg", None))
-        elif isinstance(n, ast.MatchMapping) and n.rest:
-            bound.add(n.rest)
+                            ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping)):
+            bound.add(getattr(n, "name", None) or getattr(n, "arg", None) or getattr(n, "rest", None))
     return read - bound
 
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts, in order: (real path, "dir" or "file" to cover, or "bind" back). Covers
-    of HIDDEN and cwd's and home's tops; Python's directories in them; covers in those (site data)."""
+    """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
+    HIDDEN, cwd's and home's tops; Python's directories in those; covers in these (benchmark data)."""
     real = os.path.realpath
 
     def under(p, q):
@@ -300,7 +293,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
-    def pump(until, seconds):  # read the pipes until those in `until` close -> whether time ran out
+    def pump(until, seconds):  # read until the pipes in `until` close -> whether time ran out
         nonlocal truncated
         deadline = time.monotonic() + seconds
         while until & reading:
@@ -387,7 +380,7 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 def _fork_server(job):
     """Fork a run's first process on the descriptors of each message on the socket."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us to bend later runs
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us to bend runs
     sys.path += job["site_packages"]
     for name in job["preload"]:
         __import__(name)
@@ -404,8 +397,7 @@ def _fork_server(job):
 
 
 def _fork(body, keep, *args):
-    """Fork a child that keeps only stdio and the descriptors in `keep`, dies with this process
-    (PR_SET_PDEATHSIG, checked against a race) and exits with body(*args) (1 if it raised). -> pid"""
+    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args). -> pid"""
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -425,8 +417,8 @@ def _fork(body, keep, *args):
 
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
-    """A run's first process: enter new namespaces (at that level), fork the supervisor, then kill
-    the run's session when the lifeline closes. Stdin: the fork server's, at EOF."""
+    """A run's first process: enter new namespaces (at that level), fork the supervisor, kill the
+    run's session when the lifeline closes. Stdin, for all the run: the fork server's, at EOF."""
     server = os.getppid()
     os.dup2(out, 1)
     os.dup2(err, 2)
@@ -663,7 +655,7 @@ def _tester(job, ask_w, answer_r):
             return late if tag == "T" else ("failed", data)
         try:
             reply = _decode(json.loads(data), 0)
-        except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
+        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError: all its fault
             return "failed", f"the program's reply is not data ({_describe(e)})"
         match reply:
             case "R", _:
@@ -756,14 +748,12 @@ def _decode(x, depth):
     plain types, each shape and the depth checked; ValueError or TypeError if wrong."""
     if x is None or type(x) in (bool, str):
         return x
-    if type(x) is not list or len(x) != 2:
-        raise ValueError(f"not a value: {str(x)[:100]}")
-    name, v = x
+    name, v = x if type(x) is list and len(x) == 2 else (None, None)
     if name in ("int", "float", "complex", "bytes") and type(v) is str:
         return (int(v, 16) if name == "int" else float(v) if name == "float" else
                 complex(v) if name == "complex" else v.encode("latin-1"))
     if name not in ("tuple", "list", "set", "dict") or type(v) is not list or depth >= 100:
-        raise ValueError(f"not a value, or nested deeper than 100: {str(x)[:100]}")
+        raise ValueError(f"not a value, or nested deeper than 100: {str(x)[:80]}")
     items = [_decode(y, depth + 1) for y in v]
     return (tuple(items) if name == "tuple" else items if name == "list" else set(items)
             if name == "set" else dict(zip(items[::2], items[1::2])))
