@@ -564,14 +564,11 @@ def _exchange(proc, call, deadline, max_reply):
                 pass
             except OSError:  # it closed its end: it won't read the call
                 call = call[:0]
-        elif proc["reply"] in readable:  # (data first: it may have written and then ended)
-            chunk = os.read(proc["reply"], 1 << 16)
-            if not chunk:
-                return "D", ""
-            data += chunk
+        elif proc["reply"] in readable and (chunk := os.read(proc["reply"], 1 << 16)):
+            data += chunk  # (data first: it may have written and then ended)
             if len(data) > max_reply:
                 return "D", f"the program's reply is over {max_reply} bytes"
-        elif readable:  # it ended
+        elif readable:  # it ended, or closed its end
             return "D", ""
     return "R", bytes(data)
 
@@ -579,10 +576,7 @@ def _exchange(proc, call, deadline, max_reply):
 def _end(proc, timeout):
     """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it. -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    try:
-        os.kill(proc["pid"], 9)
-    except ProcessLookupError:
-        pass
+    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if only as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
