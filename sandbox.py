@@ -43,7 +43,7 @@ _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 _BOOT = """\
 import json, marshal, os, select, signal, sys, time
 codes, job = marshal.load(sys.stdin.buffer)
-space = dict(json=json, marshal=marshal, os=os, select=select, signal=signal, sys=sys, time=time)
+space = {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}  # the globals of
 space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
 space["_fork_server"](job)
 """
@@ -197,7 +197,7 @@ def _split_check(test, entry_point):
     else:  # all but a call `check(...)` of its own: we make that call
         top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                                             and getattr(n.value.func, "id", "") == "check")]
-        preamble = test if len(top) == len(tree.body) else ast.unparse(ast.Module(top, []))
+        preamble = ast.unparse(ast.Module(top, []))
         arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
     try:  # a statement that can't stand alone (`return`, `yield`): then check runs whole
@@ -372,9 +372,8 @@ def _forget_fork_server():  # in a child forked from this process: a server and 
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox. The fork server defines the functions below from their code objects (see
-# _BOOT): their globals there are each other and the modules json, marshal, os, select, signal,
-# sys and time, nothing else of this module. The caller uses only the helpers at the end.
+# Inside the sandbox. The fork server makes the functions below from their code objects (_BOOT),
+# with only each other and _BOOT's modules as globals. The caller uses only the helpers at the end.
 
 
 def _fork_server(job):
