@@ -417,9 +417,10 @@ def _fork(body, keep, *args):
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: enter new namespaces (at that level), fork the supervisor, kill the
-    run's session when the lifeline closes. Stdin, for all the run: the fork server's, at EOF."""
+    run's session when the lifeline closes."""
     server = os.getppid()
-    os.dup2(out, 1)
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF for all the run (no pipe that
+    os.dup2(out, 1)                                # runs share: one could write into it)
     os.dup2(err, 2)
     os.setsid()  # a session of our own: the kill at the end takes all of the run
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits

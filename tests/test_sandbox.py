@@ -411,6 +411,22 @@ def test_run_leaves_nothing_for_the_next_run(level):
         os.remove(f"/tmp/{mark}")
 
 
+def test_run_tests_leave_nothing_in_stdin(level):
+    """A program can reopen its stdin for writing (/proc/self/fd/0): each run has its own, at EOF,
+    so nothing written there reaches the next run."""
+    writer = code("""
+        import os
+        os.write(os.open('/proc/self/fd/0', os.O_WRONLY | os.O_NONBLOCK), b'leaked\\n')
+        def f(x):
+            return 0
+        """)
+    assert sandbox.run_tests(writer, "def check(candidate):\n    assert candidate(1) == 0\n", "f",
+                             isolation=level).all_passed
+    test = "def check(candidate):\n    try:\n        candidate(1)\n    except EOFError:\n        pass\n" \
+           "    else:\n        assert False\n"
+    assert sandbox.run_tests("def f(x):\n    return input()\n", test, "f", isolation=level).all_passed
+
+
 def test_run_python_from_a_virtualenv_in_tmp(level):
     """A caller's Python may live below a covered directory (a virtualenv in /tmp): it stays
     usable inside, read-only."""
