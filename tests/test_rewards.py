@@ -186,9 +186,9 @@ def test_many_sends_only_parsing_programs(fake_sandbox):
     assert all(job[0] == r.program for job, r in zip(fake_sandbox.jobs, [r for r in rs if r.n_tests]))
 
 
-def test_no_tests_passed_means_no_bonus(monkeypatch):
-    fake = types.SimpleNamespace(run_tests=lambda *a, **k: types.SimpleNamespace(passed=0, total=3))
-    monkeypatch.setitem(sys.modules, "sandbox", fake)
+def test_no_tests_passed_means_no_bonus(fake_sandbox, monkeypatch):
+    monkeypatch.setattr(fake_sandbox, "run_tests_many",
+                        lambda jobs, **kw: [types.SimpleNamespace(passed=0, total=3) for _ in jobs])
     r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST)
     assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.5)
 
