@@ -38,18 +38,16 @@ def _raw(text):
 
 
 def _clean(text):
-    """Model output as a str every later step can handle: lone surrogates (they crash compile()
-    and pipes) replaced by '?', newlines normalised to \\n so line numbers agree with the tokenizer."""
+    """_raw, with lone surrogates (they crash compile() and pipes) as '?' and newlines as \\n."""
     text = _raw(text).encode("utf-8", errors="replace").decode("utf-8")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _parse(code):
-    """The ast of code, or None: model output fails in more ways than SyntaxError (ValueError for
-    NUL bytes, RecursionError or MemoryError for deep nesting)."""
+    """The ast of code, or None."""
     try:
         return ast.parse(code)
-    except Exception:
+    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError/MemoryError (nesting)
         return None
 
 # -----------------------------------------------------------------------------
@@ -60,8 +58,8 @@ _FENCE_RE = re.compile(r"^[ \t]*```")
 
 
 def strip_fences(text):
-    """The code inside markdown fences (```python ... ```), all blocks joined; text without fences
-    comes back unchanged. An unclosed fence (output cut at max_new_tokens) keeps the rest."""
+    """The code inside markdown fences, all blocks joined (an unclosed one, cut by the token limit,
+    keeps the rest); text without fences comes back unchanged."""
     lines = text.split("\n")
     if not any(_FENCE_RE.match(line) for line in lines):
         return text
@@ -94,11 +92,6 @@ def _indent(line):
     return len(line) - len(line.lstrip(" \t"))
 
 
-def _def_re(name):
-    """A line that starts `def name(`, at any indentation."""
-    return re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
-
-
 def _function_by_ast(text, name):
     """A top-level `def name` cut out of text that parses: exact, even with odd docstrings."""
     tree = _parse(text)
@@ -109,10 +102,10 @@ def _function_by_ast(text, name):
     return None
 
 
-def _function_by_lines(text, name):
-    """The paper's line-based cut for text that does not parse: the outermost (then first)
-    `def name(` line and the lines after it that are blank or indented deeper."""
-    lines, pattern = text.split("\n"), _def_re(name)
+def _function_by_lines(text, pattern):
+    """The paper's line-based cut, for text that does not parse: the outermost (then first)
+    line that matches pattern, `def name(`, and the lines after it that are blank or deeper."""
+    lines = text.split("\n")
     starts = [(len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line))]
     if not starts:
         return None
@@ -137,21 +130,18 @@ def _with_signature(body, signature):
 
 
 def extract_function(text, name, signature=None):
-    """The source of function `name` in a model output, or None when it is not there.
-
-    Fenced code is searched first, then the raw text (a stray closing fence after a body). Only
-    `name` is kept, nested defs included; the output's other top-level defs, classes and imports
-    are dropped, as in the paper (Sec. 4). With `signature` (the `def name(...):` header, maybe
-    with its docstring) an output that is only an indented body becomes that function.
-    """
-    text, pattern = _clean(text), _def_re(name)
+    """The source of function `name` in a model output, or None. Only `name` is kept (with its
+    nested defs), as in the paper (Sec. 4); fenced code is searched first, then the raw text. With
+    `signature` (its `def` line and docstring) an output that is only an indented body becomes it."""
+    text = _clean(text)
+    pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
     for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
         first = next((line for line in candidate.split("\n") if line.strip()), "")
         if signature and _indent(first) > 0 and not pattern.match(first):  # a body only
             return _with_signature(candidate, _clean(signature))
         if not pattern.search(candidate):
             continue  # no `def name(` line: skip parsing (megabytes of prose cost 0.5 s a parse)
-        found = _function_by_ast(candidate, name) or _function_by_lines(candidate, name)
+        found = _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
         if found:
             return found
     return None
@@ -198,8 +188,7 @@ class CodeReward:
 
 
 def _has_return(func):
-    """A `return` anywhere in the function; judged on the text when it does not parse (a syntax
-    error still earns its structure points)."""
+    """A `return` anywhere in func; on the text when it does not parse (L1 before L2)."""
     tree = _parse(func)
     if tree is None:
         return re.search(r"\breturn\b", func) is not None
@@ -210,12 +199,10 @@ def _is_aux_call(node):
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == AUX_NAME
 
 
-def _is_wrapper(body):
-    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a leading docstring ignored):
+def _is_wrapper(fn):
+    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
     the main agent handed the whole job to the helper."""
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
+    body = fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body
     if len(body) == 1:
         return isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
     if len(body) == 2:
@@ -228,9 +215,8 @@ def _is_wrapper(body):
 
 
 def _aux_usage(main_func, name):
-    """(calls aux, is a mere wrapper, discards an aux result) for the main function `name`. A call
-    is `aux(...)` by name, unless a nested `def aux` shadows the helper; a discarded result is an
-    expression statement `aux(...)`."""
+    """(calls aux, is a mere wrapper, discards an aux result) for main function `name`: a call
+    by name, not shadowed by a nested `def aux`; a discarded result is a statement `aux(...)`."""
     tree = _parse(main_func)
     fn = next((n for n in (tree.body if tree else []) if getattr(n, "name", None) == name), None)
     if fn is None:
@@ -240,7 +226,7 @@ def _aux_usage(main_func, name):
         return False, False, False
     calls = any(_is_aux_call(n) for n in nodes)
     discards = any(isinstance(n, ast.Expr) and _is_aux_call(n.value) for n in nodes)
-    return calls, calls and _is_wrapper(fn.body), discards
+    return calls, calls and _is_wrapper(fn), discards
 
 
 def _judge_text(item):
@@ -281,18 +267,14 @@ def _judge_tests(r, report, authors):
 
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
                 test_setup=None, authors=False):
-    """The shared code reward of one joint action (Sec. 4), max 4.0; empty aux is the
-    single-agent baseline (max 2.1).
-
-    aux, main: the helper agent's and the main agent's raw outputs; entry_point: the problem's
-    function name; test: its `def check(candidate): ...`; imports: code put before aux, the
-    paper's prompt_imports(prompt), or the prompt's whole context (some HumanEval prompts define
-    helpers their tests call); signature: the entry function's header (and docstring), for
-    outputs that are a body only; timeout: seconds per test (None: sandbox's default, authors'
-    10 s); test_setup: the problem's own code the test needs, run on the test's side, never the
-    model's (None: `imports`). authors=True: the authors' first code reward (imports: the prompt
-    or its prompt_imports, their import rule applies; signature unused).
-    """
+    """The shared code reward of one joint action (Sec. 4), max 4.0 (2.1 with an empty aux, the
+    single-agent baseline). aux, main: the agents' raw outputs; entry_point, test: the problem's
+    function name and `def check(candidate): ...`; imports: code put before aux (the paper's
+    prompt_imports(prompt), or the prompt's context: some define helpers the tests call);
+    signature: the entry function's header, for a body-only output; timeout: seconds per test
+    (None: the sandbox's default, the authors' 10 s); test_setup: the problem's code that the test
+    needs, run on the test's side (None: imports). authors=True: their first code reward (imports:
+    the prompt or its prompt_imports, their import rule applies; signature unused)."""
     item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
                 signature=signature, test_setup=test_setup)
     return code_reward_many([item], timeout=timeout, authors=authors)[0]
@@ -330,44 +312,36 @@ AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given 
 AUTHORS_MAX_TIMEOUTS = 3
 
 
-def _authors_indent(line):
-    return len(line) - len(line.lstrip())
-
-
 def _authors_cleanup(code):
     """Their cleanup_code: fences removed (```python and the whitespace after it: the next line
     loses its indentation), then the blocks that start at a `def` line at any indentation (a
     nested def starts a new block: the outer body's lines after it are lost), sentence-like lines
     dropped from them; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
-    lines, blocks, block, base, i = code.split("\n"), [], None, 0, 0
-    while i < len(lines):
-        line, s = lines[i], lines[i].strip()
+    lines, blocks, block, base = iter(code.split("\n")), [], None, 0
+    for line in lines:
+        s = line.strip()
         if _AUTHORS_ANY_DEF.match(line):
             if block:
                 blocks.append(block)
-            block, base = [line], _authors_indent(line)
+            block, base = [line], len(line) - len(line.lstrip())
         elif block is not None:
             if not s or line.startswith(" " * (base + 1)) or line.startswith("\t"):
                 block.append(line)
             elif s.startswith(_QUOTES):  # a docstring at the def's own indentation: kept whole
                 block.append(line)
                 if not (s.endswith(s[:3]) and len(s) > 3):
-                    while i + 1 < len(lines):
-                        i += 1
-                        block.append(lines[i])
-                        if s[:3] in lines[i]:
+                    for more in lines:
+                        block.append(more)
+                        if s[:3] in more:
                             break
             else:
                 blocks.append(block)
                 block = None
-        i += 1
     if block:
         blocks.append(block)
     kept = [line for line in "\n\n".join("\n".join(b) for b in blocks).split("\n")
-            if not (line.strip() and not line.strip().startswith(("#",) + _QUOTES)
-                    and not any(mark in line for mark in _AUTHORS_CODE_MARKS)
-                    and _AUTHORS_PROSE.match(line.strip()))]
+            if any(mark in line for mark in _AUTHORS_CODE_MARKS) or not _AUTHORS_PROSE.match(line.strip())]
     result = "\n".join(kept).strip()
     return result if re.search(r"def\s+\w+\s*\(", result) else ""
 
@@ -378,7 +352,7 @@ def _authors_function(code, name):
     pattern, found, base = re.compile(rf"\s*def\s+{re.escape(name)}\s*\("), None, 0
     for line in _authors_cleanup(code).split("\n"):
         if pattern.match(line):
-            found, base = [line], _authors_indent(line)
+            found, base = [line], len(line) - len(line.lstrip())
         elif found is not None:
             if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
                 break
@@ -419,17 +393,6 @@ def _authors_discards(func):
     return any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
-def _authors_tests(test, entry_point):
-    """Their extract_test_cases: the lines of check's body (up to a blank line and a `def`) that
-    start with `assert` and mention candidate, stripped, deduplicated, candidate renamed."""
-    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
-    if not m:
-        return []
-    lines = (line.strip() for line in m.group(1).strip().split("\n"))
-    cases = [s for s in lines if re.match(r"assert\s+[^\n]*candidate", s)]
-    return [s.replace("candidate", entry_point) for s in dict.fromkeys(cases)]
-
-
 # Their test loop as a check() of one statement per test, so the sandbox times and counts each:
 # for `assert f(args) == expected` (the first `)` followed by `==`) they first eval the call and
 # the expected text in the program's globals and format both for a log line (a second call of the
@@ -447,14 +410,19 @@ def check(candidate):
 """
 
 
-def _authors_check(cases):
-    """A HumanEval-style test whose check() replays their loop over `cases`."""
-    lines = []
-    for case in cases:
+def _authors_check(test, entry_point):
+    """Their tests as a check() that replays their loop, or None when there are none. Their
+    extract_test_cases: the lines of check's body (up to a blank line and a `def`) that start with
+    `assert` and name candidate, stripped and deduplicated, candidate renamed."""
+    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
+    lines = (line.strip() for line in m.group(1).strip().split("\n")) if m else ()
+    cases = dict.fromkeys(s for s in lines if re.match(r"assert\s+[^\n]*candidate", s))
+    out = [_AUTHORS_RUNNER]
+    for case in (c.replace("candidate", entry_point) for c in cases):
         m = _AUTHORS_CALL.search(case)
         call = (f"{m.group(1)}({m.group(2)})", m.group(3)) if m else None
-        lines.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
-    return _AUTHORS_RUNNER + "".join(lines)
+        out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
+    return "".join(out) if cases else None
 
 
 def _authors_judge_text(item):
@@ -480,8 +448,7 @@ def _authors_judge_text(item):
     r.syntax = 0.5
     r.calls_aux = re.search(rf"\b{AUX_NAME}\s*\(", main_fn) is not None
     r.wrapper, r.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
-    cases = _authors_tests(item["test"], item["entry_point"])
-    return r, (_authors_check(cases) if cases else None)  # no assert line: no tests, no bonus
+    return r, _authors_check(item["test"], item["entry_point"])  # None: no tests, no bonus
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style
@@ -492,63 +459,57 @@ def _authors_judge_text(item):
 
 TRANSITIONS = {
     "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
-                    "what is more", "not only", "as well as", "along with", "coupled with",
-                    "together with", "likewise", "similarly", "equally important",
-                    "by the same token", "in the same way", "correspondingly", "in like manner",
-                    "comparatively", "analogously"],
+                    "what is more", "not only", "as well as", "along with", "coupled with", "together with",
+                    "likewise", "similarly", "equally important", "by the same token", "in the same way",
+                    "correspondingly", "in like manner", "comparatively", "analogously"],
     "examples": ["for example", "for instance", "specifically", "particularly", "namely", "such as",
                  "including", "especially", "in particular", "to illustrate", "as an illustration",
-                 "case in point", "to demonstrate", "as evidence", "to exemplify", "notably",
-                 "markedly", "chiefly", "mainly", "primarily", "above all", "most importantly"],
-    "explanation": ["that is", "in other words", "to put it simply", "to clarify", "indeed",
-                    "in fact", "actually", "clearly", "obviously", "to put it another way",
-                    "to rephrase", "more precisely", "specifically speaking", "what this means is",
-                    "the point is", "essentially", "basically", "fundamentally", "at its core",
-                    "in essence", "simply put", "stated differently"],
+                 "case in point", "to demonstrate", "as evidence", "to exemplify", "notably", "markedly",
+                 "chiefly", "mainly", "primarily", "above all", "most importantly"],
+    "explanation": ["that is", "in other words", "to put it simply", "to clarify", "indeed", "in fact",
+                    "actually", "clearly", "obviously", "to put it another way", "to rephrase",
+                    "more precisely", "specifically speaking", "what this means is", "the point is",
+                    "essentially", "basically", "fundamentally", "at its core", "in essence", "simply put",
+                    "stated differently"],
     "cause_effect": ["therefore", "thus", "consequently", "as a result", "hence", "accordingly",
                      "for this reason", "due to this", "because of this", "so", "then", "thereby",
-                     "wherefore", "thence", "ergo", "as a consequence", "in consequence",
-                     "it follows that", "this leads to", "this results in", "this causes",
-                     "this brings about", "owing to", "on account of", "thanks to",
-                     "resulting from"],
-    "contrast": ["however", "nevertheless", "nonetheless", "on the other hand", "in contrast",
-                 "while", "whereas", "although", "even though", "despite this", "but", "yet",
-                 "still", "conversely", "on the contrary", "rather", "instead", "alternatively",
-                 "otherwise", "in opposition", "by contrast", "contrarily", "notwithstanding",
-                 "regardless", "all the same", "even so", "be that as it may", "in any case",
-                 "at any rate"],
-    "sequence": ["first", "second", "third", "next", "then", "after that", "finally", "lastly",
-                 "initially", "subsequently", "meanwhile", "to begin with", "to start with",
-                 "in the beginning", "at first", "at the outset", "primarily", "secondly",
-                 "thirdly", "following this", "afterward", "later", "later on", "in the meantime",
-                 "simultaneously", "concurrently", "at the same time", "in conclusion",
-                 "to conclude", "ultimately", "in the end", "to summarize", "in summary"],
+                     "wherefore", "thence", "ergo", "as a consequence", "in consequence", "it follows that",
+                     "this leads to", "this results in", "this causes", "this brings about", "owing to",
+                     "on account of", "thanks to", "resulting from"],
+    "contrast": ["however", "nevertheless", "nonetheless", "on the other hand", "in contrast", "while",
+                 "whereas", "although", "even though", "despite this", "but", "yet", "still", "conversely",
+                 "on the contrary", "rather", "instead", "alternatively", "otherwise", "in opposition",
+                 "by contrast", "contrarily", "notwithstanding", "regardless", "all the same", "even so",
+                 "be that as it may", "in any case", "at any rate"],
+    "sequence": ["first", "second", "third", "next", "then", "after that", "finally", "lastly", "initially",
+                 "subsequently", "meanwhile", "to begin with", "to start with", "in the beginning",
+                 "at first", "at the outset", "primarily", "secondly", "thirdly", "following this",
+                 "afterward", "later", "later on", "in the meantime", "simultaneously", "concurrently",
+                 "at the same time", "in conclusion", "to conclude", "ultimately", "in the end",
+                 "to summarize", "in summary"],
     "emphasis": ["indeed", "certainly", "surely", "undoubtedly", "without doubt", "definitely",
-                 "absolutely", "positively", "unquestionably", "indubitably", "of course",
-                 "naturally", "obviously", "clearly", "evidently", "manifestly", "undeniably",
-                 "admittedly", "granted", "to be sure", "in fact", "as a matter of fact", "notably",
-                 "significantly"],
-    "summary": ["in summary", "in conclusion", "to summarize", "to conclude", "in short",
-                "in brief", "briefly", "to sum up", "on the whole", "overall", "all in all",
-                "in essence", "essentially", "basically", "fundamentally", "in the final analysis",
-                "after all", "ultimately", "in the end", "when all is said and done",
-                "the bottom line is"],
-    "comparison": ["similarly", "likewise", "in the same way", "equally", "just as",
-                   "comparable to", "in comparison", "by the same token", "correspondingly",
-                   "in like manner", "along the same lines", "in similar fashion", "analogously",
-                   "by analogy", "just like", "much like", "as with"],
-    "concession": ["although", "though", "even though", "while", "whereas", "despite",
-                   "in spite of", "regardless of", "notwithstanding", "admittedly", "granted",
-                   "even if", "be that as it may", "nevertheless", "nonetheless", "however", "yet",
-                   "still", "all the same"],
+                 "absolutely", "positively", "unquestionably", "indubitably", "of course", "naturally",
+                 "obviously", "clearly", "evidently", "manifestly", "undeniably", "admittedly", "granted",
+                 "to be sure", "in fact", "as a matter of fact", "notably", "significantly"],
+    "summary": ["in summary", "in conclusion", "to summarize", "to conclude", "in short", "in brief",
+                "briefly", "to sum up", "on the whole", "overall", "all in all", "in essence",
+                "essentially", "basically", "fundamentally", "in the final analysis", "after all",
+                "ultimately", "in the end", "when all is said and done", "the bottom line is"],
+    "comparison": ["similarly", "likewise", "in the same way", "equally", "just as", "comparable to",
+                   "in comparison", "by the same token", "correspondingly", "in like manner",
+                   "along the same lines", "in similar fashion", "analogously", "by analogy", "just like",
+                   "much like", "as with"],
+    "concession": ["although", "though", "even though", "while", "whereas", "despite", "in spite of",
+                   "regardless of", "notwithstanding", "admittedly", "granted", "even if",
+                   "be that as it may", "nevertheless", "nonetheless", "however", "yet", "still",
+                   "all the same"],
     "condition": ["if", "unless", "provided that", "assuming that", "supposing that", "in case",
-                  "in the event that", "on condition that", "given that", "as long as",
-                  "so long as", "only if", "even if", "whether or not", "should", "were", "had",
-                  "otherwise", "or else"],
+                  "in the event that", "on condition that", "given that", "as long as", "so long as",
+                  "only if", "even if", "whether or not", "should", "were", "had", "otherwise", "or else"],
     "time": ["when", "while", "as", "after", "before", "until", "since", "during", "meanwhile",
-             "simultaneously", "at the same time", "concurrently", "previously", "formerly",
-             "earlier", "later", "afterward", "subsequently", "eventually", "finally", "recently",
-             "lately", "nowadays", "currently", "presently", "immediately"],
+             "simultaneously", "at the same time", "concurrently", "previously", "formerly", "earlier",
+             "later", "afterward", "subsequently", "eventually", "finally", "recently", "lately",
+             "nowadays", "currently", "presently", "immediately"],
 }
 
 # The function words Jaccard drops: ours, the usual English list, and theirs (authors=True;
@@ -680,10 +641,6 @@ def band_score(x, band):
     return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
-def _ratio(denominator, numerator):
-    return numerator / denominator if denominator else 0.0
-
-
 def writing_reward(text1, text2, spec, authors=False):
     """The leveled writing reward of two outputs under spec's numbers (Sec. 5); gated: the
     first failed level ends the sum, the levels before it keep what they earned.
@@ -692,7 +649,8 @@ def writing_reward(text1, text2, spec, authors=False):
         t1, t2 = _raw(text1), _raw(text2)  # their lengths count surrounding whitespace
     else:
         t1, t2 = _clean(text1).strip(), _clean(text2).strip()
-    r = WritingReward(tokens=(len(t1.split()), len(t2.split())), length_ratio=_ratio(len(t1), len(t2)))
+    r = WritingReward(tokens=(len(t1.split()), len(t2.split())))
+    r.length_ratio = len(t2) / len(t1) if t1 else 0.0
     w_tokens, w_length, w_vocab, w_style = spec.weights
     lo, hi = spec.tokens
     if not all(lo <= n <= hi for n in r.tokens):
@@ -704,7 +662,8 @@ def writing_reward(text1, text2, spec, authors=False):
         found = transition_categories(t1 + t2, authors=True)  # one string: a match may span the seam
     else:
         found = transition_categories(t1) | transition_categories(t2)
-    r.unique_ratio, r.jaccard = _ratio(len(set(w1)), len(set(w2))), jaccard(w1, w2, authors)
+    r.unique_ratio = len(set(w2)) / len(set(w1)) if w1 else 0.0
+    r.jaccard = jaccard(w1, w2, authors)
     r.categories, r.transition = len(found), transition_score(len(found))
     r.levels["structure"] = w_tokens
     for name, x, band, weight in (("coordination", r.length_ratio, spec.length_band, w_length),
