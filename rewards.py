@@ -24,6 +24,7 @@ Try it:
     python -m pytest tests/test_rewards.py -q
 """
 import ast
+import itertools
 import math
 import re
 import textwrap
@@ -73,9 +74,8 @@ def strip_fences(text):
 
 
 def prompt_imports(prompt, authors=False):
-    """The import lines of a HumanEval prompt, the only part of it the paper's program keeps
-    (Sec. 4). authors=True: theirs, every line that is an import once stripped (HumanEval/115's
-    indented `import math` too), stripped and deduplicated."""
+    """The import lines of a HumanEval prompt: all of it the paper's program keeps (Sec. 4).
+    authors=True: theirs, the lines that are imports once stripped (HumanEval/115's too), deduplicated."""
     if authors:
         kept = (line.strip() for line in _raw(prompt).split("\n"))
         return "\n".join(dict.fromkeys(s for s in kept if _AUTHORS_IMPORT_RE.match(s)))
@@ -90,6 +90,11 @@ def prompt_imports(prompt, authors=False):
 
 def _indent(line):
     return len(line) - len(line.lstrip(" \t"))
+
+
+def _body(lines, indent):
+    """The leading lines that are blank or indented deeper than `indent`: a def's body."""
+    return itertools.takewhile(lambda line: not line.strip() or _indent(line) > indent, lines)
 
 
 def _function_by_ast(text, name):
@@ -110,23 +115,7 @@ def _function_by_lines(text, pattern):
     if not starts:
         return None
     indent, start = min(starts)
-    block = [lines[start]]
-    for line in lines[start + 1:]:
-        if line.strip() and _indent(line) <= indent:
-            break
-        block.append(line)
-    return textwrap.dedent("\n".join(block).rstrip())
-
-
-def _with_signature(body, signature):
-    """signature + the body lines up to the first unindented line (the model's trailing prose,
-    tests or a new top-level def)."""
-    keep = []
-    for line in body.split("\n"):
-        if line.strip() and _indent(line) == 0:
-            break
-        keep.append(line)
-    return signature.rstrip() + "\n" + "\n".join(keep).rstrip()
+    return textwrap.dedent("\n".join([lines[start], *_body(lines[start + 1:], indent)]).rstrip())
 
 
 def extract_function(text, name, signature=None):
@@ -136,9 +125,10 @@ def extract_function(text, name, signature=None):
     text = _clean(text)
     pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
     for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
-        first = next((line for line in candidate.split("\n") if line.strip()), "")
-        if signature and _indent(first) > 0 and not pattern.match(first):  # a body only
-            return _with_signature(candidate, _clean(signature))
+        lines = candidate.split("\n")
+        first = next((line for line in lines if line.strip()), "")
+        if signature and _indent(first) > 0 and not pattern.match(first):  # a body, maybe prose after
+            return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         if not pattern.search(candidate):
             continue  # no `def name(` line: skip parsing (megabytes of prose cost 0.5 s a parse)
         found = _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
@@ -254,9 +244,8 @@ def _judge_text(item):
 
 
 def _judge_tests(r, report, authors):
-    """L3 tests and the cooperation bonus, from the sandbox's report. The bonus needs an aux that
-    main calls and a passing test. An infra_error (the sandbox failed, not the program) becomes
-    r.sandbox_error: callers count and show those, never read their 0 as a verdict."""
+    """L3 tests and the cooperation bonus (an aux that main calls, and a passing test) from the
+    sandbox's report; its infra_error (no verdict: the sandbox failed) becomes r.sandbox_error."""
     r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
     r.sandbox_error = getattr(report, "infra_error", None)
     r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
@@ -313,10 +302,9 @@ AUTHORS_MAX_TIMEOUTS = 3
 
 
 def _authors_cleanup(code):
-    """Their cleanup_code: fences removed (```python and the whitespace after it: the next line
-    loses its indentation), then the blocks that start at a `def` line at any indentation (a
-    nested def starts a new block: the outer body's lines after it are lost), sentence-like lines
-    dropped from them; "" when no def is left."""
+    """Their cleanup_code: fences removed (and the next line's indentation), then the blocks from
+    each `def` line at any indentation (a nested def ends its outer function), without sentence-like
+    lines; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
     lines, blocks, block, base = iter(code.split("\n")), [], None, 0
     for line in lines:
@@ -361,9 +349,8 @@ def _authors_function(code, name):
 
 
 def _authors_is_wrapper(func):
-    """Their is_wrapper_function, on lines: past blanks, comments, `def ` lines and docstrings, a
-    wrapper is nothing, one line `return ...aux...`, or `v = aux(...)` then `return v`. Closing
-    quotes alone on a line open a docstring that never closes: such a function is a wrapper."""
+    """Their is_wrapper_function: past blanks, comments, `def ` lines and docstrings (closing quotes
+    alone on a line open one more), nothing, one line `return ...aux...`, or `v = aux(...); return v`."""
     body, in_doc = [], False
     for line in func.split("\n"):
         s = line.strip()
@@ -388,8 +375,8 @@ def _authors_is_wrapper(func):
 
 
 def _authors_discards(func):
-    """Their check_aux_call_without_assignment: a stripped line that is exactly `aux (x)` (their
-    regex: one whitespace character, one character inside), so a plain `aux(x)` never counts."""
+    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)`, one space and one
+    character inside (their regex), so a plain `aux(x)` never counts."""
     return any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
@@ -411,9 +398,8 @@ def check(candidate):
 
 
 def _authors_check(test, entry_point):
-    """Their tests as a check() that replays their loop, or None when there are none. Their
-    extract_test_cases: the lines of check's body (up to a blank line and a `def`) that start with
-    `assert` and name candidate, stripped and deduplicated, candidate renamed."""
+    """Their tests (extract_test_cases: check's lines that start `assert` and name candidate, up to
+    a blank line and a `def`, deduplicated) as a check() that replays their loop; None if none."""
     m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
     lines = (line.strip() for line in m.group(1).strip().split("\n")) if m else ()
     cases = dict.fromkeys(s for s in lines if re.match(r"assert\s+[^\n]*candidate", s))
@@ -426,9 +412,8 @@ def _authors_check(test, entry_point):
 
 
 def _authors_judge_text(item):
-    """Their levels before the tests, as _judge_text. L1: +0.4 for an aux, +0.6 for the entry
-    function, each when its text has `return` + whitespace; without main's the reward stops. L2:
-    +0.5 if their program (prompt imports, aux and main cleaned once more) passes ast.parse."""
+    """_judge_text, theirs. L1: 0.4 aux + 0.6 main, each when its text has `return` + whitespace
+    (without main's it stops); L2: 0.5 if imports + aux + main, cleaned once more, pass ast.parse."""
     r = CodeReward()
     aux_fn = _authors_function(_raw(item.get("aux")), AUX_NAME)
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
@@ -537,8 +522,8 @@ _AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscore
 
 
 def _phrase_index():
-    """first word -> [(phrase as a word list, category)]: one dict lookup per word of the text
-    (a regex alternation of all phrases costs a second per megabyte of hostile output)."""
+    """first word -> [(phrase as words, category)]: one lookup a word (a regex alternation of all
+    phrases costs a second per megabyte of hostile output)."""
     index = {}
     for cat, phrases in TRANSITIONS.items():
         for phrase in phrases:
@@ -574,9 +559,8 @@ ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5),
 
 @dataclass
 class WritingReward:
-    """One joint action's writing reward: `levels` holds what each level added (a level that
-    stopped the reward is absent); the rest are diagnostics for logs, all of them filled in
-    whenever L1 passes, even where a later level stops the reward."""
+    """One joint action's writing reward: `levels`, what each level added (not the one that stopped
+    it); the rest are diagnostics for logs, all filled in when L1 passes."""
     levels: dict = field(default_factory=dict)  # structure, coordination, vocabulary, style (Sec. 5)
     tokens: tuple = (0, 0)
     length_ratio: float = 0.0
@@ -594,8 +578,7 @@ class WritingReward:
 
 
 def words(text, authors=False):
-    """Lowercased words, punctuation dropped (ours: inner apostrophes kept, "don't"; authors:
-    their \\b\\w+\\b, so "don't" is "don" and "t" and snake_case is one word)."""
+    """The lowercased words of text (ours keep inner apostrophes; authors: theirs, \\b\\w+\\b)."""
     return (_AUTHORS_WORD_RE if authors else _WORD_RE).findall(text.lower())
 
 
@@ -642,9 +625,8 @@ def band_score(x, band):
 
 
 def writing_reward(text1, text2, spec, authors=False):
-    """The leveled writing reward of two outputs under spec's numbers (Sec. 5); gated: the
-    first failed level ends the sum, the levels before it keep what they earned.
-    authors=True: the value of the authors' first release on any pair of texts."""
+    """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
+    level ends the sum. authors=True: the value of the authors' first release on any two texts."""
     if authors:
         t1, t2 = _raw(text1), _raw(text2)  # their lengths count surrounding whitespace
     else:
@@ -693,12 +675,9 @@ _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 
 
 def split_single_output(text, authors=False):
-    """The two parts of one model's output, for the writing rewards (the GRPO baseline). Theirs
-    (OpenMLRL/LLM_Collab_Writing train_grpo.py): the stripped text cut at the first
-    [PARAGRAPH_SPLIT], else at the first "Paragraph 2:" (any case), each part stripped and a
-    leading "Paragraph 1:" / "Paragraph 2:" label removed; with neither marker, at a third of its
-    characters. Ours also cuts at a line of only --- (before "Paragraph 2:"), and without any
-    marker has no second part, so an output that ignored the format earns nothing."""
+    """The two parts of one model's output (the GRPO baseline), cut as theirs (LLM_Collab_Writing
+    train_grpo.py) at [PARAGRAPH_SPLIT], else "Paragraph 2:", labels removed; ours also at a line
+    of ---, and without a marker no second part (theirs: a third of the characters; README)."""
     text = _raw(text).strip()
     if SPLIT_MARK in text:
         first, second = text.split(SPLIT_MARK, 1)
