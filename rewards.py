@@ -1,22 +1,19 @@
 """
 The shared rewards of the paper's collaboration tasks: one number R(a_1, a_2) per joint action.
 
-Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (arXiv 2508.04652).
-Both rewards are *leveled*: each level must be met before the next one can add anything, so an
-early failure gives a small, informative reward instead of noise from the later levels.
+Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (arXiv 2508.04652). The
+rewards are *leveled*: a level adds only when the ones before it are met, so an early failure
+gives a small, informative reward instead of noise from the later levels.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
     arXiv (Sec. 5, max 3.0)  same levels, other numbers                             arxiv_reward
     single-agent writing: split_single_output(text) -> the two parts to score
 
-Model code never runs in this process: sandbox.py runs every test assertion in a killable
-subprocess. Everything else here is stdlib text processing and must never raise on model output
-(empty, prose, broken unicode, NUL bytes, megabytes of garbage).
-
-authors=True (every reward, and code_reward_many) gives the value of the authors' first public
-release on any output, to compare with their numbers. Their files, how this was checked, and
-where our defaults depart from theirs: README, "The authors' rewards, exactly (`--authors-rewards`)".
+Model code never runs in this process (sandbox.py runs the tests); the rest is stdlib text
+processing that never raises on model output (empty, prose, broken unicode, NUL bytes, megabytes).
+authors=True gives the value of the authors' first public release on any output: README, "The
+authors' rewards, exactly (`--authors-rewards`)", names their files and where ours depart.
 
 Try it:
     python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
@@ -24,7 +21,6 @@ Try it:
     python -m pytest tests/test_rewards.py -q
 """
 import ast
-import itertools
 import math
 import re
 import textwrap
@@ -88,13 +84,12 @@ def prompt_imports(prompt, authors=False):
     return "\n".join(out)
 
 
-def _indent(line):
-    return len(line) - len(line.lstrip(" \t"))
-
-
 def _body(lines, indent):
-    """The leading lines that are blank or indented deeper than `indent`: a def's body."""
-    return itertools.takewhile(lambda line: not line.strip() or _indent(line) > indent, lines)
+    """The leading lines that are blank or indented deeper than `indent` columns: a def's body."""
+    for line in lines:
+        if line.strip() and len(line) - len(line.lstrip(" \t")) <= indent:
+            return
+        yield line
 
 
 def _function_by_ast(text, name):
@@ -127,7 +122,7 @@ def extract_function(text, name, signature=None):
     for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
         lines = candidate.split("\n")
         first = next((line for line in lines if line.strip()), "")
-        if signature and _indent(first) > 0 and not pattern.match(first):  # a body, maybe prose after
+        if signature and first.startswith((" ", "\t")) and not pattern.match(first):  # a body only
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         if not pattern.search(candidate):
             continue  # no `def name(` line: skip parsing (megabytes of prose cost 0.5 s a parse)
@@ -142,8 +137,8 @@ def extract_function(text, name, signature=None):
 
 @dataclass
 class CodeReward:
-    """One joint action's code reward, by level, with what the levels looked at (for logs and
-    for multi-turn feedback). float(r) is the scalar the trainer uses."""
+    """One joint action's code reward by level, with what the levels looked at (for logs and
+    multi-turn feedback); float(r) is the trainer's scalar."""
     structure: float = 0.0     # L1: 0.4 aux defined with a return + 0.6 entry function likewise
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
@@ -192,15 +187,11 @@ def _is_aux_call(node):
 def _is_wrapper(fn):
     """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
     the main agent handed the whole job to the helper."""
-    body = fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body
-    if len(body) == 1:
-        return isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
-    if len(body) == 2:
-        first, second = body
-        return (isinstance(first, ast.Assign) and len(first.targets) == 1
-                and isinstance(first.targets[0], ast.Name) and _is_aux_call(first.value)
-                and isinstance(second, ast.Return) and isinstance(second.value, ast.Name)
-                and second.value.id == first.targets[0].id)
+    match fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body:
+        case [ast.Return(value=call)]:
+            return _is_aux_call(call)
+        case [ast.Assign(targets=[ast.Name(id=v)], value=call), ast.Return(value=ast.Name(id=w))]:
+            return _is_aux_call(call) and v == w
     return False
 
 
@@ -232,7 +223,7 @@ def _judge_text(item):
     r.program = "\n\n\n".join(p for p in (_clean(item.get("imports")).strip(), aux_fn, main_fn) if p) + "\n"
     try:
         compile(r.program, "<program>", "exec", dont_inherit=True)
-    except Exception as e:  # SyntaxError, ValueError (NUL), RecursionError, MemoryError
+    except Exception as e:  # as in _parse
         r.syntax_error = f"{type(e).__name__}: {e}"
         return r, None
     r.syntax = 0.5
@@ -256,20 +247,19 @@ def _judge_tests(r, report, authors):
 
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
                 test_setup=None, authors=False):
-    """The shared code reward of one joint action (Sec. 4), max 4.0 (2.1 with an empty aux, the
+    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux (the
     single-agent baseline). aux, main: the agents' raw outputs; entry_point, test: the problem's
-    function name and `def check(candidate): ...`; imports: code put before aux (the paper's
-    prompt_imports(prompt), or the prompt's context: some define helpers the tests call);
-    signature: the entry function's header, for a body-only output; timeout: seconds per test
-    (None: the sandbox's default, the authors' 10 s); test_setup: the problem's code that the test
-    needs, run on the test's side (None: imports). authors=True: their first code reward (imports:
-    the prompt or its prompt_imports, their import rule applies; signature unused)."""
+    function name and `def check(candidate): ...`; imports: code before aux (prompt_imports(prompt),
+    or the prompt's context, helpers included); signature: the entry function's header, for a
+    body-only output; timeout: seconds per test (None: the sandbox's, or the authors' 10 s);
+    test_setup: code the test needs, on its side (None: imports). authors=True: their first code
+    reward (imports: the prompt, to which their import rule applies; signature unused)."""
     item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
                 signature=signature, test_setup=test_setup)
     return code_reward_many([item], timeout=timeout, authors=authors)[0]
 
 
-def code_reward_many(items, workers=None, timeout=None, authors=False):
+def code_reward_many(items, timeout=None, authors=False):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
     one sandbox.run_tests_many call for the programs that reach the tests. items: dicts with the
     keys of code_reward (main, entry_point, test; optional aux, imports, signature, test_setup)."""
@@ -281,15 +271,14 @@ def code_reward_many(items, workers=None, timeout=None, authors=False):
         kw = dict(timeout=AUTHORS_TEST_TIMEOUT, max_timeouts=AUTHORS_MAX_TIMEOUTS) if authors else {}
         if timeout is not None:
             kw["timeout"] = timeout
-        for i, report in zip(todo, sandbox.run_tests_many(jobs, workers=workers, **kw)):
+        for i, report in zip(todo, sandbox.run_tests_many(jobs, **kw)):
             _judge_tests(judged[i][0], report, authors)
     return [r for r, _ in judged]
 
 # -----------------------------------------------------------------------------
-# The authors' code reward, exactly (authors=True): their first release, shady-cs15/
-# LLM_Collab_Code_Generation@ae03036b rewards/code_rewards.py + code_utils.py, re-implemented.
-# Their extraction, levels and cooperation checks run here on text; their tests (assert lines,
-# run one by one) run in our sandbox, never in this process.
+# The authors' code reward, exactly (authors=True): shady-cs15/LLM_Collab_Code_Generation@ae03036b
+# rewards/code_rewards.py + code_utils.py, re-implemented. Their extraction, levels and cooperation
+# checks run here on text; their tests run in our sandbox, never in this process.
 
 _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
 _AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
@@ -302,9 +291,9 @@ AUTHORS_MAX_TIMEOUTS = 3
 
 
 def _authors_cleanup(code):
-    """Their cleanup_code: fences removed (and the next line's indentation), then the blocks from
-    each `def` line at any indentation (a nested def ends its outer function), without sentence-like
-    lines; "" when no def is left."""
+    """Their cleanup_code: fences removed (with the next line's indentation), then the blocks from
+    each `def` line at any indentation (so a nested def ends its outer function), sentence-like
+    lines dropped; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
     lines, blocks, block, base = iter(code.split("\n")), [], None, 0
     for line in lines:
@@ -349,8 +338,9 @@ def _authors_function(code, name):
 
 
 def _authors_is_wrapper(func):
-    """Their is_wrapper_function: past blanks, comments, `def ` lines and docstrings (closing quotes
-    alone on a line open one more), nothing, one line `return ...aux...`, or `v = aux(...); return v`."""
+    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
+    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
+    `return ...aux...`, or `v = aux(...)` then `return v`."""
     body, in_doc = [], False
     for line in func.split("\n"):
         s = line.strip()
@@ -412,8 +402,8 @@ def _authors_check(test, entry_point):
 
 
 def _authors_judge_text(item):
-    """_judge_text, theirs. L1: 0.4 aux + 0.6 main, each when its text has `return` + whitespace
-    (without main's it stops); L2: 0.5 if imports + aux + main, cleaned once more, pass ast.parse."""
+    """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
+    `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
     r = CodeReward()
     aux_fn = _authors_function(_raw(item.get("aux")), AUX_NAME)
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
@@ -436,11 +426,9 @@ def _authors_judge_text(item):
     return r, _authors_check(item["test"], item["entry_point"])  # None: no tests, no bonus
 
 # -----------------------------------------------------------------------------
-# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style
-# Tokens are whitespace tokens; ratios are text 2 over text 1. Words (vocabulary, Jaccard) are
-# _WORD_RE matches of the lowercased text. TRANSITIONS are the authors' 12 categories and phrase
-# lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py, first release); one phrase may sit
-# in several categories ("indeed": explanation and emphasis).
+# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS: the
+# authors' 12 categories and phrase lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py,
+# first release); a phrase may sit in two ("indeed": explanation and emphasis).
 
 TRANSITIONS = {
     "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
@@ -522,7 +510,7 @@ _AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscore
 
 
 def _phrase_index():
-    """first word -> [(phrase as words, category)]: one lookup a word (a regex alternation of all
+    """first word -> [(phrase as words, category)]: a lookup per word of a text (a regex of all the
     phrases costs a second per megabyte of hostile output)."""
     index = {}
     for cat, phrases in TRANSITIONS.items():
@@ -536,9 +524,8 @@ _PHRASES = _phrase_index()
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward; writing_reward is the shared logic.
-    A band (zero_lo, one_lo, one_hi, zero_hi) scores 1 on [one_lo, one_hi], ramps linearly to 0
-    at zero_lo and zero_hi, and *stops* the reward outside [zero_lo, zero_hi]."""
+    """The numbers of one leveled writing reward. A band (zero_lo, one_lo, one_hi, zero_hi) scores 1
+    on [one_lo, one_hi], ramps linearly to 0 at zero_lo and zero_hi, and *stops* the reward outside."""
     tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
     length_band: tuple     # L2: character-length ratio c2 / c1
     unique_band: tuple     # L3: unique-word ratio u2 / u1
@@ -551,8 +538,7 @@ class WritingLevels:
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0),
                      unique_band=(1.3, 2.0, math.inf, math.inf), jaccard_cap=0.03,
                      transitions_in="second")
-# paper era; L4 weights are not stated for arXiv, we keep TLDR's 0.4 T + 0.6 J (as the authors'
-# code does) and count connectives in both texts: the union of the categories each one uses.
+# The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
 ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5),
                       unique_band=(0.5, 0.7, 1.3, 1.7), jaccard_cap=0.23, transitions_in="both")
 
