@@ -55,8 +55,8 @@ _FENCE_RE = re.compile(r"^[ \t]*```")
 
 
 def strip_fences(text):
-    """The code inside markdown fences, all blocks joined (an unclosed one, cut by the token limit,
-    keeps the rest); text without fences comes back unchanged."""
+    """The code inside the markdown fences of (cleaned) text, all blocks joined (an unclosed one, cut
+    by the token limit, keeps the rest); text without fences comes back unchanged."""
     lines = text.split("\n")
     if not any(_FENCE_RE.match(line) for line in lines):
         return text
@@ -370,10 +370,10 @@ def _authors_discards(func):
     return any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
-# Their test loop as a check() of one statement per test, so the sandbox times and counts each:
-# for `assert f(args) == expected` (the first `)` followed by `==`) they first eval the call and
-# the expected text in the program's globals and format both for a log line (a second call of the
-# function; an error there fails the test), then exec the assert line in those globals.
+# Their test loop, one check() statement a test so that the sandbox times and counts each: for
+# `assert f(args) == expected` (the first `)` before `==`) they eval and format the call and the
+# expected text for a log line (a second call; an error fails the test), then exec the assert line,
+# all in the program's globals.
 _AUTHORS_RUNNER = """
 def __authors_case(g, case, call):
     if call:
