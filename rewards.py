@@ -509,19 +509,6 @@ _WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrop
 _AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscores included
 
 
-def _phrase_index():
-    """first word -> [(phrase as words, category)]: a lookup per word of a text (a regex of all the
-    phrases costs a second per megabyte of hostile output)."""
-    index = {}
-    for cat, phrases in TRANSITIONS.items():
-        for phrase in phrases:
-            index.setdefault(phrase.split()[0], []).append((phrase.split(), cat))
-    return index
-
-
-_PHRASES = _phrase_index()
-
-
 @dataclass(frozen=True)
 class WritingLevels:
     """The numbers of one leveled writing reward. A band (zero_lo, one_lo, one_hi, zero_hi) scores 1
@@ -569,17 +556,10 @@ def words(text, authors=False):
 
 
 def transition_categories(text, authors=False):
-    """The connective categories (of 12) in text: a phrase matches consecutive words; authors:
-    anywhere in the lowercased text ("so" in "also", "if" in "life")."""
-    if authors:
-        low = text.lower()
-        return {cat for cat, phrases in TRANSITIONS.items() if any(p in low for p in phrases)}
-    ws, found = words(text), set()
-    for i, w in enumerate(ws):
-        for phrase, cat in _PHRASES.get(w, ()):
-            if ws[i:i + len(phrase)] == phrase:
-                found.add(cat)
-    return found
+    """The connective categories (of 12) in text. Ours: whole words (a phrase padded with spaces in
+    the words joined by spaces); authors: anywhere in the lowercased text ("so" in "also", "if" in "life")."""
+    pad, low = ("", text.lower()) if authors else (" ", f" {' '.join(words(text))} ")
+    return {cat for cat, phrases in TRANSITIONS.items() if any(f"{pad}{p}{pad}" in low for p in phrases)}
 
 
 def transition_score(n_categories):
