@@ -295,30 +295,28 @@ def _authors_cleanup(code):
     each `def` line at any indentation (so a nested def ends its outer function), sentence-like
     lines dropped; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
-    lines, blocks, block, base = iter(code.split("\n")), [], None, 0
+    lines, out, base = iter(code.split("\n")), [], None  # base: the open def's indentation
     for line in lines:
         s = line.strip()
         if _AUTHORS_ANY_DEF.match(line):
-            if block:
-                blocks.append(block)
-            block, base = [line], len(line) - len(line.lstrip())
-        elif block is not None:
+            if out:
+                out.append("")  # their blocks are joined by a blank line
+            out.append(line)
+            base = len(line) - len(line.lstrip())
+        elif base is not None:
             if not s or line.startswith(" " * (base + 1)) or line.startswith("\t"):
-                block.append(line)
+                out.append(line)
             elif s.startswith(_QUOTES):  # a docstring at the def's own indentation: kept whole
-                block.append(line)
+                out.append(line)
                 if not (s.endswith(s[:3]) and len(s) > 3):
                     for more in lines:
-                        block.append(more)
+                        out.append(more)
                         if s[:3] in more:
                             break
             else:
-                blocks.append(block)
-                block = None
-    if block:
-        blocks.append(block)
-    kept = [line for line in "\n\n".join("\n".join(b) for b in blocks).split("\n")
-            if any(mark in line for mark in _AUTHORS_CODE_MARKS) or not _AUTHORS_PROSE.match(line.strip())]
+                base = None
+    kept = [line for line in out if any(mark in line for mark in _AUTHORS_CODE_MARKS)
+            or not _AUTHORS_PROSE.match(line.strip())]
     result = "\n".join(kept).strip()
     return result if re.search(r"def\s+\w+\s*\(", result) else ""
 
@@ -651,10 +649,8 @@ def split_single_output(text, authors=False):
         first, second = _DASH_LINE.split(text, 1)
     elif m := _PARA2.search(text):
         first, second = text[:m.start()], text[m.end():]
-    elif authors:
-        cut = len(text) // 3 or 1
-        first, second = text[:cut], text[cut:]
     else:
-        first, second = text, ""
+        cut = (len(text) // 3 or 1) if authors else len(text)
+        first, second = text[:cut], text[cut:]
     return (re.sub(r"^Paragraph 1:\s*", "", first.strip(), flags=re.IGNORECASE),
             re.sub(r"^Paragraph 2:\s*", "", second.strip(), flags=re.IGNORECASE))
