@@ -25,6 +25,8 @@ import math
 import re
 import textwrap
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 
 
 def _raw(text):
@@ -157,11 +159,8 @@ class CodeReward:
     report: object = field(default=None, repr=False)  # sandbox's TestReport, when tests ran
 
     @property
-    def total(self):
-        total = self.structure + self.syntax + self.tests
-        for step in self.bonus or (self.coop,):  # float sums depend on the order: theirs, stepwise
-            total += step
-        return total
+    def total(self):  # one by one, as theirs: float sums depend on the order (sum() compensates in 3.12+)
+        return reduce(add, self.bonus or (self.coop,), self.structure + self.syntax + self.tests)
 
     @property
     def levels(self):
@@ -542,7 +541,7 @@ class WritingReward:
 
     @property
     def total(self):
-        return sum(self.levels.values(), 0.0)
+        return reduce(add, self.levels.values(), 0.0)  # as CodeReward.total
 
     def __float__(self):
         return float(self.total)

@@ -541,6 +541,13 @@ def test_code_reward_authors_bonus_order():
     assert float(r) == 1.833333333333333 != 1.0 + 0.5 + 1 / 3 + 0.0
 
 
+def test_writing_reward_authors_adds_levels_in_order():
+    """Their total is `reward += level` level by level; sum() rounds otherwise from Python 3.12."""
+    levels = dict(structure=0.5, coordination=0.7867867867867869, vocabulary=0.5, style=0.6)
+    r = R.WritingReward(levels=levels)
+    assert float(r) == ((0.5 + 0.7867867867867869) + 0.5) + 0.6 == 2.386786786786787
+
+
 def test_prompt_imports_authors():
     prompt = ("from typing import List\nimport math\n\n\ndef max_fill(grid):\n    import math\n"
               '    """\n    import this module\n    from the list, import nothing\n    """\n')
