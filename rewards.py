@@ -53,17 +53,16 @@ def _parse(code):
 # Extraction (Sec. 4): from free-form model output to the one function we keep
 
 AUX_NAME = "aux"
-_FENCE_RE = re.compile(r"^[ \t]*```")
+_FENCE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
 
 def strip_fences(text):
     """The code inside the markdown fences of (cleaned) text, all blocks joined (an unclosed one, cut
     by the token limit, keeps the rest); text without fences comes back unchanged."""
-    lines = text.split("\n")
-    if not any(_FENCE_RE.match(line) for line in lines):
+    if not _FENCE_RE.search(text):
         return text
     inside, keep = False, []
-    for line in lines:
+    for line in text.split("\n"):
         if _FENCE_RE.match(line):
             inside = not inside
         elif inside:
@@ -249,10 +248,10 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux (the
     single-agent baseline). aux, main: the agents' raw outputs; entry_point, test: the problem's
     function name and `def check(candidate): ...`; imports: code before aux (prompt_imports(prompt),
-    or the prompt's context, helpers included); signature: the entry function's header, for a
+    or the prompt's context with its helpers); signature: the entry function's header, for a
     body-only output; timeout: seconds per test (None: the sandbox's, or the authors' 10 s);
-    test_setup: code the test needs, on its side (None: imports). authors=True: their first code
-    reward (imports: the prompt, to which their import rule applies; signature unused)."""
+    test_setup: code the test needs (None: imports). authors=True: their first code reward
+    (imports: the raw prompt; signature unused)."""
     item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
                 signature=signature, test_setup=test_setup)
     return code_reward_many([item], timeout=timeout, authors=authors)[0]
@@ -260,8 +259,8 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
 
 def code_reward_many(items, timeout=None, authors=False):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
-    one sandbox.run_tests_many call for the programs that reach the tests. items: dicts with the
-    keys of code_reward (main, entry_point, test; optional aux, imports, signature, test_setup)."""
+    one sandbox.run_tests_many call for the programs that reach the tests. items: dicts of
+    code_reward's arguments (main, entry_point and test required)."""
     judged = [(_authors_judge_text if authors else _judge_text)(it) for it in items]
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
@@ -276,8 +275,7 @@ def code_reward_many(items, timeout=None, authors=False):
 
 # -----------------------------------------------------------------------------
 # The authors' code reward, exactly (authors=True): shady-cs15/LLM_Collab_Code_Generation@ae03036b
-# rewards/code_rewards.py + code_utils.py, re-implemented. Their extraction, levels and cooperation
-# checks run here on text; their tests run in our sandbox, never in this process.
+# rewards/code_rewards.py + code_utils.py, re-implemented; their tests run in our sandbox.
 
 _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
 _AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
@@ -362,15 +360,14 @@ def _authors_is_wrapper(func):
 
 
 def _authors_discards(func):
-    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)`, one space and one
-    character inside (their regex), so a plain `aux(x)` never counts."""
+    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (one space, one
+    character inside), so `aux(x)` never counts."""
     return any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
 # Their test loop, one check() statement a test so that the sandbox times and counts each: for
-# `assert f(args) == expected` (the first `)` before `==`) they eval and format the call and the
-# expected text for a log line (a second call; an error fails the test), then exec the assert line,
-# all in the program's globals.
+# `assert f(args) == expected` they eval and format both sides for a log line (a second call; an
+# error fails the test), then exec the assert line, all in the program's globals.
 _AUTHORS_RUNNER = """
 def __authors_case(g, case, call):
     if call:
@@ -482,8 +479,7 @@ TRANSITIONS = {
              "nowadays", "currently", "presently", "immediately"],
 }
 
-# The function words Jaccard drops: ours, the usual English list, and theirs (authors=True;
-# README, "The authors' rewards, exactly", compares them).
+# The function words Jaccard drops: ours, the usual English list, and theirs (authors=True; README).
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
 below between both but by can could did do does doing down during each few for from further had
@@ -508,8 +504,7 @@ _AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscore
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward. A band (zero_lo, one_lo, one_hi, zero_hi) scores 1
-    on [one_lo, one_hi], ramps linearly to 0 at zero_lo and zero_hi, and *stops* the reward outside."""
+    """The numbers of one leveled writing reward; a band is (zero_lo, one_lo, one_hi, zero_hi)."""
     tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
     length_band: tuple     # L2: character-length ratio c2 / c1
     unique_band: tuple     # L3: unique-word ratio u2 / u1
@@ -575,8 +570,8 @@ def jaccard(words1, words2, authors=False):
 
 
 def band_score(x, band):
-    """Trapezoid score in [0, 1] of x, or None (stop) when x is outside the band's zero edges.
-    The ramps are written as the authors write them, so both modes agree to the last bit."""
+    """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
+    outside them. The ramps are written as the authors write them: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
     if not zero_lo <= x <= zero_hi:
         return None
@@ -590,10 +585,8 @@ def band_score(x, band):
 def writing_reward(text1, text2, spec, authors=False):
     """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
     level ends the sum. authors=True: the value of the authors' first release on any two texts."""
-    if authors:
-        t1, t2 = _raw(text1), _raw(text2)  # their lengths count surrounding whitespace
-    else:
-        t1, t2 = _clean(text1).strip(), _clean(text2).strip()
+    # theirs: the raw texts, so that lengths count the surrounding whitespace
+    t1, t2 = (_raw(t) if authors else _clean(t).strip() for t in (text1, text2))
     r = WritingReward(tokens=(len(t1.split()), len(t2.split())))
     r.length_ratio = len(t2) / len(t1) if t1 else 0.0
     w_tokens, w_length, w_vocab, w_style = spec.weights
