@@ -12,8 +12,8 @@ gives a small, informative reward instead of noise from the later levels.
 
 Model code never runs in this process (sandbox.py runs the tests); the rest is stdlib text
 processing that never raises on model output (empty, prose, broken unicode, NUL bytes, megabytes).
-authors=True gives the value of the authors' first public release on any output: README, "The
-authors' rewards, exactly (`--authors-rewards`)", names their files and where ours depart.
+authors=True gives the value of the authors' first release on any output (their files, and where
+ours depart: README, "The authors' rewards, exactly").
 
 Try it:
     python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
@@ -52,7 +52,6 @@ def _parse(code):
 # -----------------------------------------------------------------------------
 # Extraction (Sec. 4): from free-form model output to the one function we keep
 
-AUX_NAME = "aux"
 _FENCE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
 
@@ -104,20 +103,17 @@ def _function_by_ast(text, name):
 
 
 def _function_by_lines(text, pattern):
-    """The paper's line-based cut, for text that does not parse: the outermost (then first)
-    line that matches pattern, `def name(`, and the lines after it that are blank or deeper."""
+    """The paper's line-based cut, for text that does not parse but has a `def name(` line (pattern):
+    the outermost (then first) such line and the lines after it that are blank or deeper."""
     lines = text.split("\n")
-    starts = [(len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line))]
-    if not starts:
-        return None
-    indent, start = min(starts)
+    indent, start = min((len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line)))
     return textwrap.dedent("\n".join([lines[start], *_body(lines[start + 1:], indent)]).rstrip())
 
 
 def extract_function(text, name, signature=None):
     """The source of function `name` in a model output, or None. Only `name` is kept (with its
     nested defs), as in the paper (Sec. 4); fenced code is searched first, then the raw text. With
-    `signature` (its `def` line and docstring) an output that is only an indented body becomes it."""
+    `signature` (its `def` line and docstring) a body-only output is completed."""
     text = _clean(text)
     pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
     for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
@@ -163,8 +159,7 @@ class CodeReward:
 
     @property
     def levels(self):
-        return {"structure": self.structure, "syntax": self.syntax, "tests": self.tests,
-                "cooperation": self.coop}
+        return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
     def __float__(self):
         return float(self.total)
@@ -179,7 +174,7 @@ def _has_return(func):
 
 
 def _is_aux_call(node):
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == AUX_NAME
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
 
 
 def _is_wrapper(fn):
@@ -201,7 +196,7 @@ def _aux_usage(main_func, name):
     if fn is None:
         return False, False, False
     nodes = list(ast.walk(fn))
-    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == AUX_NAME for n in nodes):
+    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in nodes):
         return False, False, False
     calls = any(_is_aux_call(n) for n in nodes)
     discards = any(isinstance(n, ast.Expr) and _is_aux_call(n.value) for n in nodes)
@@ -209,10 +204,10 @@ def _aux_usage(main_func, name):
 
 
 def _judge_text(item):
-    """L1 structure and L2 syntax, no code run: (r, the sandbox's test side), or (r, None) when
-    the program does not reach the tests."""
+    """L1 structure and L2 syntax, no code run: (r, the test to run), or (r, None) when the
+    program stops before the tests."""
     r = CodeReward()
-    aux_fn = extract_function(item.get("aux"), AUX_NAME) or ""
+    aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
     r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
     r.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
@@ -233,8 +228,8 @@ def _judge_text(item):
 
 
 def _judge_tests(r, report, authors):
-    """L3 tests and the cooperation bonus (an aux that main calls, and a passing test) from the
-    sandbox's report; its infra_error (no verdict: the sandbox failed) becomes r.sandbox_error."""
+    """L3 tests and the cooperation bonus (aux called by main, a test passed) from the sandbox's
+    report; its infra_error (the sandbox failed: no verdict) is r.sandbox_error."""
     r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
     r.sandbox_error = getattr(report, "infra_error", None)
     r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
@@ -246,12 +241,11 @@ def _judge_tests(r, report, authors):
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
                 test_setup=None, authors=False):
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux (the
-    single-agent baseline). aux, main: the agents' raw outputs; entry_point, test: the problem's
-    function name and `def check(candidate): ...`; imports: code before aux (prompt_imports(prompt),
-    or the prompt's context with its helpers); signature: the entry function's header, for a
-    body-only output; timeout: seconds per test (None: the sandbox's, or the authors' 10 s);
-    test_setup: code the test needs (None: imports). authors=True: their first code reward
-    (imports: the raw prompt; signature unused)."""
+    single-agent baseline). aux, main: raw outputs; test: `def check(candidate): ...`; imports: code
+    before aux (prompt_imports(prompt), or the prompt's context with its helpers); signature: main's
+    header, for a body-only output; timeout: per test (None: the sandbox's, or the authors' 10 s);
+    test_setup: code the test needs (None: imports). authors=True: theirs (imports: the raw prompt;
+    no signature)."""
     item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
                 signature=signature, test_setup=test_setup)
     return code_reward_many([item], timeout=timeout, authors=authors)[0]
@@ -259,12 +253,12 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
 
 def code_reward_many(items, timeout=None, authors=False):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
-    one sandbox.run_tests_many call for the programs that reach the tests. items: dicts of
-    code_reward's arguments (main, entry_point and test required)."""
+    one sandbox.run_tests_many call for the programs that reach the tests; items: dicts of
+    code_reward's arguments."""
     judged = [(_authors_judge_text if authors else _judge_text)(it) for it in items]
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
-        import sandbox  # here, not at the top, so that the writing rewards need no sandbox
+        import sandbox  # here: the writing rewards need no sandbox
         jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
         kw = dict(timeout=AUTHORS_TEST_TIMEOUT, max_timeouts=AUTHORS_MAX_TIMEOUTS) if authors else {}
         if timeout is not None:
@@ -352,9 +346,9 @@ def _authors_is_wrapper(func):
     if not body:
         return True
     if len(body) == 1:
-        return body[0].startswith("return ") and AUX_NAME in body[0]
+        return body[0].startswith("return ") and "aux" in body[0]
     if len(body) == 2:
-        m = re.search(rf"(\w+)\s*=\s*{AUX_NAME}\s*\(", body[0])
+        m = re.search(r"(\w+)\s*=\s*aux\s*\(", body[0])
         return bool(m) and body[1] == f"return {m.group(1)}"
     return False
 
@@ -362,7 +356,7 @@ def _authors_is_wrapper(func):
 def _authors_discards(func):
     """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (one space, one
     character inside), so `aux(x)` never counts."""
-    return any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", line.strip()) for line in func.split("\n"))
+    return any(re.search(r"^aux\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
 # Their test loop, one check() statement a test so that the sandbox times and counts each: for
@@ -399,7 +393,7 @@ def _authors_judge_text(item):
     """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
     `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
     r = CodeReward()
-    aux_fn = _authors_function(_raw(item.get("aux")), AUX_NAME)
+    aux_fn = _authors_function(_raw(item.get("aux")), "aux")
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
     r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
     aux_ok, main_ok = (re.search(r"return\s+", fn) is not None for fn in (aux_fn, main_fn))
@@ -415,7 +409,7 @@ def _authors_judge_text(item):
         r.syntax_error = f"{type(e).__name__}: {e}"
         return r, None
     r.syntax = 0.5
-    r.calls_aux = re.search(rf"\b{AUX_NAME}\s*\(", main_fn) is not None
+    r.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
     r.wrapper, r.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
     return r, _authors_check(item["test"], item["entry_point"])  # None: no tests, no bonus
 
@@ -499,7 +493,7 @@ too us very was we were what when where which who why will with would you your
 """.split())
 
 _WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
-_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscores included
+_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
 
 
 @dataclass(frozen=True)
@@ -514,12 +508,11 @@ class WritingLevels:
     style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
-TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0),
-                     unique_band=(1.3, 2.0, math.inf, math.inf), jaccard_cap=0.03,
-                     transitions_in="second")
+TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
+                     unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
 # The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
-ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5),
-                      unique_band=(0.5, 0.7, 1.3, 1.7), jaccard_cap=0.23, transitions_in="both")
+ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5), jaccard_cap=0.23,
+                      unique_band=(0.5, 0.7, 1.3, 1.7), transitions_in="both")
 
 
 @dataclass
@@ -548,8 +541,8 @@ def words(text, authors=False):
 
 
 def transition_categories(text, authors=False):
-    """The connective categories (of 12) in text. Ours: whole words (a phrase padded with spaces in
-    the words joined by spaces); authors: anywhere in the lowercased text ("so" in "also", "if" in "life")."""
+    """The connective categories (of 12) in text: a phrase matches whole words (padded with spaces, in
+    the words joined by spaces); authors: anywhere in the lowercased text ("so" in "also")."""
     pad, low = ("", text.lower()) if authors else (" ", f" {' '.join(words(text))} ")
     return {cat for cat, phrases in TRANSITIONS.items() if any(f"{pad}{p}{pad}" in low for p in phrases)}
 
@@ -560,8 +553,8 @@ def transition_score(n_categories):
 
 
 def jaccard(words1, words2, authors=False):
-    """|A & B| / |A | B| over the word sets without stopwords. When neither text has a word
-    left: 0 (ours), 1.0 (authors: two stopword-only texts earn the full Jaccard share)."""
+    """|A & B| / |A | B| over the word sets without stopwords; 0 when neither text has a word left
+    (authors: 1.0, the full Jaccard share)."""
     stop = AUTHORS_STOPWORDS if authors else STOPWORDS
     a, b = set(words1) - stop, set(words2) - stop
     if not a | b:
@@ -571,7 +564,7 @@ def jaccard(words1, words2, authors=False):
 
 def band_score(x, band):
     """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
-    outside them. The ramps are written as the authors write them: both modes agree to the last bit."""
+    outside them. The ramps are written as theirs: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
     if not zero_lo <= x <= zero_hi:
         return None
@@ -584,7 +577,7 @@ def band_score(x, band):
 
 def writing_reward(text1, text2, spec, authors=False):
     """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
-    level ends the sum. authors=True: the value of the authors' first release on any two texts."""
+    level ends the sum. authors=True: their first release's value on any two texts."""
     # theirs: the raw texts, so that lengths count the surrounding whitespace
     t1, t2 = (_raw(t) if authors else _clean(t).strip() for t in (text1, text2))
     r = WritingReward(tokens=(len(t1.split()), len(t2.split())))
