@@ -112,9 +112,7 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
     rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
-    infra = reports.get("infra", [None])[0]
-    if "exit" not in reports and infra is None:
-        infra = "the sandbox ended without a word"
+    infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
     return Result("exit" in reports and not timed_out and rc == 0, timed_out, rc, out, err,
                   time.monotonic() - t0, truncated, level, infra)
 
@@ -244,7 +242,7 @@ def _unbound(tree):
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
     """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
-    HIDDEN, cwd's and home's tops; Python's directories in those; covers in these (benchmark data)."""
+    HIDDEN, cwd's and home's tops, and benchmark data; Python's directories in covers bound back."""
     real = os.path.realpath
 
     def under(p, q):
@@ -259,11 +257,9 @@ def _mount_plan(cwd, home):
     outer = {p for p in hide if not any(under(p, q) and p != q for q in hide)}
     bind = {k for k in keep if any(under(k, h) for h in outer)}
     bind = {k for k in bind if not any(under(k, b) and k != b for b in bind)}
-    late = {p for p in hide if any(under(p, b) for b in bind)}
-
-    def cover(paths):
-        return sorted((os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in paths)
-    return [*cover(outer - late), *((os.fsencode(b), "bind") for b in sorted(bind)), *cover(late)]
+    covers = outer | {p for p in hide if any(under(p, b) for b in bind)}  # (after their bind)
+    return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
+                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: a mount after its parent's)
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
@@ -635,7 +631,6 @@ def _tester(job, ask_w, answer_r):
     t = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
     late = "timeout", f"timed out after {t['timeout']:g} s"
-    running = {}  # this test's deadline, and its failure once a call failed
 
     def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
         if seconds <= 0:
@@ -669,9 +664,6 @@ def _tester(job, ask_w, answer_r):
                 return "failed", why
         return "failed", "a malformed reply"
 
-    class Failed(BaseException):  # not an Exception: `except Exception` in a test can't catch it
-        pass
-
     def candidate(*args, **kwargs):
         if "failure" not in running:  # after a failed call, none of its test reaches the program
             try:
@@ -684,7 +676,7 @@ def _tester(job, ask_w, answer_r):
             if tag == "E":
                 raise value
             running["failure"] = tag, value
-        raise Failed(running["failure"][1])
+        raise BaseException(running["failure"][1])  # (`except Exception` in a test can't catch it)
 
     g = {"__name__": "__test__"}
     try:
@@ -696,13 +688,11 @@ def _tester(job, ask_w, answer_r):
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     tag, why = ask(t["timeout"], marshal.dumps(None))
     if tag != "R":
-        _say(report, "error", str(why))
-        return _say(report, "done")
+        return _say(report, "error", str(why))
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
-        running.clear()
-        running["deadline"] = time.monotonic() + t["timeout"]
+        running = {"deadline": time.monotonic() + t["timeout"]}  # and its failure once a call failed
         status, text, where = "passed", "", 0
         for where, code in enumerate(group):
             try:
