@@ -122,7 +122,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
-    except Exception as e:  # SyntaxError, RecursionError; NameError: names nothing defines
+    except Exception as e:  # SyntaxError, RecursionError, NameError (see _split_check)
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
@@ -155,15 +155,14 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     return rep
 
 
-def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
+def run_tests_many(jobs, workers=None, **kwargs):
     """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
     exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
-    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
+    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
     abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
 
     def one(job):
-        return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "",
-                         _abort=abort_r, **kwargs)
+        return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
     pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))  # a run mostly waits
     try:
         return list(pool.map(one, jobs))
@@ -183,7 +182,7 @@ def _split_check(test, entry_point):
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is None:  # MBPP style: the top-level statements are the body
+    if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
     else:  # all but its own `check(...)` call: we make that call
         top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
@@ -225,9 +224,8 @@ def _unbound(tree):
             if n.name == "*":
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
-                            ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping)):
-            bound.add(getattr(n, "name", None) or getattr(n, "arg", None) or getattr(n, "rest", None))
+        elif not isinstance(n, ast.keyword):  # a def's, class's, argument's, except's or match's name
+            bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
 
 
@@ -242,15 +240,15 @@ def _mount_plan(cwd, home):
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM}) if p}
+    hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM})}
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
     outer = {p for p in hide if not any(below(p, q) for q in hide)}
     bind = {k for k in keep if any(below(k, h) for h in outer)}
     bind = {k for k in bind if not any(below(k, b) for b in bind)}
-    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}  # (after their bind)
+    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}
     return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
-                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: a mount after its parent's)
+                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
@@ -298,9 +296,9 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         return False
     overdue = pump({report_r}, cap)
     os.close(life_w)  # the first process then kills the run's session
-    if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
+    if abort is not None:  # (still read the output: its end says the run's processes are gone)
         poller.unregister(abort)
-    pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
+    pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
     for fd in bufs:
         os.close(fd)
     if home:  # (it resets the permissions the code took away)
@@ -322,18 +320,17 @@ def _start_run(fds):
         for again in (False, True):
             if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
                 ours, theirs = socket.socketpair()
+                boot = ({f.__name__: f.__code__ for f in _INSIDE},
+                        dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                        pass_fds=[theirs.fileno()], env=_SERVER_ENV,
-                                        start_new_session=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
+                                        pass_fds=[theirs.fileno()], start_new_session=True)
                 with theirs, proc.stdin:
-                    proc.stdin.write(marshal.dumps(({f.__name__: f.__code__ for f in _INSIDE},
-                                                    dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                         site_packages=_SITE))))
+                    proc.stdin.write(marshal.dumps(boot))
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died since the last run: once more, with a fresh one
+            except OSError:  # it died since the last run: once more, with a new one
                 _stop_fork_server()
                 if again:
                     raise
@@ -417,7 +414,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
-            _libc("prctl", 1, 9)  # again: the new user namespace cleared it
+            _libc("prctl", 1, 9)  # again: the user namespace cleared it
             if os.getppid() != server:
                 return
         _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
@@ -435,7 +432,7 @@ def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
     import resource as R
     try:
-        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
+        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, /proc/<pid>/fd or mem for others
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
@@ -469,7 +466,7 @@ def _libc(name, *args):
 
 
 def _lock_down(mounts):
-    """As root of the new namespaces: a /proc of ours, `mounts`, then all read-only but /tmp."""
+    """As root of the new namespaces: our /proc, `mounts`, then all read-only but /tmp."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -510,7 +507,7 @@ def _relay(job, pidns, asks, answers):
 
 
 def _spawn(job, pidns):
-    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own)."""
+    """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     if pidns is not None:
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
@@ -531,17 +528,17 @@ def _exchange(proc, call, deadline, max_reply):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
-        if left <= 0:  # (a program that trickles bytes doesn't get more time)
+        if left <= 0:  # (trickling bytes gets it no more time)
             return ("D", "") if proc["pidfd"] in readable else ("T", "")
         if writable:
             try:
                 call = call[os.write(proc["call"], call[:1 << 16]):]
             except BlockingIOError:  # no room for a whole small write: wait
                 pass
-            except OSError:  # it closed its end: it won't read the call
+            except OSError:  # it closed its end: it won't read it
                 call = call[:0]
         elif proc["reply"] in readable and (chunk := os.read(proc["reply"], 1 << 16)):
-            data += chunk  # (data first: it may have written and then ended)
+            data += chunk  # (data first: it may have written, then ended)
             if len(data) > max_reply:
                 return "D", f"the program's reply is over {max_reply} bytes"
         elif readable:  # it ended, or closed its end
@@ -561,7 +558,7 @@ def _end(proc, timeout):
 
 def _program(job, pidns, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
-    Nothing here can be trusted once the program runs (it may patch it all): others check."""
+    Nothing here can be trusted once the program runs (it may patch it all)."""
     if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
@@ -576,7 +573,7 @@ def _program(job, pidns, call_r, reply_w):
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
-        os.write(reply_w, line.encode() + b"\n")  # (a blocking pipe: all of it)
+        os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
     g = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
@@ -603,7 +600,7 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point bound to a proxy of the program process; report each verdict."""
+    """Run the test, the entry point a proxy of the program process; report each verdict."""
     import builtins
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
@@ -620,7 +617,7 @@ def _tester(job, ask_w, answer_r):
             tag, data = marshal.load(answers)
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
-        if tag != "R":  # the supervisor's word: it timed out or ended
+        if tag != "R":  # the relay's word: it timed out or ended
             return late if tag == "T" else ("failed", data)
         try:
             reply = _decode(json.loads(data), 0)
@@ -632,7 +629,7 @@ def _tester(job, ask_w, answer_r):
             case "E", str(base), str(message):  # rebuilt as its nearest builtin class
                 cls = getattr(builtins, base, None)
                 if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
-                    return "failed", f"the program raised {base}: {message}"  # (whatever the test does)
+                    return "failed", f"the program raised {base}: {message}"  # whatever the test does
                 if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
                     cls = RuntimeError
                 try:
@@ -647,7 +644,7 @@ def _tester(job, ask_w, answer_r):
         if "failure" not in running:  # after a failed call, no more of its test reach the program
             try:
                 call = marshal.dumps((args, kwargs))
-            except ValueError as e:  # a function, an object: the test can't run here
+            except ValueError as e:  # a function, an object: the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
             tag, value = ask(running["deadline"] - time.monotonic(), call)
             if tag == "R":
@@ -678,7 +675,7 @@ def _tester(job, ask_w, answer_r):
                 exec(code, scope)
             except BaseException as e:  # SystemExit too: a statement that exits did not pass
                 status, text = "failed", _describe(e)
-            if "failure" in running:  # a failed call fails its test, even if the test caught it
+            if "failure" in running:  # a failed call fails its test, even if caught
                 status, text = running["failure"]
             if status != "passed":
                 break
