@@ -122,7 +122,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
-    except Exception as e:  # SyntaxError, RecursionError, NameError (see _split_check)
+    except Exception as e:  # SyntaxError, RecursionError, _split_check's NameError
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
@@ -223,7 +223,7 @@ def _unbound(tree):
             if n.name == "*":
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
-        elif not isinstance(n, ast.keyword):  # a def's, class's, argument's, except's, match's
+        elif not isinstance(n, ast.keyword):  # the name a def, class, argument, except or match binds
             bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
 
@@ -239,7 +239,7 @@ def _mount_plan(cwd, home):
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (a cwd may lie in a system top)
+    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (system tops stay: a cwd may lie there)
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
     outer = {p for p in hide if not any(below(p, q) for q in hide)}
@@ -313,7 +313,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
 
 
 def _start_run(fds):
-    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if need be."""
+    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if needed."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
@@ -396,7 +396,7 @@ def _fork(body, keep, *args):
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()
-    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF, no pipe runs share (one could write to it)
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # at EOF: no pipe runs share (one could write to it)
     os.dup2(out, 1)
     os.dup2(err, 2)
     os.setsid()  # the final kill takes all of the run
@@ -418,7 +418,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
-        while os.read(lifeline, 1 << 16):  # until the caller is done, gives up or dies
+        while os.read(lifeline, 1 << 16):  # until the caller is done, quits or dies
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
