@@ -1,190 +1,67 @@
 """
 The shared rewards of the paper's collaboration tasks: one number R(a_1, a_2) per joint action.
 
-Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (arXiv 2508.04652).
-Both rewards are *leveled*: each level must be met before the next one can add anything, so an
-early failure gives a small, informative reward instead of noise from the later levels.
+Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (arXiv 2508.04652). The
+rewards are *leveled*: a level adds only when the ones before it are met, so an early failure
+gives a small, informative reward instead of noise from the later levels.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
     arXiv (Sec. 5, max 3.0)  same levels, other numbers                             arxiv_reward
     single-agent writing: split_single_output(text) -> the two parts to score
 
-Model code never runs in this process: sandbox.py runs every test assertion in a killable
-subprocess. Everything else here is stdlib text processing and must never raise on model output
-(empty, prose, broken unicode, NUL bytes, megabytes of garbage).
+Model code never runs in this process (sandbox.py runs the tests); the rest is stdlib text
+processing that never raises on model output (empty, prose, broken unicode, NUL bytes, megabytes).
+authors=True gives the value of the authors' first release on any output (their files, and where
+ours depart: README, "The authors' rewards, exactly").
 
-authors=True (every reward, and code_reward_many) gives the value of the authors' first public
-release on any output, for comparing with their numbers: writing, OpenMLRL/LLM_Collab_Writing
-rewards/{tldr,arxiv}_rewards.py (first release, before the VERBOSE switch; its reward logic is
-unchanged at 45c74e50); code, shady-cs15/LLM_Collab_Code_Generation@ae03036b
-rewards/code_rewards.py + code_utils.py. Their tests still run in our sandbox, 10 s each, given
-up after 3 timeouts, as theirs. Where theirs raised or ran in-process, we differ: None, NUL
-bytes and lone surrogates crashed their reward (here: 0, or a syntax failure); a program that
-exits, hangs with signals ignored, or swallows their timeout exception killed or hung their
-trainer (here: a failed test); state a test leaves in the interpreter carried over to later
-samples there, not here.
-
-Our defaults depart from theirs where theirs is, we think, a bug or an accident:
-  code   the program keeps the prompt's helper functions (HumanEval/10, 32, 38, 50 need them);
-         extraction by the ast (theirs, by lines, loses the lines after a nested def and drops
-         sentence-like lines inside a function), body-only completions completed by the
-         signature; L1 needs an ast `return` (theirs: the text "return " anywhere, e.g. in
-         a docstring) and a main without one still reaches L2; L2 compiles (theirs ast.parse:
-         `break` outside a loop passes); tests are check()'s statements as HumanEval runs them
-         (theirs: single lines starting `assert` that name candidate, so multi-line asserts and
-         asserts in loops fail, HumanEval/32 has no test, duplicate asserts count once, and a
-         call `f(...) == x` runs twice); cooperation is an ast call of aux not shadowed by a
-         nested def (theirs: the text `aux(`, comments and strings included); a wrapper is
-         `return aux(...)` or `v = aux(...); return v` (theirs: any one-line `return ...aux...`,
-         and every function whose docstring closes on its own line); a discarded result is any
-         statement `aux(...)` (their regex only matches `aux (x)`: one space, one character).
-  writing connectives match whole words (theirs substrings: "so" in "also", "as" in "has");
-         our stopword list (theirs drops good/great/new/first/last... and keeps about/into/
-         through...); words keep inner apostrophes and split at underscores; two texts without
-         content words have Jaccard 0 (theirs 1.0: full credit); lengths of the stripped texts,
-         newlines normalised (theirs count surrounding whitespace); arXiv connectives are the
-         union over the two texts (theirs: in text1 + text2, so a phrase may span the seam).
-  single output: no marker -> no second part (theirs: an arbitrary cut at a third).
+Try it:
+    python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
+        'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
+    python -m pytest tests/test_rewards.py -q
 """
 import ast
 import math
 import re
 import textwrap
 from dataclasses import dataclass, field
-
-# -----------------------------------------------------------------------------
-# Data for the writing rewards (Sec. 5). TRANSITIONS are the authors' 12 categories and phrase lists
-# (OpenMLRL/LLM_Collab_Writing, rewards/tldr_rewards.py, first release); one phrase may sit in
-# several categories ("indeed": explanation and emphasis). By default a phrase matches whole words,
-# case-insensitively ("so" does not fire inside "also"); authors=True matches substrings, as they do.
-
-TRANSITIONS = {
-    "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
-                    "what is more", "not only", "as well as", "along with", "coupled with",
-                    "together with", "likewise", "similarly", "equally important",
-                    "by the same token", "in the same way", "correspondingly", "in like manner",
-                    "comparatively", "analogously"],
-    "examples": ["for example", "for instance", "specifically", "particularly", "namely", "such as",
-                 "including", "especially", "in particular", "to illustrate", "as an illustration",
-                 "case in point", "to demonstrate", "as evidence", "to exemplify", "notably",
-                 "markedly", "chiefly", "mainly", "primarily", "above all", "most importantly"],
-    "explanation": ["that is", "in other words", "to put it simply", "to clarify", "indeed",
-                    "in fact", "actually", "clearly", "obviously", "to put it another way",
-                    "to rephrase", "more precisely", "specifically speaking", "what this means is",
-                    "the point is", "essentially", "basically", "fundamentally", "at its core",
-                    "in essence", "simply put", "stated differently"],
-    "cause_effect": ["therefore", "thus", "consequently", "as a result", "hence", "accordingly",
-                     "for this reason", "due to this", "because of this", "so", "then", "thereby",
-                     "wherefore", "thence", "ergo", "as a consequence", "in consequence",
-                     "it follows that", "this leads to", "this results in", "this causes",
-                     "this brings about", "owing to", "on account of", "thanks to",
-                     "resulting from"],
-    "contrast": ["however", "nevertheless", "nonetheless", "on the other hand", "in contrast",
-                 "while", "whereas", "although", "even though", "despite this", "but", "yet",
-                 "still", "conversely", "on the contrary", "rather", "instead", "alternatively",
-                 "otherwise", "in opposition", "by contrast", "contrarily", "notwithstanding",
-                 "regardless", "all the same", "even so", "be that as it may", "in any case",
-                 "at any rate"],
-    "sequence": ["first", "second", "third", "next", "then", "after that", "finally", "lastly",
-                 "initially", "subsequently", "meanwhile", "to begin with", "to start with",
-                 "in the beginning", "at first", "at the outset", "primarily", "secondly",
-                 "thirdly", "following this", "afterward", "later", "later on", "in the meantime",
-                 "simultaneously", "concurrently", "at the same time", "in conclusion",
-                 "to conclude", "ultimately", "in the end", "to summarize", "in summary"],
-    "emphasis": ["indeed", "certainly", "surely", "undoubtedly", "without doubt", "definitely",
-                 "absolutely", "positively", "unquestionably", "indubitably", "of course",
-                 "naturally", "obviously", "clearly", "evidently", "manifestly", "undeniably",
-                 "admittedly", "granted", "to be sure", "in fact", "as a matter of fact", "notably",
-                 "significantly"],
-    "summary": ["in summary", "in conclusion", "to summarize", "to conclude", "in short",
-                "in brief", "briefly", "to sum up", "on the whole", "overall", "all in all",
-                "in essence", "essentially", "basically", "fundamentally", "in the final analysis",
-                "after all", "ultimately", "in the end", "when all is said and done",
-                "the bottom line is"],
-    "comparison": ["similarly", "likewise", "in the same way", "equally", "just as",
-                   "comparable to", "in comparison", "by the same token", "correspondingly",
-                   "in like manner", "along the same lines", "in similar fashion", "analogously",
-                   "by analogy", "just like", "much like", "as with"],
-    "concession": ["although", "though", "even though", "while", "whereas", "despite",
-                   "in spite of", "regardless of", "notwithstanding", "admittedly", "granted",
-                   "even if", "be that as it may", "nevertheless", "nonetheless", "however", "yet",
-                   "still", "all the same"],
-    "condition": ["if", "unless", "provided that", "assuming that", "supposing that", "in case",
-                  "in the event that", "on condition that", "given that", "as long as",
-                  "so long as", "only if", "even if", "whether or not", "should", "were", "had",
-                  "otherwise", "or else"],
-    "time": ["when", "while", "as", "after", "before", "until", "since", "during", "meanwhile",
-             "simultaneously", "at the same time", "concurrently", "previously", "formerly",
-             "earlier", "later", "afterward", "subsequently", "eventually", "finally", "recently",
-             "lately", "nowadays", "currently", "presently", "immediately"],
-}
-
-# Jaccard drops these function words (ours, the usual English list).
-STOPWORDS = frozenset("""
-a about above after again against all also am an and any are as at be because been before being
-below between both but by can could did do does doing down during each few for from further had
-has have having he her here hers herself him himself his how i if in into is it its itself just
-me more most my myself no nor not now of off on once only or other our ours ourselves out over own
-same she should so some such than that the their theirs them themselves then there these they
-this those through to too under until up very was we were what when where which while who whom
-why will with would you your yours yourself yourselves
-""".split())
-
-# The authors' stopwords (authors=True): they also drop content words (good, great, new, old,
-# first, last, left, right, long, low, many, much, little, bad) and keep about, after, because,
-# between, into, over, she, through, under, while...
-AUTHORS_STOPWORDS = frozenset("""
-a all also an and any are as at bad be been being both but by can could did do does each few first
-for from good great had has have he her here him his how i if in is it its just last left little
-long low many may me might more most much must my new no not now of old on only or other our own
-right same shall should so some such than that the their them then there these they this those to
-too us very was we were what when where which who why will with would you your
-""".split())
-
-_WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
-_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")          # theirs: \w runs, underscores included
+from functools import reduce
+from operator import add
 
 
-def _phrase_index():
-    """first word -> [(phrase as a word list, category)]: one dict lookup per word of the text
-    (a regex alternation of all phrases costs a second per megabyte of hostile output)."""
-    index = {}
-    for cat, phrases in TRANSITIONS.items():
-        for phrase in phrases:
-            index.setdefault(phrase.split()[0], []).append((phrase.split(), cat))
-    return index
-
-
-_PHRASES = _phrase_index()
+def _raw(text):
+    """Model output as the authors' code saw it: a str, nothing stripped or normalised."""
+    if text is None:
+        return ""
+    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
 
 
 def _clean(text):
-    """Model output as a str that every later step can handle: None -> "", bytes decoded with
-    replacement, lone surrogates (unencodable, they crash compile() and pipes) replaced by '?',
-    and newlines normalised to \\n so line numbers agree with the Python tokenizer."""
-    if text is None:
-        return ""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    text = str(text).encode("utf-8", errors="replace").decode("utf-8")
+    """_raw, with lone surrogates (they crash compile() and pipes) as '?' and newlines as \\n."""
+    text = _raw(text).encode("utf-8", errors="replace").decode("utf-8")
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _parse(code):
+    """The ast of code, or None."""
+    try:
+        return ast.parse(code)
+    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError/MemoryError (nesting)
+        return None
 
 # -----------------------------------------------------------------------------
 # Extraction (Sec. 4): from free-form model output to the one function we keep
 
-AUX_NAME = "aux"
-_FENCE_RE = re.compile(r"^[ \t]*```")
+_FENCE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
 
 def strip_fences(text):
-    """The code inside markdown fences (```python ... ```), all blocks joined; text without fences
-    comes back unchanged. An unclosed fence (output cut at max_new_tokens) keeps the rest."""
-    lines = _clean(text).split("\n")
-    if not any(_FENCE_RE.match(line) for line in lines):
-        return "\n".join(lines)
+    """The code inside the markdown fences of (cleaned) text, all blocks joined (an unclosed one, cut
+    by the token limit, keeps the rest); text without fences comes back unchanged."""
+    if not _FENCE_RE.search(text):
+        return text
     inside, keep = False, []
-    for line in lines:
+    for line in text.split("\n"):
         if _FENCE_RE.match(line):
             inside = not inside
         elif inside:
@@ -193,10 +70,8 @@ def strip_fences(text):
 
 
 def prompt_imports(prompt, authors=False):
-    """The import lines of a HumanEval prompt ("from typing import List"), the only part of the
-    prompt that goes into the program besides the agents' functions (Sec. 4).
-    authors=True: their rule, every line that is an import once stripped (indented ones too, as
-    HumanEval/115's `import math` inside the function), stripped and deduplicated."""
+    """The import lines of a HumanEval prompt: all of it the paper's program keeps (Sec. 4).
+    authors=True: theirs, the lines that are imports once stripped (HumanEval/115's too), deduplicated."""
     if authors:
         kept = (line.strip() for line in _raw(prompt).split("\n"))
         return "\n".join(dict.fromkeys(s for s in kept if _AUTHORS_IMPORT_RE.match(s)))
@@ -209,80 +84,46 @@ def prompt_imports(prompt, authors=False):
     return "\n".join(out)
 
 
-def _indent(line):
-    return len(line) - len(line.lstrip(" \t"))
-
-
-def _def_re(name):
-    """A line that starts `def name(`, at any indentation."""
-    return re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
+def _body(lines, indent):
+    """The leading lines that are blank or indented deeper than `indent` columns: a def's body."""
+    for line in lines:
+        if line.strip() and len(line) - len(line.lstrip(" \t")) <= indent:
+            return
+        yield line
 
 
 def _function_by_ast(text, name):
     """A top-level `def name` cut out of text that parses: exact, even with odd docstrings."""
-    try:
-        tree = ast.parse(text)
-    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
-        return None
-    for node in tree.body:
+    tree = _parse(text)
+    for node in tree.body if tree else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             # from the `def` line: decorators would need imports the program does not have
             return "\n".join(text.split("\n")[node.lineno - 1:node.end_lineno])
     return None
 
 
-def _function_by_lines(text, name):
-    """The paper's line-based cut for text that does not parse: the outermost (then first)
-    `def name(` line plus every following line that is blank or indented deeper. Prose after
-    the function stops it, and broken code still yields its text, so structure can be judged."""
-    lines, pattern = text.split("\n"), _def_re(name)
-    starts = [(len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line))]
-    if not starts:
-        return None
-    indent, start = min(starts)
-    block = [lines[start]]
-    for line in lines[start + 1:]:
-        if line.strip() and _indent(line) <= indent:
-            break
-        block.append(line)
-    return textwrap.dedent("\n".join(block).rstrip())
-
-
-def _is_body(text, name):
-    """A raw-prompt continuation: the prompt ended inside `def name(...):` and the model wrote
-    only the indented body, so the first real line is indented and is not the def itself."""
-    first = next((line for line in text.split("\n") if line.strip()), "")
-    return _indent(first) > 0 and not _def_re(name).match(first)
-
-
-def _with_signature(body, signature):
-    """signature + the body lines up to the first unindented line (the model's trailing prose,
-    tests or a new top-level def)."""
-    keep = []
-    for line in body.split("\n"):
-        if line.strip() and _indent(line) == 0:
-            break
-        keep.append(line)
-    return signature.rstrip() + "\n" + "\n".join(keep).rstrip()
+def _function_by_lines(text, pattern):
+    """The paper's line-based cut, for text that does not parse but has a `def name(` line (pattern):
+    the outermost (then first) such line and the lines after it that are blank or deeper."""
+    lines = text.split("\n")
+    indent, start = min((len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line)))
+    return textwrap.dedent("\n".join([lines[start], *_body(lines[start + 1:], indent)]).rstrip())
 
 
 def extract_function(text, name, signature=None):
-    """The source of function `name` in a model output, or None when it is not there.
-
-    Fenced code is searched first, then the raw text (a stray closing fence after a body). Only
-    `name` is kept: nested defs inside it stay, every other top-level def, class or import of the
-    output is dropped, as in the paper (Sec. 4): so a main agent that redefines `aux` or leans on
-    its own top-level helper loses it. With `signature` (the `def name(...):` header, possibly with
-    the docstring, as in a raw HumanEval prompt) an output that is only an indented body becomes
-    that function; without it such output has no function.
-    """
-    text, pattern = _clean(text), _def_re(name)
+    """The source of function `name` in a model output, or None. Only `name` is kept (with its
+    nested defs), as in the paper (Sec. 4); fenced code is searched first, then the raw text. With
+    `signature` (its `def` line and docstring) a body-only output is completed."""
+    text = _clean(text)
+    pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
     for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
-        if signature and _is_body(candidate, name):
-            return _with_signature(candidate, _clean(signature))
+        lines = candidate.split("\n")
+        first = next((line for line in lines if line.strip()), "")
+        if signature and first.startswith((" ", "\t")) and not pattern.match(first):  # a body only
+            return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         if not pattern.search(candidate):
             continue  # no `def name(` line: skip parsing (megabytes of prose cost 0.5 s a parse)
-        found = _function_by_ast(candidate, name) or _function_by_lines(candidate, name)
+        found = _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
         if found:
             return found
     return None
@@ -293,8 +134,8 @@ def extract_function(text, name, signature=None):
 
 @dataclass
 class CodeReward:
-    """One joint action's code reward, by level, with what the levels looked at (for logs and
-    for multi-turn feedback). float(r) is the scalar the trainer uses."""
+    """One joint action's code reward by level, with what the levels looked at (for logs and
+    multi-turn feedback); float(r) is the trainer's scalar."""
     structure: float = 0.0     # L1: 0.4 aux defined with a return + 0.6 entry function likewise
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
@@ -313,31 +154,19 @@ class CodeReward:
     report: object = field(default=None, repr=False)  # sandbox's TestReport, when tests ran
 
     @property
-    def total(self):
-        total = self.structure + self.syntax + self.tests
-        for step in self.bonus or (self.coop,):  # float sums depend on the order: theirs, stepwise
-            total += step
-        return total
+    def total(self):  # one by one, as theirs: float sums depend on the order (sum() compensates in 3.12+)
+        return reduce(add, self.bonus or (self.coop,), self.structure + self.syntax + self.tests)
 
     @property
     def levels(self):
-        return {"structure": self.structure, "syntax": self.syntax, "tests": self.tests, "cooperation": self.coop}
+        return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
     def __float__(self):
         return float(self.total)
 
 
-def _parse(code):
-    """ast of code, or None: model output can fail in more ways than SyntaxError."""
-    try:
-        return ast.parse(code)
-    except Exception:  # ValueError for NUL bytes, RecursionError/MemoryError for deep nesting
-        return None
-
-
 def _has_return(func):
-    """A `return` anywhere in the function; judged on the text when it does not parse (the
-    syntax-error row of the table still earns its structure points)."""
+    """A `return` anywhere in func; on the text when it does not parse (L1 before L2)."""
     tree = _parse(func)
     if tree is None:
         return re.search(r"\breturn\b", func) is not None
@@ -345,137 +174,102 @@ def _has_return(func):
 
 
 def _is_aux_call(node):
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == AUX_NAME
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
 
 
-def _is_wrapper(body):
-    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a leading docstring ignored):
+def _is_wrapper(fn):
+    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
     the main agent handed the whole job to the helper."""
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    if len(body) == 1:
-        return isinstance(body[0], ast.Return) and _is_aux_call(body[0].value)
-    if len(body) == 2:
-        first, second = body
-        return (isinstance(first, ast.Assign) and len(first.targets) == 1
-                and isinstance(first.targets[0], ast.Name) and _is_aux_call(first.value)
-                and isinstance(second, ast.Return) and isinstance(second.value, ast.Name)
-                and second.value.id == first.targets[0].id)
+    match fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body:
+        case [ast.Return(value=call)]:
+            return _is_aux_call(call)
+        case [ast.Assign(targets=[ast.Name(id=v)], value=call), ast.Return(value=ast.Name(id=w))]:
+            return _is_aux_call(call) and v == w
     return False
 
 
 def _aux_usage(main_func, name):
-    """(calls aux, is a mere wrapper, discards an aux result) for the main function `name`.
-    A call is `aux(...)` by name; a nested `def aux` shadows the helper, so it is no cooperation.
-    A discarded result is an expression statement `aux(...)`, found on the ast: the authors'
-    regex for it never fired (see the module docstring)."""
+    """(calls aux, is a mere wrapper, discards an aux result) for main function `name`: a call
+    by name, not shadowed by a nested `def aux`; a discarded result is a statement `aux(...)`."""
     tree = _parse(main_func)
     fn = next((n for n in (tree.body if tree else []) if getattr(n, "name", None) == name), None)
     if fn is None:
         return False, False, False
     nodes = list(ast.walk(fn))
-    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == AUX_NAME for n in nodes):
+    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in nodes):
         return False, False, False
     calls = any(_is_aux_call(n) for n in nodes)
     discards = any(isinstance(n, ast.Expr) and _is_aux_call(n.value) for n in nodes)
-    return calls, calls and _is_wrapper(fn.body), discards
+    return calls, calls and _is_wrapper(fn), discards
 
 
-def _judge_text(aux, main, entry_point, imports="", signature=None):
-    """L1 structure and L2 syntax: the cheap levels, no code runs. The result's program is ready
-    for the tests iff r.syntax > 0."""
+def _judge_text(item):
+    """L1 structure and L2 syntax, no code run: (r, the test to run), or (r, None) when the
+    program stops before the tests."""
     r = CodeReward()
-    aux_fn = extract_function(aux, AUX_NAME) or ""
-    main_fn = extract_function(main, entry_point, signature) or ""
+    aux_fn = extract_function(item.get("aux"), "aux") or ""
+    main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
     r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
-    r.structure = 0.4 * (r.has_aux and _has_return(aux_fn)) + 0.6 * (r.has_main and _has_return(main_fn))
+    r.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
     if not r.has_main:
-        return r  # nothing to test: the entry function is missing
-    r.program = "\n\n\n".join(p for p in (_clean(imports).strip(), aux_fn, main_fn) if p) + "\n"
+        return r, None
+    r.program = "\n\n\n".join(p for p in (_clean(item.get("imports")).strip(), aux_fn, main_fn) if p) + "\n"
     try:
         compile(r.program, "<program>", "exec", dont_inherit=True)
-    except Exception as e:  # SyntaxError, ValueError (NUL), RecursionError, MemoryError
+    except Exception as e:  # as in _parse
         r.syntax_error = f"{type(e).__name__}: {e}"
-        return r
+        return r, None
     r.syntax = 0.5
     if r.has_aux:
-        r.calls_aux, r.wrapper, r.discards_aux = _aux_usage(main_fn, entry_point)
-    return r
+        r.calls_aux, r.wrapper, r.discards_aux = _aux_usage(main_fn, item["entry_point"])
+    # the problem's own code that its test calls (HumanEval/32's poly) goes on the test's side
+    setup = _clean(item.get("imports") if item.get("test_setup") is None else item["test_setup"])
+    return r, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
 
 
-def _judge_tests(r, report):
-    """L3 tests and the cooperation bonus, from the sandbox's report on r.program. The bonus
-    needs at least one passing test (a broken collaboration earns nothing) and an aux. A report
-    with an infra_error (the sandbox failed, not the program) sets r.sandbox_error: callers must
-    count and show those, not read their zero as a verdict."""
+def _judge_tests(r, report, authors):
+    """L3 tests and the cooperation bonus (aux called by main, a test passed) from the sandbox's
+    report; its infra_error (the sandbox failed: no verdict) is r.sandbox_error."""
     r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
     r.sandbox_error = getattr(report, "infra_error", None)
     r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
     if r.passed > 0 and r.has_aux and r.calls_aux:
-        r.coop = 0.5 + (0.0 if r.wrapper else 1.0) - (0.5 if r.discards_aux else 0.0)
-    return r
-
-
-def _test_side(test, setup):
-    """What the sandbox's tester runs: the problem's own code that its test calls (HumanEval/32's
-    poly), then the test; the same as sandbox.run_tests(..., setup=setup)."""
-    setup = _clean(setup)
-    return f"{setup}\n\n\n{test}" if setup.strip() else test
+        steps = (0.5,) + ((1.0,) if not r.wrapper else ()) + ((-0.5,) if r.discards_aux else ())
+        r.coop, r.bonus = sum(steps), (steps if authors else ())
 
 
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
                 test_setup=None, authors=False):
-    """The shared code reward of one joint action (Sec. 4), max 4.0; empty aux is the
-    single-agent baseline (max 2.1).
-
-    aux, main: the helper agent's and the main agent's raw outputs; entry_point: the problem's
-    function name; test: its `def check(candidate): ...`; imports: code put before aux, the
-    paper's prompt_imports(prompt), or the prompt's whole context (some HumanEval prompts define
-    helpers their tests call); signature: the entry function's header (and docstring), for
-    outputs that are a body only; timeout: seconds per test (None: sandbox's default);
-    test_setup: the problem's own code the test needs, run on the test's side, never the model's
-    (the prompt's code before the entry function; None: `imports`).
-    authors=True: the value of the authors' first code-reward release (_authors_judge_text;
-    imports: the prompt or its prompt_imports, their import rule applies; signature unused).
-    """
-    if authors:
-        item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports)
-        return _authors_code_reward_many([item], 1, timeout)[0]
-    r = _judge_text(aux, main, entry_point, imports, signature)
-    if r.syntax == 0:
-        return r
-    import sandbox  # here, not at the top, so the writing rewards need no sandbox
-    kw = {} if timeout is None else {"timeout": timeout}
-    test = _test_side(test, imports if test_setup is None else test_setup)
-    return _judge_tests(r, sandbox.run_tests(r.program, test, entry_point, **kw))
+    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux (the
+    single-agent baseline). aux, main: raw outputs; test: `def check(candidate): ...`; imports: code
+    before aux (prompt_imports(prompt), or the prompt's context with its helpers); signature: main's
+    header, for a body-only output; timeout: per test (None: the sandbox's, or the authors' 10 s);
+    test_setup: code the test needs (None: imports). authors=True: theirs (imports: the raw prompt;
+    no signature)."""
+    item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
+                signature=signature, test_setup=test_setup)
+    return code_reward_many([item], timeout=timeout, authors=authors)[0]
 
 
-def code_reward_many(items, workers=None, timeout=None, authors=False):
+def code_reward_many(items, timeout=None, authors=False):
     """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
-    one sandbox.run_tests_many call for just the programs that parse. items: dicts with the keys
-    of code_reward (main, entry_point, test; optional aux, imports, signature, test_setup)."""
-    if authors:
-        return _authors_code_reward_many(items, workers, timeout)
-    judged = [_judge_text(it.get("aux", ""), it["main"], it["entry_point"], it.get("imports", ""),
-                          it.get("signature")) for it in items]
-    todo = [i for i, r in enumerate(judged) if r.syntax > 0]
+    one sandbox.run_tests_many call for the programs that reach the tests; items: dicts of
+    code_reward's arguments."""
+    judged = [(_authors_judge_text if authors else _judge_text)(it) for it in items]
+    todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
-        import sandbox
-        setup = [it.get("imports", "") if it.get("test_setup") is None else it["test_setup"]
-                 for it in items]
-        jobs = [(judged[i].program, _test_side(items[i]["test"], setup[i]), items[i]["entry_point"])
-                for i in todo]
-        kw = {} if timeout is None else {"timeout": timeout}
-        for i, report in zip(todo, sandbox.run_tests_many(jobs, workers=workers, **kw)):
-            _judge_tests(judged[i], report)
-    return judged
+        import sandbox  # here: the writing rewards need no sandbox
+        jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
+        kw = dict(timeout=AUTHORS_TEST_TIMEOUT, max_timeouts=AUTHORS_MAX_TIMEOUTS) if authors else {}
+        if timeout is not None:
+            kw["timeout"] = timeout
+        for i, report in zip(todo, sandbox.run_tests_many(jobs, **kw)):
+            _judge_tests(judged[i][0], report, authors)
+    return [r for r, _ in judged]
 
 # -----------------------------------------------------------------------------
-# The authors' code reward, exactly (authors=True): their first release, shady-cs15/
-# LLM_Collab_Code_Generation@ae03036b rewards/code_rewards.py + code_utils.py, re-implemented.
-# Their extraction, level rules and cooperation checks run here on text; their tests (assert
-# lines, run one by one) run in our sandbox, never in this process.
+# The authors' code reward, exactly (authors=True): shady-cs15/LLM_Collab_Code_Generation@ae03036b
+# rewards/code_rewards.py + code_utils.py, re-implemented; their tests run in our sandbox.
 
 _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
 _AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
@@ -487,44 +281,33 @@ AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given 
 AUTHORS_MAX_TIMEOUTS = 3
 
 
-def _authors_indent(line):
-    return len(line) - len(line.lstrip())
-
-
 def _authors_cleanup(code):
-    """Their cleanup_code: fences removed (```python plus the whitespace after it, so the next
-    line loses its indentation), then the blocks that start at a `def` line at any indentation
-    (a nested def starts a new block, and the outer body's lines after it are lost), with
-    sentence-like lines dropped from them; "" when no def is left."""
+    """Their cleanup_code: fences removed (with the next line's indentation), then the blocks from
+    each `def` line at any indentation (so a nested def ends its outer function), sentence-like
+    lines dropped; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
-    lines, blocks, block, base, i = code.split("\n"), [], None, 0, 0
-    while i < len(lines):
-        line, s = lines[i], lines[i].strip()
+    lines, out, base = iter(code.split("\n")), [], None  # base: the open def's indentation
+    for line in lines:
+        s = line.strip()
         if _AUTHORS_ANY_DEF.match(line):
-            if block:
-                blocks.append(block)
-            block, base = [line], _authors_indent(line)
-        elif block is not None:
+            if out:
+                out.append("")  # their blocks are joined by a blank line
+            out.append(line)
+            base = len(line) - len(line.lstrip())
+        elif base is not None:
             if not s or line.startswith(" " * (base + 1)) or line.startswith("\t"):
-                block.append(line)
+                out.append(line)
             elif s.startswith(_QUOTES):  # a docstring at the def's own indentation: kept whole
-                block.append(line)
+                out.append(line)
                 if not (s.endswith(s[:3]) and len(s) > 3):
-                    while i + 1 < len(lines):
-                        i += 1
-                        block.append(lines[i])
-                        if s[:3] in lines[i]:
+                    for more in lines:
+                        out.append(more)
+                        if s[:3] in more:
                             break
             else:
-                blocks.append(block)
-                block = None
-        i += 1
-    if block:
-        blocks.append(block)
-    kept = [line for line in "\n\n".join("\n".join(b) for b in blocks).split("\n")
-            if not (line.strip() and not line.strip().startswith(("#",) + _QUOTES)
-                    and not any(mark in line for mark in _AUTHORS_CODE_MARKS)
-                    and _AUTHORS_PROSE.match(line.strip()))]
+                base = None
+    kept = [line for line in out if any(mark in line for mark in _AUTHORS_CODE_MARKS)
+            or not _AUTHORS_PROSE.match(line.strip())]
     result = "\n".join(kept).strip()
     return result if re.search(r"def\s+\w+\s*\(", result) else ""
 
@@ -533,9 +316,9 @@ def _authors_function(code, name):
     """Their extract_specific_function: in the cleaned code, from the first `def name(` line (a
     later one, even nested, starts over) to the first line neither blank nor indented deeper."""
     pattern, found, base = re.compile(rf"\s*def\s+{re.escape(name)}\s*\("), None, 0
-    for line in _authors_cleanup(code).split("\n") if code else ():
+    for line in _authors_cleanup(code).split("\n"):
         if pattern.match(line):
-            found, base = [line], _authors_indent(line)
+            found, base = [line], len(line) - len(line.lstrip())
         elif found is not None:
             if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
                 break
@@ -544,10 +327,9 @@ def _authors_function(code, name):
 
 
 def _authors_is_wrapper(func):
-    """Their is_wrapper_function, on lines: skip blanks, comments, `def ` lines and docstrings;
-    a wrapper is nothing left, one line `return ...aux...` (`return aux(x) + 1` too), or
-    `v = aux(...)` then `return v`. Closing quotes alone on a line open a new docstring that never
-    closes, so a function with such a docstring is always a wrapper."""
+    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
+    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
+    `return ...aux...`, or `v = aux(...)` then `return v`."""
     body, in_doc = [], False
     for line in func.split("\n"):
         s = line.strip()
@@ -564,40 +346,22 @@ def _authors_is_wrapper(func):
     if not body:
         return True
     if len(body) == 1:
-        return body[0].startswith("return ") and AUX_NAME in body[0]
+        return body[0].startswith("return ") and "aux" in body[0]
     if len(body) == 2:
-        m = re.search(rf"(\w+)\s*=\s*{AUX_NAME}\s*\(", body[0])
+        m = re.search(r"(\w+)\s*=\s*aux\s*\(", body[0])
         return bool(m) and body[1] == f"return {m.group(1)}"
     return False
 
 
 def _authors_discards(func):
-    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (their regex
-    `aux\\s\\([^)]\\)`: one whitespace character before the parenthesis, one character inside), so
-    the usual `aux(x)` alone on a line never counts."""
-    lines = (line.strip() for line in func.split("\n"))
-    return AUX_NAME in func and any(re.search(rf"^{AUX_NAME}\s\([^)]\)$", s) for s in lines
-                                    if s and not s.startswith("#"))
+    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (one space, one
+    character inside), so `aux(x)` never counts."""
+    return any(re.search(r"^aux\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
-def _authors_tests(test, entry_point):
-    """Their extract_test_cases: the lines of check's body (up to a blank line + `def`) that start
-    with `assert`+whitespace and mention candidate, stripped, deduplicated, candidate renamed.
-    A multi-line assert is cut to its first line (a syntax error: failed); asserts on names set
-    by other statements of check (loops, setup) fail, as they did for them."""
-    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test or "", re.DOTALL)
-    if not m or not entry_point:
-        return []
-    lines = (line.strip() for line in m.group(1).strip().split("\n"))
-    cases = [s for s in lines if s.startswith("assert") and "candidate" in s
-             and re.match(r"assert\s+[^\n]*candidate", s)]
-    return [s.replace("candidate", entry_point) for s in dict.fromkeys(cases)]
-
-
-# Their test loop as a check() of one statement per test, so the sandbox times and counts each:
-# for `assert f(args) == expected` (the first `)` followed by `==`) they first eval the call and
-# the expected text in the program's globals and format both for a log line (a second call of the
-# function; an error there fails the test), then exec the assert line in those globals.
+# Their test loop, one check() statement a test so that the sandbox times and counts each: for
+# `assert f(args) == expected` they eval and format both sides for a log line (a second call; an
+# error fails the test), then exec the assert line, all in the program's globals.
 _AUTHORS_RUNNER = """
 def __authors_case(g, case, call):
     if call:
@@ -611,80 +375,130 @@ def check(candidate):
 """
 
 
-def _authors_check(cases):
-    """A HumanEval-style test whose check() replays their loop over `cases`."""
-    lines = []
-    for case in cases:
+def _authors_check(test, entry_point):
+    """Their tests (extract_test_cases: check's lines that start `assert` and name candidate, up to
+    a blank line and a `def`, deduplicated) as a check() that replays their loop; None if none."""
+    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
+    lines = (line.strip() for line in m.group(1).strip().split("\n")) if m else ()
+    cases = dict.fromkeys(s for s in lines if re.match(r"assert\s+[^\n]*candidate", s))
+    out = [_AUTHORS_RUNNER]
+    for case in (c.replace("candidate", entry_point) for c in cases):
         m = _AUTHORS_CALL.search(case)
         call = (f"{m.group(1)}({m.group(2)})", m.group(3)) if m else None
-        lines.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
-    return _AUTHORS_RUNNER + "".join(lines)
+        out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
+    return "".join(out) if cases else None
 
 
-def _authors_judge_text(aux, main, entry_point, imports=""):
-    """Their levels before the tests. L1: +0.4 for an `aux` and +0.6 for the entry function whose
-    text has `return` + whitespace; without the latter the reward stops. L2: +0.5 if the program
-    (their prompt imports, then aux and main each cleaned once more, joined by blank lines) passes
-    ast.parse (not compile: `break` outside a loop passes, then the program fails to load). And
-    their cooperation facts: calls aux = `aux(` anywhere in main's text (comments, strings, a
-    nested def aux count), their wrapper and discard rules."""
+def _authors_judge_text(item):
+    """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
+    `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
     r = CodeReward()
-    aux_fn, main_fn = _authors_function(_raw(aux), AUX_NAME), _authors_function(_raw(main), entry_point)
+    aux_fn = _authors_function(_raw(item.get("aux")), "aux")
+    main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
     r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
     aux_ok, main_ok = (re.search(r"return\s+", fn) is not None for fn in (aux_fn, main_fn))
     r.structure = 0.4 * aux_ok + 0.6 * main_ok
     if not main_ok:
-        return r
-    parts = (prompt_imports(imports, authors=True), _authors_cleanup(aux_fn), _authors_cleanup(main_fn))
+        return r, None
+    parts = (prompt_imports(item.get("imports"), authors=True), _authors_cleanup(aux_fn),
+             _authors_cleanup(main_fn))
     r.program = "\n\n".join(p for p in parts if p)
     try:
         ast.parse(r.program)
     except Exception as e:  # theirs caught SyntaxError only: NUL bytes, surrogates crashed it
         r.syntax_error = f"{type(e).__name__}: {e}"
-        return r
+        return r, None
     r.syntax = 0.5
-    r.calls_aux = re.search(rf"\b{AUX_NAME}\s*\(", main_fn) is not None
+    r.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
     r.wrapper, r.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
-    return r
-
-
-def _authors_code_reward_many(items, workers=None, timeout=None):
-    """The authors' code reward of each item (keys of code_reward; signature ignored). Their
-    tests run in our sandbox, AUTHORS_TEST_TIMEOUT seconds each (timeout overrides), given up
-    after 3 timeouts as they did; no assert line found (HumanEval/32): no test level, no bonus."""
-    judged = [_authors_judge_text(it.get("aux", ""), it["main"], it["entry_point"],
-                                  it.get("imports", "")) for it in items]
-    cases = [_authors_tests(it["test"], it["entry_point"]) if r.syntax else []
-             for it, r in zip(items, judged)]
-    todo = [i for i, c in enumerate(cases) if c]
-    if todo:
-        import sandbox
-        jobs = [(judged[i].program, _authors_check(cases[i]), items[i]["entry_point"]) for i in todo]
-        seconds = AUTHORS_TEST_TIMEOUT if timeout is None else timeout
-        reports = sandbox.run_tests_many(jobs, workers=workers, timeout=seconds,
-                                         max_timeouts=AUTHORS_MAX_TIMEOUTS)
-        for i, report in zip(todo, reports):
-            r = judged[i]
-            r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
-            r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
-            if r.passed > 0 and r.has_aux and r.calls_aux:
-                r.bonus = (0.5,) + ((1.0,) if not r.wrapper else ()) + ((-0.5,) if r.discards_aux else ())
-                r.coop = sum(r.bonus)
-    return judged
-
+    return r, _authors_check(item["test"], item["entry_point"])  # None: no tests, no bonus
 
 # -----------------------------------------------------------------------------
-# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style
-# Tokens are whitespace tokens; lengths are len() of the stripped texts; ratios are text 2 over
-# text 1. Words (vocabulary, Jaccard) are _WORD_RE matches of the lowercased text: punctuation
-# dropped, inner apostrophes kept. Unique words count every word; Jaccard drops STOPWORDS.
+# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS: the
+# authors' 12 categories and phrase lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py,
+# first release); a phrase may sit in two ("indeed": explanation and emphasis).
+
+TRANSITIONS = {
+    "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
+                    "what is more", "not only", "as well as", "along with", "coupled with", "together with",
+                    "likewise", "similarly", "equally important", "by the same token", "in the same way",
+                    "correspondingly", "in like manner", "comparatively", "analogously"],
+    "examples": ["for example", "for instance", "specifically", "particularly", "namely", "such as",
+                 "including", "especially", "in particular", "to illustrate", "as an illustration",
+                 "case in point", "to demonstrate", "as evidence", "to exemplify", "notably", "markedly",
+                 "chiefly", "mainly", "primarily", "above all", "most importantly"],
+    "explanation": ["that is", "in other words", "to put it simply", "to clarify", "indeed", "in fact",
+                    "actually", "clearly", "obviously", "to put it another way", "to rephrase",
+                    "more precisely", "specifically speaking", "what this means is", "the point is",
+                    "essentially", "basically", "fundamentally", "at its core", "in essence", "simply put",
+                    "stated differently"],
+    "cause_effect": ["therefore", "thus", "consequently", "as a result", "hence", "accordingly",
+                     "for this reason", "due to this", "because of this", "so", "then", "thereby",
+                     "wherefore", "thence", "ergo", "as a consequence", "in consequence", "it follows that",
+                     "this leads to", "this results in", "this causes", "this brings about", "owing to",
+                     "on account of", "thanks to", "resulting from"],
+    "contrast": ["however", "nevertheless", "nonetheless", "on the other hand", "in contrast", "while",
+                 "whereas", "although", "even though", "despite this", "but", "yet", "still", "conversely",
+                 "on the contrary", "rather", "instead", "alternatively", "otherwise", "in opposition",
+                 "by contrast", "contrarily", "notwithstanding", "regardless", "all the same", "even so",
+                 "be that as it may", "in any case", "at any rate"],
+    "sequence": ["first", "second", "third", "next", "then", "after that", "finally", "lastly", "initially",
+                 "subsequently", "meanwhile", "to begin with", "to start with", "in the beginning",
+                 "at first", "at the outset", "primarily", "secondly", "thirdly", "following this",
+                 "afterward", "later", "later on", "in the meantime", "simultaneously", "concurrently",
+                 "at the same time", "in conclusion", "to conclude", "ultimately", "in the end",
+                 "to summarize", "in summary"],
+    "emphasis": ["indeed", "certainly", "surely", "undoubtedly", "without doubt", "definitely",
+                 "absolutely", "positively", "unquestionably", "indubitably", "of course", "naturally",
+                 "obviously", "clearly", "evidently", "manifestly", "undeniably", "admittedly", "granted",
+                 "to be sure", "in fact", "as a matter of fact", "notably", "significantly"],
+    "summary": ["in summary", "in conclusion", "to summarize", "to conclude", "in short", "in brief",
+                "briefly", "to sum up", "on the whole", "overall", "all in all", "in essence",
+                "essentially", "basically", "fundamentally", "in the final analysis", "after all",
+                "ultimately", "in the end", "when all is said and done", "the bottom line is"],
+    "comparison": ["similarly", "likewise", "in the same way", "equally", "just as", "comparable to",
+                   "in comparison", "by the same token", "correspondingly", "in like manner",
+                   "along the same lines", "in similar fashion", "analogously", "by analogy", "just like",
+                   "much like", "as with"],
+    "concession": ["although", "though", "even though", "while", "whereas", "despite", "in spite of",
+                   "regardless of", "notwithstanding", "admittedly", "granted", "even if",
+                   "be that as it may", "nevertheless", "nonetheless", "however", "yet", "still",
+                   "all the same"],
+    "condition": ["if", "unless", "provided that", "assuming that", "supposing that", "in case",
+                  "in the event that", "on condition that", "given that", "as long as", "so long as",
+                  "only if", "even if", "whether or not", "should", "were", "had", "otherwise", "or else"],
+    "time": ["when", "while", "as", "after", "before", "until", "since", "during", "meanwhile",
+             "simultaneously", "at the same time", "concurrently", "previously", "formerly", "earlier",
+             "later", "afterward", "subsequently", "eventually", "finally", "recently", "lately",
+             "nowadays", "currently", "presently", "immediately"],
+}
+
+# The function words Jaccard drops: ours, the usual English list, and theirs (authors=True; README).
+STOPWORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further had
+has have having he her here hers herself him himself his how i if in into is it its itself just
+me more most my myself no nor not now of off on once only or other our ours ourselves out over own
+same she should so some such than that the their theirs them themselves then there these they
+this those through to too under until up very was we were what when where which while who whom
+why will with would you your yours yourself yourselves
+""".split())
+
+AUTHORS_STOPWORDS = frozenset("""
+a all also an and any are as at bad be been being both but by can could did do does each few first
+for from good great had has have he her here him his how i if in is it its just last left little
+long low many may me might more most much must my new no not now of old on only or other our own
+right same shall should so some such than that the their them then there these they this those to
+too us very was we were what when where which who why will with would you your
+""".split())
+
+_WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
+_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
 
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward; writing_reward is the shared logic.
-    A band (zero_lo, one_lo, one_hi, zero_hi) scores 1 on [one_lo, one_hi], ramps linearly to 0
-    at zero_lo and zero_hi, and *stops* the reward outside [zero_lo, zero_hi]."""
+    """The numbers of one leveled writing reward; a band is (zero_lo, one_lo, one_hi, zero_hi)."""
     tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
     length_band: tuple     # L2: character-length ratio c2 / c1
     unique_band: tuple     # L3: unique-word ratio u2 / u1
@@ -694,20 +508,17 @@ class WritingLevels:
     style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
-TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0),
-                     unique_band=(1.3, 2.0, math.inf, math.inf), jaccard_cap=0.03,
-                     transitions_in="second")
-# paper era; L4 weights are not stated for arXiv, we keep TLDR's 0.4 T + 0.6 J (as the authors'
-# code does) and count connectives in both texts: the union of the categories each one uses.
-ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5),
-                      unique_band=(0.5, 0.7, 1.3, 1.7), jaccard_cap=0.23, transitions_in="both")
+TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
+                     unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
+# The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
+ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5), jaccard_cap=0.23,
+                      unique_band=(0.5, 0.7, 1.3, 1.7), transitions_in="both")
 
 
 @dataclass
 class WritingReward:
-    """One joint action's writing reward: `levels` holds what each level added (a level that
-    stopped the reward is absent); the rest are diagnostics for logs, all of them filled in
-    whenever L1 passes, even where a later level stops the reward."""
+    """One joint action's writing reward: `levels`, what each level added (not the one that stopped
+    it); the rest are diagnostics for logs, all filled in when L1 passes."""
     levels: dict = field(default_factory=dict)  # structure, coordination, vocabulary, style (Sec. 5)
     tokens: tuple = (0, 0)
     length_ratio: float = 0.0
@@ -718,31 +529,22 @@ class WritingReward:
 
     @property
     def total(self):
-        return sum(self.levels.values(), 0.0)
+        return reduce(add, self.levels.values(), 0.0)  # as CodeReward.total
 
     def __float__(self):
         return float(self.total)
 
 
 def words(text, authors=False):
-    """Lowercased words, punctuation stripped (ours: inner apostrophes kept, "don't"; authors:
-    their \\b\\w+\\b, so "don't" is "don" and "t" and snake_case is one word)."""
+    """The lowercased words of text (ours keep inner apostrophes; authors: theirs, \\b\\w+\\b)."""
     return (_AUTHORS_WORD_RE if authors else _WORD_RE).findall(text.lower())
 
 
 def transition_categories(text, authors=False):
-    """The connective categories (of 12) that occur in text. Ours: a phrase matches consecutive
-    words. authors=True: their rule, a phrase anywhere in the lowercased text ("so" in "also",
-    "as" in "has", "if" in "life")."""
-    if authors:
-        low = text.lower()
-        return {cat for cat, phrases in TRANSITIONS.items() if any(p in low for p in phrases)}
-    ws, found = words(text), set()
-    for i, w in enumerate(ws):
-        for phrase, cat in _PHRASES.get(w, ()):
-            if ws[i:i + len(phrase)] == phrase:
-                found.add(cat)
-    return found
+    """The connective categories (of 12) in text: a phrase matches whole words (padded with spaces, in
+    the words joined by spaces); authors: anywhere in the lowercased text ("so" in "also")."""
+    pad, low = ("", text.lower()) if authors else (" ", f" {' '.join(words(text))} ")
+    return {cat for cat, phrases in TRANSITIONS.items() if any(f"{pad}{p}{pad}" in low for p in phrases)}
 
 
 def transition_score(n_categories):
@@ -751,8 +553,8 @@ def transition_score(n_categories):
 
 
 def jaccard(words1, words2, authors=False):
-    """|A & B| / |A | B| over the word sets without stopwords. When neither text has a word
-    left: 0 (ours), 1.0 (authors: two stopword-only texts earn the full Jaccard share)."""
+    """|A & B| / |A | B| over the word sets without stopwords; 0 when neither text has a word left
+    (authors: 1.0, the full Jaccard share)."""
     stop = AUTHORS_STOPWORDS if authors else STOPWORDS
     a, b = set(words1) - stop, set(words2) - stop
     if not a | b:
@@ -761,8 +563,8 @@ def jaccard(words1, words2, authors=False):
 
 
 def band_score(x, band):
-    """Trapezoid score in [0, 1] of x, or None (stop) when x is outside the band's zero edges.
-    The ramps are written as the authors write them, so both modes agree to the last bit."""
+    """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
+    outside them. The ramps are written as theirs: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
     if not zero_lo <= x <= zero_hi:
         return None
@@ -773,27 +575,13 @@ def band_score(x, band):
     return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
-def _ratio(denominator, numerator):
-    return numerator / denominator if denominator else 0.0
-
-
-def _raw(text):
-    """Model output as the authors' code saw it: a str, nothing stripped or normalised."""
-    if text is None:
-        return ""
-    return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
-
-
 def writing_reward(text1, text2, spec, authors=False):
-    """The leveled writing reward of two outputs under spec's numbers (Sec. 5); gated: the
-    first failed level ends the sum, the levels before it keep what they earned.
-    authors=True: the value of the authors' first release on any pair of texts (their words,
-    stopwords, substring connectives, raw lengths; the module docstring lists ours)."""
-    if authors:
-        t1, t2 = _raw(text1), _raw(text2)  # their lengths count surrounding whitespace
-    else:
-        t1, t2 = _clean(text1).strip(), _clean(text2).strip()
-    r = WritingReward(tokens=(len(t1.split()), len(t2.split())), length_ratio=_ratio(len(t1), len(t2)))
+    """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
+    level ends the sum. authors=True: their first release's value on any two texts."""
+    # theirs: the raw texts, so that lengths count the surrounding whitespace
+    t1, t2 = (_raw(t) if authors else _clean(t).strip() for t in (text1, text2))
+    r = WritingReward(tokens=(len(t1.split()), len(t2.split())))
+    r.length_ratio = len(t2) / len(t1) if t1 else 0.0
     w_tokens, w_length, w_vocab, w_style = spec.weights
     lo, hi = spec.tokens
     if not all(lo <= n <= hi for n in r.tokens):
@@ -805,7 +593,8 @@ def writing_reward(text1, text2, spec, authors=False):
         found = transition_categories(t1 + t2, authors=True)  # one string: a match may span the seam
     else:
         found = transition_categories(t1) | transition_categories(t2)
-    r.unique_ratio, r.jaccard = _ratio(len(set(w1)), len(set(w2))), jaccard(w1, w2, authors)
+    r.unique_ratio = len(set(w2)) / len(set(w1)) if w1 else 0.0
+    r.jaccard = jaccard(w1, w2, authors)
     r.categories, r.transition = len(found), transition_score(len(found))
     r.levels["structure"] = w_tokens
     for name, x, band, weight in (("coordination", r.length_ratio, spec.length_band, w_length),
@@ -835,14 +624,9 @@ _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 
 
 def split_single_output(text, authors=False):
-    """The two parts of a single model's output, for the writing rewards (the GRPO baseline: one
-    model writes both). The authors' rule (OpenMLRL/LLM_Collab_Writing train_grpo.py, first
-    release): the stripped text cut at the first [PARAGRAPH_SPLIT], else at the first
-    "Paragraph 2:" (any case), each part stripped and a leading "Paragraph 1:" / "Paragraph 2:"
-    label removed. With neither marker theirs (authors=True) cuts at a third of the characters,
-    mid-word too; ours also accepts a line of only --- (before the "Paragraph 2:" marker), and
-    otherwise keeps the whole text as part 1 and an empty part 2, so an output that ignored the
-    format earns nothing (L1 needs words in both parts) instead of a reward for an arbitrary cut."""
+    """The two parts of one model's output (the GRPO baseline), cut as theirs (LLM_Collab_Writing
+    train_grpo.py) at [PARAGRAPH_SPLIT], else "Paragraph 2:", labels removed; ours also at a line
+    of ---, and without a marker no second part (theirs: a third of the characters; README)."""
     text = _raw(text).strip()
     if SPLIT_MARK in text:
         first, second = text.split(SPLIT_MARK, 1)
@@ -850,10 +634,8 @@ def split_single_output(text, authors=False):
         first, second = _DASH_LINE.split(text, 1)
     elif m := _PARA2.search(text):
         first, second = text[:m.start()], text[m.end():]
-    elif authors:
-        cut = len(text) // 3 or 1
-        first, second = text[:cut], text[cut:]
     else:
-        first, second = text, ""
+        cut = (len(text) // 3 or 1) if authors else len(text)
+        first, second = text[:cut], text[cut:]
     return (re.sub(r"^Paragraph 1:\s*", "", first.strip(), flags=re.IGNORECASE),
             re.sub(r"^Paragraph 2:\s*", "", second.strip(), flags=re.IGNORECASE))

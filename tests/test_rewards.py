@@ -186,9 +186,9 @@ def test_many_sends_only_parsing_programs(fake_sandbox):
     assert all(job[0] == r.program for job, r in zip(fake_sandbox.jobs, [r for r in rs if r.n_tests]))
 
 
-def test_no_tests_passed_means_no_bonus(monkeypatch):
-    fake = types.SimpleNamespace(run_tests=lambda *a, **k: types.SimpleNamespace(passed=0, total=3))
-    monkeypatch.setitem(sys.modules, "sandbox", fake)
+def test_no_tests_passed_means_no_bonus(fake_sandbox, monkeypatch):
+    monkeypatch.setattr(fake_sandbox, "run_tests_many",
+                        lambda jobs, **kw: [types.SimpleNamespace(passed=0, total=3) for _ in jobs])
     r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST)
     assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.5)
 
@@ -216,7 +216,8 @@ def test_aux_without_return(fake_sandbox):
     assert r.structure == pytest.approx(0.6) and r.has_aux
 
 
-CHECK3 = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n    assert candidate(3) == 4\n"
+CHECK3 = ("def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
+          "    assert candidate(3) == 4\n")
 
 
 def test_code_reward_reports_sandbox_error():
@@ -228,7 +229,8 @@ def test_code_reward_reports_sandbox_error():
     test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
     r = code_reward("", main, "f", test, imports="import math")  # encode is missing
     assert r.sandbox_error and "encode" in r.sandbox_error
-    r = code_reward("", main, "f", test, imports="import math", test_setup="def encode(x):\n    return 2 * x\n")
+    r = code_reward("", main, "f", test, imports="import math",
+                    test_setup="def encode(x):\n    return 2 * x\n")
     assert r.sandbox_error is None and r.passed == 1
 
 
@@ -237,6 +239,8 @@ def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
     r = code_reward("", main, "f", CHECK3)
     assert r.sandbox_error and r.passed == 0
     [r] = code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
+    assert r.sandbox_error and r.passed == 0
+    r = code_reward("", main, "f", CHECK3, authors=True)  # the authors' reward, the same one path
     assert r.sandbox_error and r.passed == 0
 
 # -----------------------------------------------------------------------------
@@ -461,11 +465,13 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
     "break_outside_loop_parses": (AUX, f("break\nreturn 2 * x + 1"), TEST, 1.5, 1.0),
     "sentence_line_dropped": (AUX, f("Note: this doubles x and adds one.\nreturn 2 * x + 1"), TEST, 2.5, 1.0),
     "multiline_assert_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
-                               "    assert candidate(1) == \\\n        3\n    assert candidate(2) == 5\n", 3.5, 4.0),
+                               "    assert candidate(1) == \\\n        3\n"
+                               "    assert candidate(2) == 5\n", 3.5, 4.0),
     "assert_in_loop_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                              "    for x in (1, 2):\n        assert candidate(x) == 2 * x + 1\n", 1.5, 4.0),
     "no_assert_line_no_tests": (AUX, f("y = aux(x)\nreturn y + 1"),
-                                "def check(candidate):\n    ok = candidate(1) == 3\n    assert ok\n", 1.5, 4.0),
+                                "def check(candidate):\n    ok = candidate(1) == 3\n    assert ok\n",
+                                1.5, 4.0),
     "duplicate_asserts_once": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                                "    assert candidate(1) == 3\n    assert candidate(1) == 3\n"
                                "    assert candidate(2) == 4\n", 3.5, 3.6666666666666665),
@@ -475,7 +481,8 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
     "a_third_wrapper_discard": (AUX, 'def f(x):\n    """Doc\n    """\n    aux (x)\n    return 3\n', TEST3,
                                 1.833333333333333, 2.833333333333333),
     "fences_and_prose": ("Helper:\n```python\ndef aux(x):\n    return 2 * x\n```\nDone.",
-                         "```python\ndef f(x):\n    y = aux(x)\n    return y + 1\n```\nThis works.", TEST, 4.0, 4.0),
+                         "```python\ndef f(x):\n    y = aux(x)\n    return y + 1\n```\nThis works.",
+                         TEST, 4.0, 4.0),
 }
 
 
@@ -532,6 +539,13 @@ def test_code_reward_authors_bonus_order():
     1.5 + 1/3 + 0.0 in floats."""
     r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, coop=0.0, bonus=(0.5, -0.5))
     assert float(r) == 1.833333333333333 != 1.0 + 0.5 + 1 / 3 + 0.0
+
+
+def test_writing_reward_authors_adds_levels_in_order():
+    """Their total is `reward += level` level by level; sum() rounds otherwise from Python 3.12."""
+    levels = dict(structure=0.5, coordination=0.7867867867867869, vocabulary=0.5, style=0.6)
+    r = R.WritingReward(levels=levels)
+    assert float(r) == ((0.5 + 0.7867867867867869) + 0.5) + 0.6 == 2.386786786786787
 
 
 def test_prompt_imports_authors():

@@ -13,6 +13,7 @@ docstring says. Leftover processes are found by a random tag put in the sandbox'
 which every descendant inherits (their pids inside a pid namespace mean nothing out here).
 """
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -113,8 +114,8 @@ def test_inside_functions_use_only_builtins_and_each_other():
     _BOOT gives them, no defaults."""
     import builtins
     import dis
-    modules = {"marshal", "os", "select", "sys", "time"}
-    assert "import marshal, os, select, sys, time\n" in sandbox._BOOT
+    modules = {"json", "marshal", "os", "select", "signal", "sys", "time"}
+    assert "import json, marshal, os, select, signal, sys, time\n" in sandbox._BOOT
     names = {f.__name__ for f in sandbox._INSIDE} | modules
 
     def global_loads(co):
@@ -408,6 +409,22 @@ def test_run_leaves_nothing_for_the_next_run(level):
     assert r.stdout.split() == ["False"] * 4, r.stdout + r.stderr
     if level == "rlimits" and os.path.exists(f"/tmp/{mark}"):
         os.remove(f"/tmp/{mark}")
+
+
+def test_run_tests_leave_nothing_in_stdin(level):
+    """A program can reopen its stdin for writing (/proc/self/fd/0): each run has its own, at EOF,
+    so nothing written there reaches the next run."""
+    writer = code("""
+        import os
+        os.write(os.open('/proc/self/fd/0', os.O_WRONLY | os.O_NONBLOCK), b'leaked\\n')
+        def f(x):
+            return 0
+        """)
+    assert sandbox.run_tests(writer, "def check(candidate):\n    assert candidate(1) == 0\n", "f",
+                             isolation=level).all_passed
+    test = "def check(candidate):\n    try:\n        candidate(1)\n    except EOFError:\n        pass\n" \
+           "    else:\n        assert False\n"
+    assert sandbox.run_tests("def f(x):\n    return input()\n", test, "f", isolation=level).all_passed
 
 
 def test_run_python_from_a_virtualenv_in_tmp(level):
@@ -1230,11 +1247,15 @@ PLAIN = [None, True, False, 0, -7, 2 ** 200, -(2 ** 9000), 1.5, float("inf"), -0
          (1, [2, {3: (4,)}]), {"a": {1, 2}, (1, 2): [None]}, [[[[[]]]]]]
 
 
+def decode(line):  # as the tester reads a reply line
+    return sandbox._decode(json.loads(line), 0)
+
+
 @pytest.mark.parametrize("value", PLAIN, ids=[repr(v)[:20] for v in PLAIN])
 def test_encode_decode_round_trip(value):
-    got = sandbox._decode(sandbox._encode(value, 0))
+    got = decode(json.dumps(sandbox._encode(value, 0)))
     assert repr(got) == repr(value) and type(got) is type(value)
-    nan = sandbox._decode(sandbox._encode(float("nan"), 0))
+    nan = decode(json.dumps(sandbox._encode(float("nan"), 0)))
     assert type(nan) is float and nan != nan
 
 
@@ -1248,12 +1269,15 @@ def test_encode_refuses_anything_else(value):
         sandbox._encode(value, 0)
 
 
-@pytest.mark.parametrize("data", [b"", b"N N", b"X", b"i", b"i3:0x", b"i2:zz", b"s5:ab", b"l2:N",
-                                  b"S1:l0:", b"d1:l0:N", b"l99999999999:N", b"f3:abc", b"c1:\xff",
-                                  b"l1:" * 200 + b"N", b"s-1:", b"s1:\xff\xfe" + b"N" * 10])
-def test_decode_rejects_garbage(data):
-    with pytest.raises((ValueError, TypeError)):
-        sandbox._decode(data)
+@pytest.mark.parametrize("line", [
+    b"", b"N N", b"[", b'"\xff"', b'"a" "b"', b"1", b"1.5", b"NaN", b"{}", b"[null, null]",
+    b'["int"]', b'["int", 5]', b'["int", "zz"]', b'["int", "0x1", 2]', b'["str", "x"]',
+    b'["float", "abc"]', b'["complex", "1+"]', b'["bytes", "\\u0100"]', b'["list", "x"]',
+    b'["frozenset", []]', b'["tuple", [1]]', b'["set", [["list", []]]]',
+    b'["dict", [["list", []], null]]', b'["list", [' * 200 + b"null" + b"]]" * 200])
+def test_decode_rejects_garbage(line):
+    with pytest.raises((ValueError, TypeError, RecursionError)):
+        decode(line)
 
 # ------------------------------------------------------------------------------------------
 # HumanEval: every canonical solution passes, broken ones do not
