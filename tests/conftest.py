@@ -4,7 +4,12 @@ sandbox that cannot start.
 Tiny random models write random bytes: on the coding and writing envs every joint answer scores 0,
 so every advantage is 0 and nothing is trained. `script_agents` makes the team's sampler return
 chosen texts instead (tokenized for real, so the log-prob pass and the update run on them as on
-sampled text): rewards differ within each group and the update can be checked."""
+sampled text): rewards differ within each group and the update can be checked.
+
+The suite runs in the code's dependency order: the unit tests of each function first, end-to-end
+runs last, so when a course blanks a function the first failures name it."""
+import os
+
 import pytest
 import torch
 
@@ -53,3 +58,18 @@ def broken_fork_server(monkeypatch):
     monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
     yield
     sandbox._stop_fork_server()
+
+
+# Unit tests by module, in the dependency order of the code (sandbox <- rewards <- envs, magrpo
+# before what uses it): a blanked function fails first in its own module's tests, not in a later
+# module's test that happens to call it.
+FILE_ORDER = ["test_sandbox.py", "test_rewards.py", "test_magrpo.py", "test_envs.py", "test_eval.py",
+              "test_team.py", "test_lora.py", "test_train.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        kind = 2 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("integration") else 0
+        name = os.path.basename(str(item.path))
+        return kind, FILE_ORDER.index(name) if name in FILE_ORDER else len(FILE_ORDER)
+    items.sort(key=rank)  # stable: within a rank, the file's own order
