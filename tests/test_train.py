@@ -351,7 +351,7 @@ def test_save_checkpoint_fails_whole_whatever_writer_fails(tmp_path, monkeypatch
 
 def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tmp_path, monkeypatch, capsys,
                                                                                  uninterrupted):
-    """The disk fills during step 2 and stays full: metrics.jsonl and curve.svg warn once each, the
+    """The disk fills during step 2 and stays full: completions, metrics and curve warn once each, the
     save at 4 and the final one fail; the run ends with one line naming checkpoint-2. Once there is
     room again, --resume gives the uninterrupted run (the half-written row cut away)."""
     out = tmp_path / "run"
@@ -361,7 +361,8 @@ def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tm
         train.train(train.parse_args(QUICK + ["--save-every", "2", "--out", str(out)]))
     messages = [str(w.message) for w in warned if "could not" in str(w.message)]
     assert [m.split(" (")[0] for m in messages] == [
-        f"could not write {out}/metrics.jsonl", "could not save checkpoint-4",
+        f"could not write {out}/completions.jsonl", f"could not write {out}/metrics.jsonl",
+        "could not save checkpoint-4",
         f"could not write {out}/curve.svg"]
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
@@ -374,6 +375,8 @@ def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tm
     monkeypatch.undo()  # room again
     train.train(train.parse_args(QUICK + ["--save-every", "2", "--resume", "--out", str(out)]))
     assert same_run(rows_of(out), uninterrupted)
+    steps = [json.loads(line)["step"] for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and set(steps) == set(range(len(uninterrupted)))
 
 
 def test_save_final_that_fails_names_the_last_checkpoint_and_resume_finishes(tmp_path, monkeypatch, capsys):
@@ -436,6 +439,8 @@ def test_a_full_disk_on_a_small_tmpfs_ends_the_run_in_one_line_and_resume_finish
     assert [c[0] for c in models.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
     train.train(train.parse_args(QUICK + ["--save-every", "2", "--resume", "--out", str(out)]))
     assert same_run(rows_of(out), uninterrupted)
+    steps = [json.loads(line)["step"] for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and set(steps) == set(range(len(uninterrupted)))
 
 
 def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_path, monkeypatch,
