@@ -38,9 +38,8 @@ PAPER_DEFAULTS = dict(temperature=0.8, top_p=0.95, max_new_tokens=256, test_time
 
 
 def pass_at_k(n, c, k):
-    """The unbiased pass@k of one problem with n samples of which c are correct (Chen et al. 2021):
-    1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms
-    the huge binomials. 1.0 when n - c < k (every k-subset holds a correct sample)."""
+    """Unbiased pass@k of n samples, c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), as
+    1 - prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials); 1.0 when n - c < k."""
     if n - c < k:
         return 1.0
     prod = 1.0
@@ -54,8 +53,8 @@ def _number(v):
 
 
 def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
-    """One joint sample's numbers: float(reward), its levels and numeric dataclass fields (a tuple t as t_0,
-    t_1, ...). A magrpo.ScoreError, or a reward float() refuses, is reward 0 with its error kept."""
+    """One joint sample's numbers: float(reward), its levels and numeric fields (a tuple t as t_0, t_1,
+    ...); a magrpo.ScoreError, or a reward float() refuses, is reward 0 with its error kept."""
     error = reward.error if isinstance(reward, magrpo.ScoreError) else None  # its float() is 0
     rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "outputs": outputs, "error": error,
            "levels": {}, "fields": {}}
@@ -121,8 +120,8 @@ def aggregate(problems, ks):
     return metrics, details
 
 # -----------------------------------------------------------------------------
-# Sampling: a method turns B problems into B * N joint samples per turn (N = --num-samples), row
-# b * N + g problem b's g-th; with the same seeds, discussion's first round is exactly concat's samples.
+# Sampling: B problems give B * N joint samples per turn (N = --num-samples), row b * N + g problem
+# b's g-th; with the same seeds, discussion's first round is exactly concat's samples.
 
 
 @dataclasses.dataclass
@@ -139,8 +138,8 @@ def problem_seeds(args, start, B):
 
 
 def sample_cfg(args):
-    """N samples per problem, each revised at every later turn unless solved (carried over as it is);
-    --authors-rewards with no --termination-threshold revises every one, as the authors' evaluation."""
+    """N samples per problem, each revised at every later turn unless solved; --authors-rewards with
+    no --termination-threshold revises every one, as the authors' evaluation."""
     cfg = magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
     if args.authors_rewards and args.termination_threshold is None:
         cfg.termination_threshold = math.inf
@@ -236,7 +235,7 @@ RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
 
 def score_batch(env, batch, samples, single=False):
     """A turn's sample records, per problem; what the sampler did not score goes through
-    magrpo.score_joint, identical outputs of one problem once (the oracle's copies, repeats)."""
+    magrpo.score_joint, identical outputs of one problem once."""
     N = len(samples) // len(batch)
     unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
     one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
@@ -332,8 +331,8 @@ def unsupported(env, examples, method):
 
 
 class Team:
-    """Every method's agents. A model named twice on one device loads once (nothing is trained), but a
-    tiny one per seed (its random init); LoRA agents on one base and device share it (self.bases)."""
+    """Every method's agents; a model named twice on one device loads once (a tiny one per seed), LoRA
+    agents on one base and device share it (self.bases)."""
 
     def __init__(self, args, names, n):
         self.args, self.cache, self.bases = args, {}, {}
@@ -367,8 +366,8 @@ class Team:
 
 
 def trained_dirs(out, n):
-    """A train.py run's final agents (OUT/agent_i, complete when OUT/final.json exists), else those of
-    its latest complete checkpoint (the run did not finish: said on stderr)."""
+    """A train.py run's final agents (OUT/agent_i, with OUT/final.json), else its latest complete
+    checkpoint's (said on stderr)."""
     dirs = [os.path.join(out, f"agent_{i}") for i in range(n)]
     if not os.path.isfile(os.path.join(out, "final.json")):
         checkpoint = models.latest_checkpoint(out)

@@ -1,10 +1,9 @@
 """
 MAGRPO: Multi-Agent Group Relative Policy Optimization, one function per idea, in the paper's order.
 
-Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (Liu et al., arXiv 2508.04652).
-n agents cooperate on one task; each agent i sees only its own prompt h_i and samples G completions
-from its own policy (generate); the g-th completions of all agents form the g-th joint action
-(joint_actions), which the environment scores with one shared reward R^(g) (score_joint). Then:
+Paper: Liu et al., arXiv 2508.04652. n agents cooperate on one task; each agent i sees only its own
+prompt h_i and samples G completions from its own policy (generate); the g-th completions of all
+agents form the g-th joint action (joint_actions), scored with one shared reward R^(g) (score_joint):
 
     Eq. 1   A^(g) = R^(g) - mean_g' R^(g')                           -> group_advantages
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ]  -> completion_logprobs, policy_loss
@@ -125,8 +124,7 @@ class Rollout:
 
 
 def eos_token_ids(model, tokenizer):
-    """Every id that ends a completion: the tokenizer's EOS and the model's generation_config EOS
-    (instruct models often have two, e.g. Qwen's <|im_end|> and <|endoftext|>)."""
+    """The ids that end a completion: the tokenizer's EOS and generation_config's (e.g. Qwen's two)."""
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = {tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])} - {None}
     if not ids:
@@ -148,16 +146,15 @@ def positions_from_mask(mask):
 
 
 def last_logits_only(model, n):
-    """model(...) kwargs for the last n positions' logits only, where supported: a 150k vocabulary
-    makes full-prompt logits the largest tensor of a step."""
+    """model(...) kwargs for the last n positions' logits only (a 150k vocabulary's full logits are
+    a step's largest tensor), where supported."""
     keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
     return {"logits_to_keep": n} if keeps else {}
 
 
-# Seeds: every prompt has its own seed (from the run's seed, the step, the example, the agent, the
-# turn), and row g draws its t-th token from a uniform number hashed from (that seed, g, t). So a
-# completion never depends on the other prompts of its generate call, on rows that finished early, or
-# on how a batch is split over calls or processes.
+# Seeds: every prompt has its own (from the run's seed, the step, the example, the agent, the turn),
+# and row g draws its t-th token from a uniform hashed from (that seed, g, t): a completion never
+# depends on the other prompts of its call, on rows that finished early, or on how a batch is split.
 _MASK64, _GOLDEN = (1 << 64) - 1, 0x9E3779B97F4A7C15  # splitmix64's increment
 
 

@@ -24,15 +24,14 @@ import torch
 from magrpo import Agent
 
 TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
-# It learns from scratch (high lr, short outputs, big groups) and its code never runs long (train.py and
-# eval.py read these; real models get the paper's).
+# It learns from scratch (high lr, short outputs, big groups); train.py and eval.py read these.
 TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
                      temperature=1.0, top_p=1.0, test_timeout=3.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CHECKPOINT_STATE = "trainer_state.json"  # in every checkpoint-<step>: the step, the args, each file's size
+CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint: the step, the args, each file's size
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
-TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: the seed its random base is built from
+TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: its random base's seed
 # peft's default targets (Qwen2/Llama: every attention and MLP projection; GPT-2's Conv1D layers)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
@@ -224,9 +223,8 @@ def shared_base(name, device, dtype, seed, bases):
 
 
 def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
-    """(model, tokenizer) of a LoRA agent: a saved adapter directory (ours or peft's) loads as its base
-    + that adapter, trainable (`lora`, if given, must match it); another model name becomes base + a
-    new adapter of shape `lora`, A from `seed`. A tiny base is built from base_seed (default seed)."""
+    """(model, tokenizer) of a LoRA agent: an adapter directory (ours or peft's) loads as its base +
+    that adapter (`lora`, if given, must match); another name becomes base + a new adapter `lora`."""
     bases = {} if bases is None else bases
     if not is_adapter(name):
         if name != TINY and os.path.isdir(name):
@@ -425,8 +423,7 @@ def per_agent(values, n, flag):
 
 def agent_devices(device, n, local_rank=0, local_world=1):
     """One device per agent from --device; "auto" puts agent i on GPU i mod the GPU count (two 3B agents
-    with their optimizers do not fit one 80 GB GPU), else the CPU. Under torchrun, process
-    `local_rank` of `local_world` on a node spreads its agents over its own share of the GPUs."""
+    and their optimizers overflow an 80 GB GPU), else the CPU; under torchrun, on this process's share."""
     devices, gpus = [d.strip() for d in device.split(",") if d.strip()], torch.cuda.device_count()
     if devices != ["auto"] or not gpus:
         return per_agent(devices if devices != ["auto"] else ["cpu"], n, "--device")

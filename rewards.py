@@ -1,19 +1,17 @@
 """
 The shared rewards of the paper's collaboration tasks: one number R(a_1, a_2) per joint action.
 
-Paper: "LLM Collaboration With Multi-Agent Reinforcement Learning" (arXiv 2508.04652). The
-rewards are *leveled*: a level adds only when the ones before it are met, so an early failure
-gives a small, informative reward instead of noise from the later levels.
+Paper: arXiv 2508.04652. The rewards are *leveled*: a level adds only when the ones before it are
+met, so an early failure gives a small, informative reward.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
     arXiv (Sec. 5, max 3.0)  same levels, other numbers                             arxiv_reward
     single-agent writing: split_single_output(text) -> the two parts to score
 
-Model code never runs in this process (sandbox.py runs the tests); the rest is stdlib text
-processing that never raises on model output (empty, prose, broken unicode, NUL bytes, megabytes).
-authors=True gives the value of the authors' first release on any output (their files, and where
-ours depart: README, "The authors' rewards, exactly").
+Model code runs only in sandbox.py; the text levels never raise on model output (empty, prose,
+broken unicode, NUL bytes, megabytes). authors=True: the values of the authors' first release
+(README, "The authors' rewards, exactly").
 
 Try it:
     python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
@@ -240,12 +238,10 @@ def _judge_tests(r, report, authors):
 
 def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
                 test_setup=None, authors=False):
-    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux (the
-    single-agent baseline). aux, main: raw outputs; test: `def check(candidate): ...`; imports: code
-    before aux (prompt_imports(prompt), or the prompt's context with its helpers); signature: main's
+    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
+    raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
     header, for a body-only output; timeout: per test (None: the sandbox's, or the authors' 10 s);
-    test_setup: code the test needs (None: imports). authors=True: theirs (imports: the raw prompt;
-    no signature)."""
+    test_setup: code the test needs (None: imports)."""
     item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
                 signature=signature, test_setup=test_setup)
     return code_reward_many([item], timeout=timeout, authors=authors)[0]

@@ -31,8 +31,7 @@ import eval as evaluation
 import magrpo
 import models
 
-# Real models start from the paper's settings (Sec. 2: G = 4, lr 1e-5, 256 tokens; the env's own
-# defaults, the authors' configs, come first); the tiny model has its own (models.TINY_DEFAULTS).
+# Real models: the env's defaults (the authors' configs), else the paper's (Sec. 2); tiny: its own.
 PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
                       temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
@@ -90,8 +89,7 @@ def resolve_flags(args):
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model, or a checkpoint's (weights and optimizer state), on
-    this process's devices. LoRA agents on one base and device share one frozen copy of it (so
-    --device auto puts them all on one GPU, the process's first)."""
+    this process's devices; LoRA agents on one base (--device auto: one GPU) share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
@@ -265,9 +263,8 @@ def episode_summary(turns):
 
 
 def episode_metrics(summary, num_turns):
-    """A step's row of metrics.jsonl from its (merged) summary: turn 1's reward_mean/std/max and
-    levels, per turn t reward_mean_turn{t}, reward_max_turn{t}, terminated_turn{t}, its levels and
-    improvement_turn{t} (t > 1; None for a turn no node reached), sandbox_errors, score_errors."""
+    """A step's row of metrics.jsonl from its (merged) summary (the keys: README, "Real models on a
+    GPU"); None for a turn no node reached."""
     def level_means(levels, suffix=""):  # a level a reward lacks (gated off) counts 0
         names = dict.fromkeys(k for lv in levels for k in lv)
         return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels)
@@ -348,8 +345,7 @@ class SaveFailed(Exception):
 @contextlib.contextmanager
 def saving(out, what, *tmps):
     """Any failure of a save as SaveFailed naming its cause and the newest complete checkpoint, the
-    partial copies `tmps` removed (a full disk raises OSError in os, SafetensorError in safetensors,
-    RuntimeError in torch.save, a bare Exception in tokenizers)."""
+    partial copies `tmps` removed (a full disk raises OSError, SafetensorError, RuntimeError...)."""
     try:
         yield
     except Exception as e:
@@ -364,10 +360,9 @@ def saving(out, what, *tmps):
 
 
 def save_checkpoint(out, step, agents, args, logs=()):
-    """OUT/checkpoint-<step> (HF Trainer's name): each agent's weights and optimizer state, the RNG
-    states, the step and args, once the `logs` (RunFiles) hold every row before it. Written aside,
-    fsync'd and renamed into place: a kill at any instant leaves the last complete checkpoint or
-    this one. Keeps the newest --save-total-limit. SaveFailed (a full disk) keeps the earlier ones."""
+    """OUT/checkpoint-<step>: each agent's weights and optimizer state, the RNG states, the step and
+    args, once the `logs` hold every row before it. Written aside, fsync'd and renamed into place: a
+    kill at any instant leaves the last complete checkpoint or this one. Keeps --save-total-limit."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
@@ -405,8 +400,7 @@ def save_checkpoint(out, step, agents, args, logs=()):
 
 def save_final(out, step, agents, merged=False):
     """OUT/agent_i (eval.py --agents OUT reads them), hard links to checkpoint-<step>'s files where it
-    can, then OUT/final.json (without it they are not final); `merged`: a LoRA agent also as a full HF
-    model in OUT/agent_i/merged. SaveFailed on a full disk."""
+    can, then OUT/final.json; `merged`: a LoRA agent also as a full model in OUT/agent_i/merged."""
     tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
     with saving(out, f"the trained agents in {out}", *tmps):
         with contextlib.suppress(FileNotFoundError):
@@ -445,9 +439,8 @@ def cut_metrics(path, step):
 
 
 class RunFile:
-    """A file the run writes as it goes (metrics.jsonl, curve.svg): a failed write (a full disk) warns
-    once and the run goes on; lines appended in vain are written with the next ones, over what the
-    failure left half written, so the file catches up once the disk has room."""
+    """A file the run writes as it goes: a failed write (a full disk) warns once and the run goes on;
+    the lines not written are written with the next ones, so the file catches up once there is room."""
 
     def __init__(self, path):
         self.path, self.pending, self.warned = path, "", False
