@@ -63,8 +63,8 @@ def parse_args(argv=None):
 
 
 def resolve_flags(args):
-    """Fill the defaults (the tiny model's, or the env's and the paper's), build the env, check every
-    flag that needs no model -> (env, Config); args then holds the values the run uses (args.json)."""
+    """Fill the defaults, build the env, check every flag that needs no model -> (env, Config); args
+    then holds the values the run uses (args.json)."""
     tiny = all(m == models.TINY for m in models.model_names(args))
     if args.test_timeout is None:  # (the env needs it)
         args.test_timeout = (models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS)["test_timeout"]
@@ -477,8 +477,8 @@ class Stop(Exception):  # raised by the signal handler while the step can be aba
 
 
 class Signals:
-    """A signal abandons the step while it samples (nothing has changed yet), else waits for its
-    update to end (no agent holds half an update); then a checkpoint, exit 128 + the signal."""
+    """A signal abandons the step while it samples, else waits for its update to end (no agent holds
+    half an update); then a checkpoint, exit 128 + the signal."""
 
     def __init__(self):
         self.received, self.abandonable = None, False
@@ -529,8 +529,8 @@ def weights_digest(agents):
 
 
 def check_ranks_agree(agents):
-    """Every process's agents must stay identical (the same summed gradients and steps): compare their
-    digests at every checkpoint; a difference is a bug: stop rather than save either copy."""
+    """Every process's agents must stay identical: compare their digests at every checkpoint; a
+    difference is a bug: stop rather than save either copy."""
     digests = gather(weights_digest(agents))
     if any(d != digests[0] for d in digests):
         raise RuntimeError(f"the processes' agents differ: {digests}")
@@ -555,8 +555,8 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
 
 
 def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve as a small hand-written SVG: turn 1's reward and levels, the last turn's
-    reward, the in-training eval reward, each smoothed by a running mean over 1/30 of the run."""
+    """The learning curve as a small SVG: turn 1's reward and levels, the last turn's reward, the
+    in-training eval reward, each a running mean over 1/30 of the run."""
     last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
     keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
     keys += [f"reward_mean_turn{last}"] * (last > 1) + ["eval_reward_mean"]
@@ -586,4 +586,8 @@ def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    try:
+        train(parse_args())
+    finally:  # gloo's threads must end before the interpreter's exit ("terminate called", SIGABRT)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
