@@ -63,8 +63,7 @@ def parse_args(argv=None):
 
 
 def resolve_flags(args):
-    """Fill the defaults, build the env, check every flag that needs no model -> (env, Config); args
-    then holds the values the run uses (args.json)."""
+    """Defaults filled, the env built, every flag that needs no model checked -> (env, Config)."""
     tiny = all(m == models.TINY for m in models.model_names(args))
     if args.test_timeout is None:  # (the env needs it)
         args.test_timeout = (models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS)["test_timeout"]
@@ -88,8 +87,8 @@ def resolve_flags(args):
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
-    """(agents, expert): the agents of --model, or a checkpoint's (weights and optimizer state), on
-    this process's devices; LoRA agents on one base (--device auto: one GPU) share its frozen copy."""
+    """(agents, expert): the agents of --model or a checkpoint, on this process's devices; LoRA
+    agents on one base share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
@@ -249,7 +248,7 @@ def completion_rows(step, indices, turns):
 
 def episode_summary(turns):
     """Per turn, plain lists (gathered under torchrun): each node's reward, levels, solved flag; each
-    revised group's mean reward minus its parent's; the errors."""
+    revised group's mean reward minus its parent's."""
     out = []
     for t, turn in enumerate(turns):
         values, rewards = turn.values(), turn.rewards
@@ -263,8 +262,7 @@ def episode_summary(turns):
 
 
 def episode_metrics(summary, num_turns):
-    """A step's row of metrics.jsonl from its (merged) summary (the keys: README, "Real models on a
-    GPU"); None for a turn no node reached."""
+    """A step's row of metrics.jsonl from its (merged) summary; None for a turn no node reached."""
     def level_means(levels, suffix=""):  # a level a reward lacks (gated off) counts 0
         names = dict.fromkeys(k for lv in levels for k in lv)
         return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels)
@@ -529,8 +527,7 @@ def weights_digest(agents):
 
 
 def check_ranks_agree(agents):
-    """Every process's agents must stay identical: compare their digests at every checkpoint; a
-    difference is a bug: stop rather than save either copy."""
+    """Every process's agents must stay identical: a difference is a bug: stop rather than save."""
     digests = gather(weights_digest(agents))
     if any(d != digests[0] for d in digests):
         raise RuntimeError(f"the processes' agents differ: {digests}")
@@ -543,8 +540,7 @@ def world():
 
 
 def my_share(items):
-    """This process's contiguous share of a step's items (with the prompts' own seeds, N processes
-    sample exactly what one samples)."""
+    """This process's contiguous share of a step's items (N processes sample what one samples)."""
     r, w = world()
     return items[r * len(items) // w:(r + 1) * len(items) // w]
 
@@ -555,8 +551,7 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e3
 
 
 def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve as a small SVG: turn 1's reward and levels, the last turn's reward, the
-    in-training eval reward, each a running mean over 1/30 of the run."""
+    """The learning curve as a small SVG: turn 1's reward and levels, the last turn's, the eval's."""
     last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
     keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
     keys += [f"reward_mean_turn{last}"] * (last > 1) + ["eval_reward_mean"]
@@ -588,6 +583,14 @@ def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
 if __name__ == "__main__":
     try:
         train(parse_args())
-    finally:  # gloo's threads must end before the interpreter's exit ("terminate called", SIGABRT)
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    if torch.distributed.is_initialized():  # torchrun: the interpreter's teardown, where gloo's threads
+        torch.distributed.destroy_process_group()  # can abort the process (SIGABRT), is skipped
+        if isinstance(status, str):
+            print(status, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if isinstance(status, str) else status or 0)
+    sys.exit(status)

@@ -1,6 +1,7 @@
 """train.py end to end on the CPU demo: the reward rises, the outputs are written and load back, and a
 bad flag is one clear line."""
 import json
+import os
 import random
 import shutil
 import signal
@@ -590,7 +591,8 @@ def test_torchrun_two_processes_train_as_one(tmp_path, lora):
              *lora]
     train.train(train.parse_args(flags + ["--out", str(tmp_path / "one")]))
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py", *flags,
-                        "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONFAULTHANDLER": "1"})  # a crash shows where it was
     assert p.returncode == 0, p.stderr[-3000:]
     one, two = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
     assert [r["step"] for r in two] == [0, 1, 2, 3]
