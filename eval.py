@@ -30,7 +30,7 @@ METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
-# the paper's sampling (Sec. 6) and the authors' test timeout; the tiny model's own: models.TINY_DEFAULTS
+# the paper's sampling (Sec. 6), the authors' test timeout (tiny: models.TINY_DEFAULTS)
 PAPER_DEFAULTS = dict(temperature=0.8, top_p=0.95, max_new_tokens=256, test_timeout=10.0)
 
 # -----------------------------------------------------------------------------
@@ -62,7 +62,7 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
         total = float(reward)
         if not math.isfinite(total):
             raise ValueError(f"non-finite reward {total}")
-    except Exception as e:  # a reward float() rejects is one bad sample, not a crash
+    except Exception as e:  # one bad sample, not a crash
         rec["error"] = f"{type(e).__name__}: {e}"
         return rec
     rec["reward"], fields = total, rec["fields"]
@@ -147,14 +147,14 @@ def sample_cfg(args):
 
 
 def per_row(rollout):
-    """Each row's text and token count, and the wall time per completion of the generate call."""
+    """Each row's text and token count, and the generate call's seconds per completion."""
     texts = [t for group in rollout.texts for t in group]
     return texts, rollout.completion_mask.sum(-1).tolist(), rollout.seconds / len(rollout)
 
 
 def run_team(env, agents, batch, cfg, seeds, expert=None):
-    """magrpo and concat: each agent samples alone from its own prompt (Sec. 1); a later turn revises each
-    unsolved sample once after its feedback. Per turn, every sample as it then stands, costs so far added."""
+    """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
+    once. Per turn, every sample as it then stands, costs so far added."""
     turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
     nodes = [(0, n) for n in range(len(turns[0].outputs))]  # each sample's (turn, node) now
     tokens, seconds, out = [0] * len(nodes), [0.0] * len(nodes), []
@@ -173,8 +173,8 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
 
 
 def team_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
-    """The greedy joint reward on the first `limit` examples of `env`, per turn (train.py's in-training
-    evaluation): every agent decodes alone; a later turn revises each unsolved answer once."""
+    """Per turn, the greedy joint reward on the first `limit` examples of `env` (train.py's
+    in-training evaluation)."""
     greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
     examples, totals = env.examples[:limit], [0.0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
@@ -186,8 +186,8 @@ def team_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
 
 
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):
-    """Agent i writes after reading what agents 0..i-1 wrote in the same sample (env.sequential_prompt);
-    the agents wait for each other, so their times add up."""
+    """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
+    their times add up."""
     N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
     for i, agent in enumerate(agents):
         if i == 0:
@@ -203,8 +203,8 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
 
 
 def run_discussion(env, agents, batch, cfg, seeds, expert=None):
-    """First answers as concat, then each agent revises after seeing its sample's first answers
-    (env.discussion_prompt); scored on the revisions, the two rounds' costs added."""
+    """First answers as concat, then each agent revises after seeing them (env.discussion_prompt);
+    scored on the revisions, the two rounds' costs added."""
     N, second = cfg.num_generations, []
     first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
     seeds = [magrpo.mix_seed(s, N + g) for s in seeds for g in range(N)]
@@ -234,8 +234,8 @@ RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
 
 
 def score_batch(env, batch, samples, single=False):
-    """A turn's sample records, per problem; what the sampler did not score goes through
-    magrpo.score_joint, identical outputs of one problem once."""
+    """A turn's sample records, per problem; unscored samples go through magrpo.score_joint, a
+    problem's identical outputs once."""
     N = len(samples) // len(batch)
     unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
     one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
@@ -316,7 +316,7 @@ def check_flags(args):
 
 
 def unsupported(env, examples, method):
-    """Why the env cannot run `method` on these problems (single and oracle need env hooks), or None."""
+    """Why the env cannot run `method` on these problems, or None."""
     if method == "oracle" and not hasattr(env, "oracle_outputs"):
         return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
     try:
@@ -354,12 +354,9 @@ class Team:
             agents.append(self.cache[key])
         return agents
 
-    def trained(self):
-        return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
-
     def for_method(self, method):
         if method == "magrpo" and self.args.agents:
-            return self.trained()
+            return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
         if method == "single":
             return self.load([self.args.single_model or self.models[0]], "--single-model")
         return [] if method == "oracle" else self.load(self.models, "--model")
@@ -418,8 +415,8 @@ def problem_row(method, task_id, records, save_outputs):
 
 
 def evaluate(args, env, examples, team):
-    """Every method on every problem, batch by batch, turn by turn -> the report without its config
-    (README: the JSON report). A ^C reports the methods finished so far."""
+    """Every method on every problem -> the report without its config (README: the JSON report). A ^C
+    reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
     turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
     bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
@@ -471,7 +468,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         env, examples, team = setup(args)
-    except ValueError as e:  # every bad flag, from any layer, ends here: one line, exit 1
+    except ValueError as e:  # every bad flag, from any layer: one line, exit 1
         sys.exit(f"eval.py: error: {e}")
     report = evaluate(args, env, examples, team)
     report["config"] = {**vars(args), "env_name": env.name,

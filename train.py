@@ -77,7 +77,7 @@ def resolve_flags(args):
     for flag, least in least.items():
         if getattr(args, flag) < least:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= {least}, got {getattr(args, flag)}")
-    if args.dtype in ("float16", "fp16"):  # fp16 gradients overflow without loss scaling, which we skip
+    if args.dtype in ("float16", "fp16"):
         raise ValueError("--dtype: float16 training needs loss scaling, which we skip: use bfloat16")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
@@ -111,17 +111,17 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
 
 
 def train(args):
-    """A whole run. A bad flag ends it with one line naming the flag, before anything is written; a
-    signal with a checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
+    """A whole run. A bad flag ends it in one line, before anything is written; a signal with a
+    checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
     local_rank, local_world = start_processes()
     main = world()[0] == 0
-    try:  # every bad input is a ValueError naming its flag: one line, here
+    try:
         env, cfg = resolve_flags(args)
         checkpoint = prepare_out(args)
         agents, expert = build(args, env, checkpoint, local_rank, local_world)
         eval_env = args.eval_every and envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
         start = done = 0 if checkpoint is None else checkpoint[0]
-        if main:  # only now, every input checked: --out, its logs cut back to the step, args.json
+        if main:  # only now, every input checked
             try:
                 os.makedirs(args.out, exist_ok=True)
                 for name in ("metrics.jsonl", "completions.jsonl"):
@@ -248,7 +248,7 @@ def completion_rows(step, indices, turns):
 
 def episode_summary(turns):
     """Per turn, plain lists (gathered under torchrun): each node's reward, levels, solved flag; each
-    revised group's mean reward minus its parent's."""
+    revised group's gain over its parent."""
     out = []
     for t, turn in enumerate(turns):
         values, rewards = turn.values(), turn.rewards
@@ -291,8 +291,8 @@ def episode_metrics(summary, num_turns):
 
 
 def prepare_out(args):
-    """None (step 0) or the (step, path) of the checkpoint to resume from. A new run refuses an --out
-    that holds a run; --resume refuses flags that would change the run."""
+    """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
+    holds a run; --resume refuses flags that would change it."""
     if not args.resume:
         names = os.listdir(args.out) if os.path.isdir(args.out) else []
         if any(n in ("args.json", "metrics.jsonl", "final.json") or n.startswith(("checkpoint-", "agent_"))
@@ -342,8 +342,8 @@ class SaveFailed(Exception):
 
 @contextlib.contextmanager
 def saving(out, what, *tmps):
-    """Any failure of a save as SaveFailed naming its cause and the newest complete checkpoint, the
-    partial copies `tmps` removed (a full disk raises OSError, SafetensorError, RuntimeError...)."""
+    """Any failure of a save (a full disk raises OSError, SafetensorError, RuntimeError...) as
+    SaveFailed naming it and the newest complete checkpoint; `tmps` removed."""
     try:
         yield
     except Exception as e:
@@ -359,8 +359,8 @@ def saving(out, what, *tmps):
 
 def save_checkpoint(out, step, agents, args, logs=()):
     """OUT/checkpoint-<step>: each agent's weights and optimizer state, the RNG states, the step and
-    args, once the `logs` hold every row before it. Written aside, fsync'd and renamed into place: a
-    kill at any instant leaves the last complete checkpoint or this one. Keeps --save-total-limit."""
+    args, once the `logs` hold every row before it. Written aside, fsync'd, renamed: a kill leaves the
+    last complete checkpoint or this one. Keeps --save-total-limit."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
@@ -397,8 +397,8 @@ def save_checkpoint(out, step, agents, args, logs=()):
 
 
 def save_final(out, step, agents, merged=False):
-    """OUT/agent_i (eval.py --agents OUT reads them), hard links to checkpoint-<step>'s files where it
-    can, then OUT/final.json; `merged`: a LoRA agent also as a full model in OUT/agent_i/merged."""
+    """OUT/agent_i, hard links to checkpoint-<step>'s files where it can, then OUT/final.json;
+    `merged`: a LoRA agent also as a full model in OUT/agent_i/merged."""
     tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
     with saving(out, f"the trained agents in {out}", *tmps):
         with contextlib.suppress(FileNotFoundError):
@@ -438,13 +438,13 @@ def cut_metrics(path, step):
 
 class RunFile:
     """A file the run writes as it goes: a failed write (a full disk) warns once and the run goes on;
-    the lines not written are written with the next ones, so the file catches up once there is room."""
+    unwritten lines go with the next ones, so the file catches up once there is room."""
 
     def __init__(self, path):
         self.path, self.pending, self.warned = path, "", False
         self.size = os.path.getsize(path) if os.path.exists(path) else 0
 
-    def write(self, writer, *args):  # writer(*args) writes this file; a failure warns, the first time
+    def write(self, writer, *args):
         try:
             writer(*args)
         except OSError as e:
@@ -457,7 +457,7 @@ class RunFile:
         self.write(self.sync, False)
 
     def sync(self, fsync=True):
-        """Write the pending lines (and fsync: a checkpoint needs every row before it). OSError."""
+        """Write the pending lines (fsync: a checkpoint needs every row before it)."""
         with open(self.path, "a") as f:
             f.truncate(self.size)
             f.write(self.pending)
@@ -470,7 +470,7 @@ class RunFile:
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
 
 
-class Stop(Exception):  # raised by the signal handler while the step can be abandoned (sampling)
+class Stop(Exception):  # the signal handler's, while a step samples
     pass
 
 
@@ -506,7 +506,7 @@ class Signals:
 
 
 def start_processes():
-    """Under torchrun (WORLD_SIZE, RANK, LOCAL_RANK set): join the group. -> (local rank, local size)."""
+    """Under torchrun, join the process group -> (local rank, local size)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
