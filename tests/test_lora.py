@@ -325,7 +325,7 @@ def test_lora_final_agents_and_merged_models_load_in_eval(tmp_path):
     args = ev.parse_args(["--agents", out])
     ev.check_flags(args)
     team = ev.Team(args, models.model_names(args), 2)
-    agents = team.trained()
+    agents = team.for_method("magrpo")  # --agents: the trained ones
     assert all(models.is_lora(a.model) for a in agents) and len(team.bases) == 1
     assert agents[0].model.get_input_embeddings().weight is agents[1].model.get_input_embeddings().weight
     tok = agents[0].tokenizer
