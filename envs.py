@@ -35,7 +35,7 @@ class Env(abc.ABC):
     name = "env"
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
-    defaults = {}      # sampling/optimizer defaults for real models, from the authors' configs
+    authors_config = None  # the row of models.DEFAULTS with the authors' settings for real models
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -349,8 +349,7 @@ class CodingEnv(Env):
         default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
         named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
         self.examples = take_split(rows, split, named, dataset)
-        # the authors' sampling for real models (their HumanEval, CoopHumanEval configs)
-        self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
+        self.authors_config = "coophumaneval" if self.coop else "humaneval"  # their sampling, per dataset
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
         """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
@@ -525,7 +524,7 @@ def builtin_passages(min_words, target, max_words):
 class WritingEnv(Env):
     """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
     the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (HUB)."""
-    defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
+    authors_config = "writing"  # the authors' writing configs (models.DEFAULTS)
     max_reward = 3.0
 
     def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):

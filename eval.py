@@ -30,8 +30,6 @@ METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
-# the paper's sampling (Sec. 6), the authors' test timeout (tiny: models.TINY_DEFAULTS)
-PAPER_DEFAULTS = dict(temperature=0.8, top_p=0.95, max_new_tokens=256, test_timeout=10.0)
 
 # -----------------------------------------------------------------------------
 # Metrics (Sec. 6)
@@ -156,33 +154,33 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
     """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
     once. Per turn, every sample as it then stands, costs so far added."""
     turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
-    nodes = [(0, n) for n in range(len(turns[0].outputs))]  # each sample's (turn, node) now
-    tokens, seconds, out = [0] * len(nodes), [0.0] * len(nodes), []
+    where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
+    tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
     for t in range(cfg.num_turns):
-        if t > 0:  # revised: its child group's one node (index = the group's); else carried over
-            nodes = [(t, turns[tt].children[n]) if tt == t - 1 and n in turns[tt].children else (tt, n)
-                     for tt, n in nodes]
-        rows = [per_row(r) for r in turns[t].rollouts] if t < len(turns) else []
-        for i, (tt, n) in enumerate(nodes):
-            if tt == t:  # a new node: row n of each agent (aligned joint actions); carried over is free
-                tokens[i] += sum(toks[n] for _, toks, _ in rows)
-                seconds[i] += _mean(sec for _, _, sec in rows)
-        out.append([Sample(turns[tt].outputs[n], tokens[i], seconds[i], turns[tt].rewards[n])
-                    for i, (tt, n) in enumerate(nodes)])
+        for i, (turn, node) in enumerate(where):
+            if turn == t - 1 and node in turns[turn].children:  # revised: its child group's one node
+                where[i] = (t, turns[t].node(turns[turn].children[node], 0))
+        rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
+        for i, (turn, node) in enumerate(where):
+            if turn == t:  # a new answer: row `node` of each agent (aligned joint actions); a kept one is free
+                tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
+                seconds[i] += _mean(row_seconds for _, _, row_seconds in rows)
+        out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])
+                    for i, (turn, node) in enumerate(where)])
     return out
 
 
-def team_rewards(agents, env, cfg, limit, expert=None, batch_size=8):
-    """Per turn, the greedy joint reward on the first `limit` examples of `env` (train.py's
-    in-training evaluation)."""
+def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
+    """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
+    evaluation: each process sums its share, train.py divides by the count of all)."""
     greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
-    examples, totals = env.examples[:limit], [0.0] * cfg.num_turns
+    totals = [0.0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
         for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
-            for s in samples:
-                totals[t] += float(s.reward)
-    return [total / len(examples) for total in totals]
+            for sample in samples:
+                totals[t] += float(sample.reward)
+    return totals
 
 
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):
@@ -277,7 +275,7 @@ def comma_list(text):
 
 def check_flags(args):
     """Fill the defaults and check every flag that needs no env or model."""
-    saved, path, defaults = {}, os.path.join(args.agents or "", "args.json"), dict(PAPER_DEFAULTS)
+    saved, path = {}, os.path.join(args.agents or "", "args.json")
     if args.agents and not os.path.isdir(args.agents):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
     if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base is the baselines' model
@@ -285,13 +283,11 @@ def check_flags(args):
             saved = json.load(f)
     args.model = args.model or saved.get("model")
     args.chat_template = args.chat_template or bool(saved.get("chat_template"))
-    if args.agents:
-        defaults["max_new_tokens"] = saved.get("max_new_tokens") or defaults["max_new_tokens"]
-    elif all(m == models.TINY for m in models.model_names(args)):
-        defaults.update({k: models.TINY_DEFAULTS[k] for k in ("max_new_tokens", "test_timeout")})
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
+    defaults = models.run_defaults(tiny, "eval")
+    if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
+        defaults["max_new_tokens"] = saved["max_new_tokens"]
+    models.fill_defaults(args, defaults)
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:

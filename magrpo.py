@@ -8,18 +8,19 @@ agents form the g-th joint action (joint_actions), scored with one shared reward
     Eq. 1   A^(g) = R^(g) - mean_g' R^(g')                           -> group_advantages
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ]  -> completion_logprobs, policy_loss
 
-and one AdamW step per agent per batch (update_team). On-policy: no ratio, no clipping, no KL.
-Multi-turn (Sec. 3): the env's feedback on a joint answer goes into each agent's next prompt
-(rollout_team); a node's return adds gamma times its children's mean (node_return); Eq. 1 compares
-siblings (episode_advantages). README: "Multi-turn", "The paper, equation by equation".
-A course blanks sample_token, generate, completion_logprobs, group_advantages, policy_loss or
+and one AdamW step per agent per batch. On-policy: no ratio, no clipping, no KL. Multi-turn (Sec. 3):
+the env's feedback on a joint answer goes into each agent's next prompt (rollout_team); a node's
+return adds gamma times its children's mean (node_return); Eq. 1 compares siblings
+(episode_advantages). train_step is one whole step, the function to read first.
+
+A course blanks sample_token, decode_step, completion_logprobs, group_advantages, policy_loss or
 node_return; pytest -k NAME runs its tests. Try it: python train.py (CPU demo, ~30 s), --num-turns 2.
 """
 import dataclasses
+import functools
 import inspect
 import itertools
 import math
-import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,41 +28,49 @@ from dataclasses import dataclass, field
 import torch
 
 # -----------------------------------------------------------------------------
-# The knobs of one step, checked on creation; each field is a flag of train.py (--num-generations),
-# its help the field's comment: declared once, here.
+# The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
+# -> --num-generations), its help written beside it: declared once, here. The defaults are the
+# paper's (Sec. 2); models.DEFAULTS holds the few that depend on the run (the tiny model, the env).
+
+
+def option(default, help):
+    """A Config field: its default, and the help of its command-line flag."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Config:
-    num_generations: int = 4  # G, completions per agent per prompt (Sec. 2 step 1)
-    max_new_tokens: int = 256  # tokens per completion at most
-    temperature: float = 1.0  # sampling temperature (0: greedy)
-    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this mass
-    top_k: int = 0  # sample among the k most likely tokens only (0: off)
-    joint: str = "aligned"  # joint actions: aligned (G of them, the paper) or cross (G^n)
-    advantage: str = "mean"  # Eq. 1's baseline: mean (the paper), rloo, std, none or remax
-    loss_type: str = "seq_sum"  # Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean
-    micro_batch_size: int = 8  # rows per log-prob forward/backward (memory, not maths)
-    num_turns: int = 1  # T: answer, get feedback, revise (Sec. 3; 1: single turn)
-    expand: str = "best"  # multi-turn: revise the best joint answer of each group, or all
-    discount: float = 0.9  # gamma of node_return, with --expand all (best: turn rewards)
-    termination_threshold: float = None  # a joint answer whose reward reaches it is solved (None: env max)
-    turn_weights: tuple = None  # comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)
-    feedback: str = "level"  # between turns: level, plain or expert
-    feedback_max_new_tokens: int = 256  # bound on the expert's review (--feedback expert)
+    """The settings of a MAGRPO step, checked on creation (a bad one names its flag)."""
+    num_generations: int = option(4, "G, completions per agent per prompt (Sec. 2 step 1)")
+    max_new_tokens: int = option(256, "tokens per completion at most")
+    temperature: float = option(1.0, "sampling temperature (0: greedy)")
+    top_p: float = option(1.0, "nucleus sampling: keep the most likely tokens up to this mass")
+    top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
+    joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
+    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper), rloo, std, none or remax")
+    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean")
+    micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
+    num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
+    expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
+    discount: float = option(0.9, "gamma of node_return, with --expand all (best: turn rewards)")
+    termination_threshold: float = option(None, "a joint answer whose reward reaches it is solved "
+                                                "(None: env max)")
+    turn_weights: tuple = option(None, "comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)")
+    feedback: str = option("level", "between turns: level, plain or expert")
+    feedback_max_new_tokens: int = option(256, "bound on the expert's review (--feedback expert)")
 
     CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
                "loss_type": ("seq_sum", "token_mean", "seq_mean"), "expand": ("best", "all"),
                "feedback": ("level", "plain", "expert")}
 
     def __post_init__(self):
-        weights = self.turn_weights
-        if weights is not None:  # a list, or a flag's comma list
+        if self.turn_weights is not None:
+            given = self.turn_weights
+            weights = given.split(",") if isinstance(given, str) else given  # the flag is a comma list
             try:
-                self.turn_weights = tuple(map(float, weights.split(",") if isinstance(weights, str)
-                                              else weights))
+                self.turn_weights = tuple(float(w) for w in weights)
             except ValueError:
-                self.check("turn_weights", False, "want a comma list of numbers")
+                raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
         for name, choices in self.CHOICES.items():
             self.check(name, getattr(self, name) in choices, f"use one of {', '.join(choices)}")
         for name in "num_generations", "max_new_tokens", "micro_batch_size", "num_turns":
@@ -71,8 +80,8 @@ class Config:
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
-        self.check("turn_weights", self.turn_weights is None or len(self.turn_weights) == self.num_turns,
-                   f"give one weight per turn ({self.num_turns})")
+        one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
+        self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
 
     def check(self, name, ok, why):
         if not ok:
@@ -80,20 +89,75 @@ class Config:
 
 
 def add_config_flags(parser, names=None):
-    """--flag-name for Config's fields (all, or `names`), default None (train.py and eval.py fill
-    their own defaults), help from the field's comment."""
-    comments = dict(re.findall(r"^ +(\w+): \w+ = [^#\n]*# (.*)$", inspect.getsource(Config), re.M))
+    """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
+    can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(Config):
         if names is None or f.name in names:
             kind = f.type if f.type in (int, float) else str
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind,
-                                help=f"{comments[f.name]} (default {f.default})".replace("%", "%%"))
+            text = f"{f.metadata['help']} (default {f.default})".replace("%", "%%")  # argparse formats %
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=text)
 
 
 def config_from_flags(args, **overrides):
     """A Config from the flags that name its fields and were given (the others: Config's defaults)."""
     values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Config)}
-    return Config(**{**{k: v for k, v in values.items() if v is not None}, **overrides})
+    given = {name: value for name, value in values.items() if value is not None}
+    return Config(**{**given, **overrides})
+
+# -----------------------------------------------------------------------------
+# Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
+# example, the agent, the turn), and row g of that prompt draws its t-th token with a uniform number
+# hashed from (that seed, g, t) (row_uniforms). So a completion never depends on the other prompts of
+# its generate call, on rows that finished early, or on how a batch is split among processes: a
+# resumed or a data-parallel run samples exactly what one uninterrupted process would.
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment, the golden ratio in 64 bits
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's two multipliers
+
+
+def mix_seed(*parts):
+    """One 63-bit seed from integers, splitmix64 over the parts: mix_seed(seed, step, index, agent)."""
+    x = 0
+    for part in parts:
+        x = ((x ^ (int(part) & _MASK64)) + _GOLDEN) & _MASK64
+        x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+        x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
+def _int64(x):
+    """A 64-bit pattern as the signed value an int64 tensor holds."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _shr(x, k):
+    """Logical right shift of an int64 tensor (torch's >> is arithmetic on signed values)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def row_keys(seed, num_prompts, num_generations, device):
+    """The hash key of each row b * G + g: mix_seed(prompt b's seed, g). seed: None (no keys: torch's
+    RNG), an int (prompt b's seed is mix_seed(seed, b)) or one int per prompt."""
+    if seed is None:
+        return None
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [mix_seed(seed, b) for b in range(num_prompts)]
+    if len(seeds) != num_prompts:
+        raise ValueError(f"generate got {len(seeds)} seeds for {num_prompts} prompts")
+    rows = itertools.product(seeds, range(num_generations))  # (prompt b's seed, g) in row order
+    return torch.tensor([_int64(mix_seed(int(s), g)) for s, g in rows], device=device)
+
+
+def row_uniforms(keys, t):
+    """The uniform number in (0, 1) of each row's t-th token: splitmix64's finaliser over (key, t) on
+    int64 tensors (the multiplications wrap around, as the hash wants)."""
+    x = keys + _int64((t + 1) * _GOLDEN)
+    x = (x ^ _shr(x, 30)) * _int64(_MIX1)
+    x = (x ^ _shr(x, 27)) * _int64(_MIX2)
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 11).double() + 0.5) / 2.0 ** 53  # the top 53 bits, centred in their interval
 
 # -----------------------------------------------------------------------------
 # Sec. 2 step 1: each agent samples G completions of its own prompt (batched decoding, KV cache)
@@ -115,18 +179,23 @@ class Rollout:
         return self.completion_ids.shape[0]
 
     def rows(self, start, stop):
-        """Rows [start, stop), all-padding columns trimmed: a micro-batch costs what it needs."""
-        pm, cm = self.prompt_mask[start:stop], self.completion_mask[start:stop]
-        p0 = int((pm.sum(0) > 0).nonzero()[0]) if pm.any() else pm.shape[1]
-        t1 = int((cm.sum(0) > 0).nonzero()[-1]) + 1 if cm.any() else 0
-        return Rollout(self.prompt_ids[start:stop, p0:], pm[:, p0:], self.completion_ids[start:stop, :t1],
-                       cm[:, :t1], self.logprobs[start:stop, :t1], [], self.num_generations)
+        """Rows [start, stop), with the columns that are padding in all of them cut off, so that a
+        micro-batch of short rows costs what they need, not what the longest row of the batch needs."""
+        prompt_mask, completion_mask = self.prompt_mask[start:stop], self.completion_mask[start:stop]
+        used = (prompt_mask.sum(0) > 0).nonzero()  # prompts are padded on the left
+        first = int(used[0]) if len(used) else prompt_mask.shape[1]
+        used = (completion_mask.sum(0) > 0).nonzero()  # completions on the right
+        end = int(used[-1]) + 1 if len(used) else 0
+        return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
+                       self.completion_ids[start:stop, :end], completion_mask[:, :end],
+                       self.logprobs[start:stop, :end], [], self.num_generations)
 
 
 def eos_token_ids(model, tokenizer):
     """The ids that end a completion: the tokenizer's EOS and generation_config's (e.g. Qwen's two)."""
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = {tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])} - {None}
+    extra = extra if isinstance(extra, (list, tuple)) else [extra]
+    ids = {tokenizer.eos_token_id, *extra} - {None}
     if not ids:
         raise ValueError("the tokenizer has no eos_token and the model's generation_config names none")
     return sorted(ids)
@@ -134,58 +203,34 @@ def eos_token_ids(model, tokenizer):
 
 def left_pad(rows, pad_id, device):
     """Token lists -> (ids, mask), left-padded so that decoding continues at every row's end."""
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
     return ids, mask
 
 
 def positions_from_mask(mask):
-    """Position ids of left-padded rows, 0 at each row's first token (batched equals unbatched)."""
+    """Position ids of left-padded rows, 0 at each row's first real token: without them a padded row
+    would see its tokens at shifted positions, and batched decoding would differ from unbatched."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def last_logits_only(model, n):
-    """model(...) kwargs for the last n positions' logits only (a 150k vocabulary's full logits are
-    a step's largest tensor), where supported."""
-    keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
-    return {"logits_to_keep": n} if keeps else {}
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(model_class):
+    return set(inspect.signature(model_class.forward).parameters)
 
 
-# Seeds: every prompt has its own (from the run's seed, the step, the example, the agent, the turn),
-# and row g draws its t-th token from a uniform hashed from (that seed, g, t): a completion never
-# depends on the other prompts of its call, on rows that finished early, or on how a batch is split.
-_MASK64, _GOLDEN = (1 << 64) - 1, 0x9E3779B97F4A7C15  # splitmix64's increment
-
-
-def mix_seed(*parts):
-    """One 63-bit seed from integers (splitmix64 over the parts): mix_seed(seed, step, index, agent)."""
-    x = 0
-    for p in parts:
-        x = ((x ^ (int(p) & _MASK64)) + _GOLDEN) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        x ^= x >> 31
-    return x >> 1
-
-
-def _int64(x):  # a 64-bit pattern as the signed value an int64 tensor holds
-    x &= _MASK64
-    return x - (1 << 64) if x >> 63 else x
-
-
-def _shr(x, k):  # logical right shift of an int64 tensor (>> is arithmetic on signed values)
-    return (x >> k) & ((1 << (64 - k)) - 1)
-
-
-def row_uniforms(keys, t):
-    """The uniform number in (0, 1) of row `keys[r]` for its t-th token: splitmix64's finaliser over
-    (key, t) on int64 tensors (the multiplications wrap around, as the hash wants)."""
-    x = keys + _int64((t + 1) * _GOLDEN)
-    x = (x ^ _shr(x, 30)) * _int64(0xBF58476D1CE4E5B9)
-    x = (x ^ _shr(x, 27)) * _int64(0x94D049BB133111EB)
-    x = x ^ _shr(x, 31)
-    return (_shr(x, 11).double() + 0.5) / 2.0 ** 53  # the top 53 bits, centred in their interval
+def forward_kwargs(model, cache=None, last=None):
+    """model(...)'s keyword arguments for a KV `cache` and for the logits of the `last` positions only
+    (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
+    accepted = _forward_parameters(type(model))
+    kwargs = {}
+    if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
+        kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
+        kwargs["use_cache"] = True
+    if last is not None and "logits_to_keep" in accepted:
+        kwargs["logits_to_keep"] = last
+    return kwargs
 
 
 def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
@@ -205,74 +250,94 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
         probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
     if uniform is None:
         uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    # Inverse-CDF sampling in float64; the cut probabilities need no renormalising, since the uniform
+    # number is scaled by the row's remaining mass.
     cdf = probs.double().cumsum(-1)
     target = uniform.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return token.clamp(max=probs.shape[-1] - 1)  # (a uniform at the very top of the cdf)
+
+
+def decode_step(model, cache, tokens, mask, positions):
+    """One step of the decode loop: each running row's newest token, at its position id, goes through
+    the model with the KV cache of the row's earlier tokens; the cache grows by that token.
+    tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
+    out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                **forward_kwargs(model, cache))
+    return out.logits[:, -1, :].float()
+
+
+def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
+    """The texts of generate's rows: each row's tokens up to its length, without a final EOS (it ends
+    the text but is no part of it) -> B lists of G texts."""
+    texts = []
+    for tokens, length in zip(completion, lengths):
+        end = length - 1 if tokens[length - 1] in eos_ids else length
+        texts.append(tokenizer.decode(tokens[:end], skip_special_tokens=True))
+    return [texts[b:b + num_generations] for b in range(0, len(texts), num_generations)]
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
              top_p=1.0, top_k=0, seed=None):
-    """G = num_generations completions of each prompt (Sec. 2 step 1): a decode loop with a KV cache,
-    each prompt prefilled once, its cache repeated G times, a token a step for the rows still running.
-    seed: None (torch's RNG), an int, or one int per prompt (see mix_seed)."""
+    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once
+    and its KV cache repeated G times, then decode_step runs a token at a time for the rows still
+    running. seed: None (torch's RNG), an int, or one int per prompt (row_keys)."""
     from transformers import DynamicCache  # here: `import magrpo` stays light for the maths tests
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
+    pad_id = tokenizer.pad_token_id
+    pad_id = int(eos[0]) if pad_id is None else pad_id  # many base models have none; it is masked anyway
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
         raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
-    B, N = len(ids), len(ids) * G
-    keys = None
-    if seed is not None:  # row b * G + g: a hash of (prompt b's seed, g)
-        seeds = list(seed) if isinstance(seed, (list, tuple)) else [mix_seed(seed, b) for b in range(B)]
-        if len(seeds) != B:
-            raise ValueError(f"generate got {len(seeds)} seeds for {B} prompts")
-        keys = torch.tensor([_int64(mix_seed(int(s), g)) for s in seeds for g in range(G)], device=device)
+    keys = row_keys(seed, len(ids), G, device)
+    N = len(ids) * G
 
+    # Prefill: each prompt runs once, and its G completions share its cache.
     cache = DynamicCache()
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True,
-                position_ids=positions_from_mask(prompt_mask), **last_logits_only(model, 1))
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(G)  # the G completions of a prompt share its prefill
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
+                **forward_kwargs(model, cache, last=1))
+    cache.batch_repeat_interleave(G)
     logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
     mask = prompt_mask.repeat_interleave(G, dim=0)
-    next_pos = mask.sum(-1, keepdim=True)  # the next position id: the number of real tokens so far
+    positions = mask.sum(-1)  # a row's next position id: the number of its real tokens so far
+
     completion = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((N, max_new_tokens), device=device)
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
     alive = torch.arange(N, device=device)  # the original row of each running row
     for t in range(max_new_tokens):
-        uniform = None if keys is None or temperature == 0 else row_uniforms(keys[alive], t)
+        uniform = None
+        if keys is not None and temperature > 0:
+            uniform = row_uniforms(keys[alive], t)
         token = sample_token(logits, temperature, top_p, top_k, uniform)
         completion[alive, t] = token
-        if temperature > 0:  # log softmax(logits / T) of the drawn token, before any top-k/top-p cut
+        if temperature > 0:  # the sampler's own log-prob: log softmax(logits / T), before a top-k/p cut
             scaled = logits / temperature
             logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
-        n_done = int(done.sum())  # the loop's one device sync per token (a boolean index is another)
+        n_done = int(done.sum())  # the loop's one device sync per token
         if n_done:
             lengths[alive[done]] = t + 1
         if t == max_new_tokens - 1 or n_done == len(alive):
             break
-        if n_done:  # drop the finished rows from the running batch and from the cache
+        if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
-            alive, token, mask, next_pos = alive[keep], token[keep], mask[keep], next_pos[keep]
+            alive = alive[keep]
+            token = token[keep]
+            mask = mask[keep]
+            positions = positions[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                    past_key_values=cache, use_cache=True)
-        cache, logits, next_pos = out.past_key_values, out.logits[:, -1, :].float(), next_pos + 1
+        logits = decode_step(model, cache, token, mask, positions)
+        positions = positions + 1
 
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     completion = completion.masked_fill(completion_mask == 0, pad_id)
-    rows, lens, eos_ids = completion.tolist(), lengths.tolist(), set(eos.tolist())
-    ends = [n - (row[n - 1] in eos_ids) for row, n in zip(rows, lens)]  # a final EOS is not text
-    texts = [[tokenizer.decode(rows[r][:ends[r]], skip_special_tokens=True) for r in range(b * G, b * G + G)]
-             for b in range(B)]
+    texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
 
@@ -294,7 +359,7 @@ def credited_returns(returns, joint, num_agents, num_generations):
     credit = []
     for i in range(num_agents):
         member = torch.zeros(len(joint), num_generations)  # member[j, g]: joint action j uses agent i's g
-        member[torch.arange(len(joint)), torch.tensor([idx[i] for idx in joint])] = 1.0
+        member[torch.arange(len(joint)), torch.tensor([action[i] for action in joint])] = 1.0
         credit.append(returns @ member / member.sum(0))
     return credit
 
@@ -310,7 +375,8 @@ class ScoreError:
 
 def score_joint(env, examples, outputs, one=None):
     """The shared reward of each (example, joint output): env.rewards on the batch, else one by one
-    with `one` (default env.reward), a sample whose scoring raises getting a ScoreError."""
+    with `one` (default env.reward), a sample whose scoring raises getting a ScoreError: one broken
+    answer must cost its own reward, not the step."""
     if one is None:
         try:
             return list(env.rewards(examples, outputs))
@@ -352,14 +418,14 @@ def group_advantages(rewards, mode="mean", baseline=None):
 
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2), at the sampling
-    temperature (the distribution the tokens came from, before a top-p/k cut, as TRL's GRPO; greedy:
-    T = 1). [rows, T]; what follows EOS is to be masked."""
+    temperature: the distribution the tokens came from, before any top-p/k cut, as TRL's GRPO
+    (greedy: T = 1). -> [rows, T]; the positions after a row's EOS are to be masked by the caller."""
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
     L = rollout.completion_ids.shape[1]
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                   **last_logits_only(model, L + 1)).logits
+                   **forward_kwargs(model, last=L + 1)).logits
     logits = logits[:, -(L + 1):-1, :].float() / T  # the logit at position t predicts token t + 1
     token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
     return token_logits - torch.logsumexp(logits, dim=-1)
@@ -406,7 +472,10 @@ def solved_return(reward, turns_left, gamma):
     return value
 
 # -----------------------------------------------------------------------------
-# A team's episode (Sec. 2 steps 1-3; Sec. 3): sample, join, score, and between turns feedback
+# A team's episode (Sec. 2 steps 1-3; Sec. 3): sample, join, score, and between turns feedback.
+# The episode is a tree: at turn 1 each example is a group of G joint actions (its nodes); a node
+# that is revised becomes a group of the next turn, whose prompts hold that node's answers and the
+# env's feedback on them.
 
 
 @dataclass
@@ -437,7 +506,8 @@ class Group:
 
 @dataclass
 class Turn:
-    """One turn of the batch. Node n = k * J + j: group k's j-th joint action; rows k * size + g."""
+    """One turn of the batch: its groups, each of `size` completions per agent (rollout rows) and
+    len(joint) joint actions (its nodes). The methods below name the tree's indices."""
     groups: list
     size: int  # completions per agent per group
     rollouts: list  # one Rollout per agent
@@ -447,7 +517,19 @@ class Turn:
     terminated: list  # per node: its reward reached the termination threshold (solved)
     children: dict = field(default_factory=dict)  # revised node -> its group at the next turn
     baseline: list = None  # remax, turn 1: per group, the reward of the greedy joint answer
-    advantages: list = None  # per agent, each row's advantage in Eq. 2 (update_team sets it)
+    advantages: list = None  # per agent, each row's advantage in Eq. 2 (train_step sets it)
+
+    def node(self, group, action):
+        """The node of group `group`'s joint action number `action` (an index into `joint`)."""
+        return group * len(self.joint) + action
+
+    def place(self, node):
+        """(its group, its joint action's number): node's inverse."""
+        return divmod(node, len(self.joint))
+
+    def row(self, group, g):
+        """The rollout row of group `group`'s g-th completion (the same in every agent's rollout)."""
+        return group * self.size + g
 
     def values(self):
         """The rewards as numbers, [groups, J]."""
@@ -458,77 +540,117 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
     """Agent i samples `size` completions of each of its prompts in one generate call (prompt b
     seeded mix_seed(seeds[b], i)): decentralised, it sees nothing of the others."""
     texts = [agent.format(p) for p in prompts]
-    return generate(agent.model, agent.tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                    cfg.top_k, seed=[mix_seed(s, i) for s in seeds])
+    agent_seeds = [mix_seed(s, i) for s in seeds]
+    return generate(agent.model, agent.tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature,
+                    cfg.top_p, cfg.top_k, seed=agent_seeds)
 
 
-def sample_turn(agents, env, examples, groups, size, cfg, greedy=False):
-    """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3).
-    greedy (remax): the reward of the agents' greedy joint answer is the group's baseline."""
-    def sample(size, cfg):
-        return [sample_agent(agent, i, [g.prompts[i] for g in groups], size, cfg, [g.seed for g in groups])
-                for i, agent in enumerate(agents)]
-    rollouts, joint = sample(size, cfg), joint_actions(len(agents), size, cfg.joint)
-    outputs = [tuple(r.texts[k][j] for r, j in zip(rollouts, idx)) for k in range(len(groups))
-               for idx in joint]
-    rewards = score_joint(env, [examples[g.example] for g in groups for _ in joint], outputs)
-    turn = Turn(groups, size, rollouts, joint, outputs, rewards, [False] * len(outputs))
+def sample_groups(agents, groups, size, cfg):
+    """Every agent samples `size` completions of its prompt in each group -> one Rollout per agent."""
+    rollouts = []
+    for i, agent in enumerate(agents):
+        prompts = [group.prompts[i] for group in groups]
+        rollouts.append(sample_agent(agent, i, prompts, size, cfg, [group.seed for group in groups]))
+    return rollouts
+
+
+def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
+    """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3); a
+    node whose reward reaches `threshold` is solved. greedy (remax): also each group's baseline."""
+    rollouts = sample_groups(agents, groups, size, cfg)
+    joint = joint_actions(len(agents), size, cfg.joint)
+    outputs, node_examples = [], []
+    for k, group in enumerate(groups):
+        for action in joint:
+            outputs.append(tuple(rollout.texts[k][g] for rollout, g in zip(rollouts, action)))
+            node_examples.append(examples[group.example])
+    rewards = score_joint(env, node_examples, outputs)
+    terminated = [float(r) >= threshold - 1e-9 for r in rewards]
+    turn = Turn(groups, size, rollouts, joint, outputs, rewards, terminated)
     if greedy:
-        texts = [r.texts for r in sample(1, dataclasses.replace(cfg, temperature=0.0))]
-        answers = [tuple(t[k][0] for t in texts) for k in range(len(groups))]
-        turn.baseline = [float(r) for r in score_joint(env, [examples[g.example] for g in groups], answers)]
+        turn.baseline = greedy_rewards(agents, env, examples, groups, cfg)
     return turn
 
 
-def expand_nodes(turn, mode, threshold):
-    """The nodes of `turn` that get children; one whose reward reached the threshold is solved. all:
-    every node not solved. best: each group's best (ties to the first) unless the whole group is solved
-    (the paper-era rule: revising a solved best answer teaches the agents to keep what is right)."""
-    values, J = turn.values(), len(turn.joint)
-    turn.terminated = [float(v) >= threshold - 1e-9 for v in values.view(-1)]
+def greedy_rewards(agents, env, examples, groups, cfg):
+    """ReMax's baseline (--advantage remax): per group, the reward of the agents' greedy joint answer."""
+    rollouts = sample_groups(agents, groups, 1, dataclasses.replace(cfg, temperature=0.0))
+    answers = []
+    for k in range(len(groups)):
+        answers.append(tuple(rollout.texts[k][0] for rollout in rollouts))
+    rewards = score_joint(env, [examples[group.example] for group in groups], answers)
+    return [float(r) for r in rewards]
+
+
+def expand_nodes(turn, mode):
+    """The nodes of `turn` that get children at the next turn. all: every node not solved. best: each
+    group's best node (ties to the first) unless the whole group is solved (the paper-era rule:
+    revising a solved best answer teaches the agents to keep what is right)."""
     if mode == "all":
-        return [n for n in range(len(turn.outputs)) if not turn.terminated[n]]
-    return [k * J + int(values[k].argmax()) for k in range(len(turn.groups))
-            if not all(turn.terminated[k * J:(k + 1) * J])]
+        return [node for node in range(len(turn.outputs)) if not turn.terminated[node]]
+    values = turn.values()
+    nodes = []
+    for k in range(len(turn.groups)):
+        if not all(turn.terminated[turn.node(k, 0):turn.node(k + 1, 0)]):
+            nodes.append(turn.node(k, int(values[k].argmax())))
+    return nodes
 
 
 def team_feedback(env, examples, turn, nodes, cfg, expert=None):
     """The env's feedback on each node's joint answer, one text per agent (Sec. 3). expert: an expert
     model first reviews each agent's part of every node, greedily, all in one generate call."""
-    J, n = len(turn.joint), len(turn.rollouts)
-    cases = [(examples[turn.groups[node // J].example], turn.outputs[node]) for node in nodes]
+    n = len(turn.rollouts)
+    cases = [(examples[turn.groups[turn.place(node)[0]].example], turn.outputs[node]) for node in nodes]
     reviews = [None] * len(nodes)
     if cfg.feedback == "expert":
-        prompts = [expert.format(env.expert_prompt(ex, out, i)) for ex, out in cases for i in range(n)]
-        r = generate(expert.model, expert.tokenizer, prompts, 1, cfg.feedback_max_new_tokens, temperature=0)
-        reviews = [[texts[0] for texts in r.texts[k * n:(k + 1) * n]] for k in range(len(nodes))]
-    return [env.feedback(ex, outputs, cfg.feedback, reward=turn.rewards[node], reviews=texts)
-            for (ex, outputs), node, texts in zip(cases, nodes, reviews)]
+        asks = itertools.product(cases, range(n))  # (node, agent i), node by node
+        prompts = [expert.format(env.expert_prompt(ex, outputs, i)) for (ex, outputs), i in asks]
+        rollout = generate(expert.model, expert.tokenizer, prompts, 1, cfg.feedback_max_new_tokens,
+                           temperature=0)
+        texts = [group[0] for group in rollout.texts]
+        reviews = [texts[start:start + n] for start in range(0, len(texts), n)]  # node k's n reviews
+    return [env.feedback(ex, outputs, cfg.feedback, reward=turn.rewards[node], reviews=node_reviews)
+            for (ex, outputs), node, node_reviews in zip(cases, nodes, reviews)]
+
+
+def revision_groups(env, examples, turn, nodes, notes, t):
+    """Sec. 3: each revised node becomes a group of turn t + 1. Each agent's new prompt holds its own
+    earlier answers and the feedback it got, never a partner's answer: execution stays decentralised."""
+    groups = []
+    for node, node_notes in zip(nodes, notes):
+        group_index, action = turn.place(node)
+        parent = turn.groups[group_index]
+        histories, prompts = [], []
+        for i, history in enumerate(parent.histories):
+            histories.append(history + [(turn.outputs[node][i], node_notes[i])])
+            prompts.append(env.revision_prompt(examples[parent.example], i, histories[i]))
+        turn.children[node] = len(groups)
+        groups.append(Group(parent.example, node, prompts, histories, mix_seed(parent.seed, t, action)))
+    return groups
 
 
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
-    """One episode per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. Each node of expand_nodes gets
-    the env's feedback and becomes a group: each agent's prompt holds its own answers and feedback (not
-    a partner's), sampled `children` times (default G). seeds: one per example."""
+    """One episode per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. After each turn the nodes of
+    expand_nodes get the env's feedback and are revised, each sampled `children` times (default G).
+    seeds: one per example."""
     threshold = cfg.termination_threshold
-    threshold = getattr(env, "max_reward", math.inf) if threshold is None else threshold
-    n, size = len(agents), cfg.num_generations
-    groups = [Group(b, None, list(env.prompts(ex)), [[] for _ in range(n)], mix_seed(seeds[b], 1))
-              for b, ex in enumerate(examples)]
+    if threshold is None:
+        threshold = getattr(env, "max_reward", math.inf)
+    groups = []
+    for b, ex in enumerate(examples):
+        no_history = [[] for _ in agents]
+        groups.append(Group(b, None, list(env.prompts(ex)), no_history, mix_seed(seeds[b], 1)))
+    size = cfg.num_generations
     turns = []
     for t in range(1, cfg.num_turns + 1):
-        turn = sample_turn(agents, env, examples, groups, size, cfg, t == 1 and cfg.advantage == "remax")
+        remax = t == 1 and cfg.advantage == "remax"
+        turn = sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=remax)
         turns.append(turn)
-        nodes = expand_nodes(turn, cfg.expand, threshold)
+        nodes = expand_nodes(turn, cfg.expand)
         if t == cfg.num_turns or not nodes:
             break
-        J, groups = len(turn.joint), []
-        for node, notes in zip(nodes, team_feedback(env, examples, turn, nodes, cfg, expert)):
-            parent = turn.groups[node // J]
-            histories = [h + [(turn.outputs[node][i], notes[i])] for i, h in enumerate(parent.histories)]
-            prompts = [env.revision_prompt(examples[parent.example], i, histories[i]) for i in range(n)]
-            turn.children[node] = len(groups)
-            groups.append(Group(parent.example, node, prompts, histories, mix_seed(parent.seed, t, node % J)))
+        notes = team_feedback(env, examples, turn, nodes, cfg, expert)
+        groups = revision_groups(env, examples, turn, nodes, notes, t)
         size = children or cfg.num_generations
     return turns
 
@@ -540,11 +662,13 @@ def episode_returns(turns, gamma, num_turns):
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
         for node, reward in enumerate(turn.rewards):
-            k = turn.children.get(node)
-            if k is not None:
-                values.append(node_return(reward, returns[t + 1][k].tolist(), gamma))
+            group = turn.children.get(node)
+            if group is not None:
+                values.append(node_return(reward, returns[t + 1][group].tolist(), gamma))
+            elif turn.terminated[node]:
+                values.append(solved_return(reward, num_turns - 1 - t, gamma))
             else:
-                values.append(solved_return(reward, num_turns - 1 - t if turn.terminated[node] else 0, gamma))
+                values.append(float(reward))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 
@@ -557,10 +681,13 @@ def episode_advantages(turns, cfg):
         values = episode_returns(turns, cfg.discount, cfg.num_turns)
     else:
         values = [turn.values() for turn in turns]
-    mode = [cfg.advantage if cfg.advantage != "remax" or turn.baseline else "mean" for turn in turns]
-    return [[group_advantages(c, m, turn.baseline).view(-1)  # remax after turn 1: no greedy answer, mean
-             for c in credited_returns(v, turn.joint, len(turn.rollouts), turn.size)]
-            for turn, v, m in zip(turns, values, mode)]
+    advantages = []
+    for turn, turn_values in zip(turns, values):
+        # remax compares with the greedy joint answer, which only turn 1 has: later turns use the mean
+        mode = "mean" if cfg.advantage == "remax" and not turn.baseline else cfg.advantage
+        credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
+        advantages.append([group_advantages(credit, mode, turn.baseline).view(-1) for credit in credits])
+    return advantages
 
 # -----------------------------------------------------------------------------
 # Sec. 2 steps 4-6: the update, Eq. 2 for every agent, one AdamW step each
@@ -581,19 +708,19 @@ class MasterWeightAdamW:
 
     @torch.no_grad()
     def step(self):
-        for m, p in zip(self.master, self.params):
-            m.grad = None if p.grad is None else p.grad.float()
+        for master, p in zip(self.master, self.params):
+            master.grad = None if p.grad is None else p.grad.float()
         self.inner.step()
-        for m, p in zip(self.master, self.params):
-            p.copy_(m)
+        for master, p in zip(self.master, self.params):
+            p.copy_(master)
 
     def state_dict(self):
         return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
 
     @torch.no_grad()
     def load_state_dict(self, state):
-        for m, p, saved in zip(self.master, self.params, state["master"]):
-            m.copy_(saved)
+        for master, p, saved in zip(self.master, self.params, state["master"]):
+            master.copy_(saved)
             p.copy_(saved)
         self.inner.load_state_dict(state["inner"])
 
@@ -627,8 +754,9 @@ def sum_gradients(model):
     if not data_parallel():
         return
     params = [p for p in model.parameters() if p.requires_grad]
-    for p, n in zip(params, all_sum([float(p.grad is not None) for p in params], params[0].device)):
-        if n:
+    has_grad = all_sum([float(p.grad is not None) for p in params], params[0].device)
+    for p, processes_with_grad in zip(params, has_grad):
+        if processes_with_grad:
             grad = p.grad if p.grad is not None else torch.zeros_like(p)
             torch.distributed.all_reduce(grad)
             p.grad = grad
@@ -638,16 +766,21 @@ def update_agent(agent, parts, cfg):
     """Eq. 2 for one agent: parts = [(rollout or None, advantages, weight)] per turn, each turn's loss
     normalised over its whole batch (all processes) and weighted; micro-batches accumulate one gradient
     (rows with advantage 0 are not run), then one step, skipped with a warning if not finite."""
-    model, opt, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
+    model, optimizer, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
-    opt.zero_grad(set_to_none=True)
-    normalizers = all_sum([0.0 if r is None else float(loss_normalizer(r.completion_mask, cfg.loss_type))
-                           for r, _, _ in parts])
+    optimizer.zero_grad(set_to_none=True)
+    # Each turn's denominator is counted once over the whole batch, before micro-batching: otherwise
+    # micro-batch losses would not add up to the batch's loss.
+    counts = [float(loss_normalizer(r.completion_mask, cfg.loss_type)) if r is not None else 0.0
+              for r, _, _ in parts]  # (None: a turn this process's episodes never reached)
+    normalizers = all_sum(counts)
     total = 0.0
     for (rollout, advantages, weight), normalizer in zip(parts, normalizers):
-        for start in range(0, len(rollout) if rollout is not None else 0, mbs):
+        if rollout is None:
+            continue
+        for start in range(0, len(rollout), mbs):
             adv = advantages[start:start + mbs].to(rollout.completion_ids.device)
-            if not adv.any():
+            if not adv.any():  # no signal: the rows' loss and gradient are 0 anyway
                 continue
             mb = rollout.rows(start, start + mbs)
             lp = completion_logprobs(model, mb, cfg.temperature)
@@ -662,26 +795,55 @@ def update_agent(agent, parts, cfg):
     if skipped:
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
-        opt.step()  # parameters without a gradient (all advantages 0) are left alone
-    opt.zero_grad(set_to_none=True)
+        optimizer.step()  # parameters without a gradient (all advantages 0) are left alone
+    optimizer.zero_grad(set_to_none=True)
     return {"loss": total, "grad_norm": grad_norm, "skipped": int(skipped)}
 
 
-def update_team(agents, turns, cfg):
-    """Sec. 2 steps 4-6: every turn's advantages, then update_agent for each agent -> per-agent metrics,
-    and zero_adv_groups (groups with no signal: all advantages 0)."""
-    advantages = episode_advantages(turns, cfg)
-    for turn, adv in zip(turns, advantages):
-        turn.advantages = adv
-    zero = sum(int(torch.stack([a.view(len(turn.groups), -1) == 0 for a in adv]).all(0).all(-1).sum())
-               for turn, adv in zip(turns, advantages))
-    metrics = {"zero_adv_groups": int(all_sum([zero])[0])}
+def zero_advantage_groups(turns):
+    """The groups in which every agent's every advantage is 0 (e.g. all rewards equal): they teach
+    nothing, and a loss of 0 is then expected, so the share of them is what to watch."""
+    count = 0
+    for turn in turns:
+        for k in range(len(turn.groups)):
+            rows = slice(turn.row(k, 0), turn.row(k + 1, 0))
+            if not any(advantages[rows].any() for advantages in turn.advantages):
+                count += 1
+    return int(all_sum([count])[0])
+
+
+def mean_completion_length(turns, i):
+    """Agent i's mean completion length in tokens (EOS included), over all its rows and processes."""
+    lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1).float().cpu() for turn in turns])
+    total, count = all_sum([lengths.sum().item(), len(lengths)])
+    return total / count
+
+
+def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=None):
+    """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1's
+    advantages, Eq. 2's update of every agent. -> (turns, metrics of the update); before_update(turns)
+    is the caller's last word before any weight changes: False skips the update (metrics None)."""
+    # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
+    # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
+    # each example's episode into a tree of such groups.
+    turns = rollout_team(agents, env, examples, cfg, seeds, expert)
+    if before_update is not None and not before_update(turns):
+        return turns, None
+    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt.
+    for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
+        turn.advantages = advantages
+    metrics = {"zero_adv_groups": zero_advantage_groups(turns)}
+    # Eq. 2, steps 5-6: every agent's own policy gradient on the shared reward's advantages, and its
+    # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
+    weights = cfg.turn_weights or [1.0] * cfg.num_turns
     for i, agent in enumerate(agents):
-        weights = cfg.turn_weights or [1.0] * cfg.num_turns
-        parts = [(turns[t].rollouts[i], advantages[t][i], weights[t]) if t < len(turns) else (None, None, 0.0)
-                 for t in range(cfg.num_turns)]  # one part per turn on every process, sampled or not
-        metrics.update({f"{k}_{i}": v for k, v in update_agent(agent, parts, cfg).items()})
-        lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1).float().cpu() for turn in turns])
-        total, count = all_sum([lengths.sum().item(), len(lengths)])
-        metrics[f"completion_len_{i}"] = total / count
-    return metrics
+        parts = []
+        for t in range(cfg.num_turns):  # a part per turn on every process, sampled or not (torchrun)
+            if t < len(turns):
+                parts.append((turns[t].rollouts[i], turns[t].advantages[i], weights[t]))
+            else:
+                parts.append((None, None, 0.0))
+        for name, value in update_agent(agent, parts, cfg).items():
+            metrics[f"{name}_{i}"] = value
+        metrics[f"completion_len_{i}"] = mean_completion_length(turns, i)
+    return turns, metrics

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import random
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -24,12 +25,10 @@ import torch
 from magrpo import Agent
 
 TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
-# It learns from scratch (high lr, short outputs, big groups); train.py and eval.py read these.
-TINY_DEFAULTS = dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
-                     temperature=1.0, top_p=1.0, test_timeout=3.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint: the step, the args, each file's size
+OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
 TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: its random base's seed
 # peft's default targets (Qwen2/Llama: every attention and MLP projection; GPT-2's Conv1D layers)
@@ -341,11 +340,54 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
     return Agent(model, tok, chat_template=chat_template)
 
 
+# A checkpoint directory holds agent_i/ (the agent as save_agent writes it, and its optimizer's state),
+# the RNG states and CHECKPOINT_STATE, written last: the step, the run's flags and every file's size,
+# so that a checkpoint a kill or a full disk cut short is recognised (checkpoint_problem) and skipped.
+
+def write_checkpoint(path, agents, state):
+    """Write a checkpoint into the directory `path`: the agents, their optimizers and the RNG states
+    (resuming must sample exactly what the uninterrupted run would), then CHECKPOINT_STATE."""
+    for i, agent in enumerate(agents):
+        save_agent(agent, os.path.join(path, f"agent_{i}"))
+        torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
+    torch.save(rng, os.path.join(path, RNG_STATE))
+    files = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:
+        json.dump({**state, "files": files}, f, indent=1)
+
+
+def checkpoint_state(path):
+    """The CHECKPOINT_STATE of checkpoint `path`: its step, the run's flags ("args") and its files."""
+    with open(os.path.join(path, CHECKPOINT_STATE)) as f:
+        return json.load(f)
+
+
+def load_optimizer_state(agent, agent_path):
+    """Agent's optimizer as the checkpoint's agent directory `agent_path` saved it."""
+    state = torch.load(os.path.join(agent_path, OPTIMIZER_STATE), map_location=agent.model.device,
+                       weights_only=True)
+    agent.optimizer.load_state_dict(state)
+
+
+def restore_rng(path):
+    """The random number generators as checkpoint `path` saved them."""
+    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # (Python's state is a tuple)
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
 def checkpoint_problem(path):
     """None if checkpoint `path` is complete, else what is wrong (its state file lists each file's size)."""
     try:
-        with open(os.path.join(path, CHECKPOINT_STATE)) as f:
-            files = json.load(f)["files"]
+        files = checkpoint_state(path)["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
     for rel, size in files.items():
@@ -374,7 +416,41 @@ def latest_checkpoint(out):
     return None
 
 # -----------------------------------------------------------------------------
-# The command line's model flags (train.py and eval.py)
+# The command line (train.py and eval.py): the defaults that depend on the run, and the model flags
+
+# Config's own defaults are the paper's (magrpo.py, Sec. 2). The few that depend on the run live in
+# this one table, which train.py and eval.py read through run_defaults.
+DEFAULTS = {
+    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1, test_timeout=10.0),  # the paper's
+    "eval": dict(temperature=0.8, top_p=0.95, test_timeout=10.0),  # the paper's evaluation (Sec. 6)
+    # The tiny model learns from scratch in minutes: a high lr, short outputs, bigger groups.
+    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
+                 test_timeout=3.0),
+    # The authors' training configs, per env (Env.authors_config names its row).
+    "humaneval": dict(temperature=0.7, top_p=0.9),
+    "coophumaneval": dict(temperature=0.8, top_p=0.95),
+    "writing": dict(temperature=0.7, top_p=0.9, learning_rate=5e-6),
+}
+
+
+def run_defaults(tiny, purpose, env_config=None):
+    """The defaults of a run from DEFAULTS. Training: the tiny model's, or the paper's then the env's
+    row (the authors' configs). Evaluating: the paper's sampling; the tiny model's lengths and timeout."""
+    if purpose == "eval":
+        tiny_row = DEFAULTS["tiny"]
+        lengths = {"max_new_tokens": tiny_row["max_new_tokens"], "test_timeout": tiny_row["test_timeout"]}
+        return {**DEFAULTS["eval"], **(lengths if tiny else {})}
+    if tiny:
+        return dict(DEFAULTS["tiny"])
+    return {**DEFAULTS["train"], **DEFAULTS.get(env_config, {})}
+
+
+def fill_defaults(args, defaults):
+    """Each flag of `defaults` the user did not give (still None) takes its default."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
 
 
 def add_model_flags(p):

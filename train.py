@@ -9,11 +9,13 @@ Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Se
 
 Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
 (--resume continues from the newest) and OUT/agent_i. Flags are named like TRL's GRPOConfig.
-README: "Runs that survive" (checkpoints, signals, a full disk), "Scale" (LoRA, torchrun).
+The loop is train(); one MAGRPO step is magrpo.train_step. README: "Runs that survive", "Scale".
 """
 import argparse
 import contextlib
 import dataclasses
+import datetime
+import functools
 import json
 import os
 import random
@@ -31,9 +33,6 @@ import eval as evaluation
 import magrpo
 import models
 
-# Real models: the env's defaults (the authors' configs), else the paper's (Sec. 2); tiny: its own.
-PAPER_DEFAULTS = dict(num_generations=4, max_new_tokens=256, learning_rate=1e-5, steps=1000, batch_size=1,
-                      temperature=1.0, top_p=1.0, test_timeout=10.0)
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every"}
@@ -63,34 +62,34 @@ def parse_args(argv=None):
 
 
 def resolve_flags(args):
-    """Defaults filled, the env built, every flag that needs no model checked -> (env, Config)."""
-    tiny = all(m == models.TINY for m in models.model_names(args))
-    if args.test_timeout is None:  # (the env needs it)
-        args.test_timeout = (models.TINY_DEFAULTS if tiny else PAPER_DEFAULTS)["test_timeout"]
+    """Defaults filled (models.DEFAULTS), the env built, every flag that needs no model checked
+    -> (env, Config)."""
+    tiny = all(name == models.TINY for name in models.model_names(args))
+    if args.test_timeout is None:  # the env needs it: fill it first
+        args.test_timeout = models.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
-    for key, value in (models.TINY_DEFAULTS if tiny else {**PAPER_DEFAULTS, **env.defaults}).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.world_size = world()[1]
-    least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
-                 save_every=0, log_completions_every=0)  # G >= 2: a group has a baseline; a prompt a process
-    for flag, least in least.items():
-        if getattr(args, flag) < least:
-            raise ValueError(f"--{flag.replace('_', '-')}: must be >= {least}, got {getattr(args, flag)}")
+    models.fill_defaults(args, models.run_defaults(tiny, "train", env.authors_config))
     if args.dtype in ("float16", "fp16"):
         raise ValueError("--dtype: float16 training needs loss scaling, which we skip: use bfloat16")
+    cfg = magrpo.config_from_flags(args)
+    models.fill_defaults(args, dataclasses.asdict(cfg))  # args.json records every setting
+    args.world_size = world()[1]
+    # G >= 2: a group needs a baseline (Eq. 1); a step has at least a prompt per process.
+    least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
+                 save_every=0, log_completions_every=0)
+    for flag, smallest in least.items():
+        if getattr(args, flag) < smallest:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be >= {smallest}, got {getattr(args, flag)}")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
-    cfg = magrpo.config_from_flags(args)
-    vars(args).update({k: v for k, v in dataclasses.asdict(cfg).items() if getattr(args, k) is None})
     return env, cfg
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
-    """(agents, expert): the agents of --model or a checkpoint, on this process's devices; LoRA
+    """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
-    n = 1 if lora and args.device == "auto" else env.num_agents
+    n = 1 if lora and args.device == "auto" else env.num_agents  # LoRA agents on one device share a base
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
@@ -101,8 +100,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         if checkpoint is not None:
-            state = torch.load(os.path.join(name, "optimizer.pt"), map_location=device, weights_only=True)
-            agent.optimizer.load_state_dict(state)
+            models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
 
@@ -111,133 +109,199 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
 
 
 def train(args):
-    """A whole run. A bad flag ends it in one line, before anything is written; a signal with a
-    checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
-    local_rank, local_world = start_processes()
-    main = world()[0] == 0
+    """A whole run. A bad flag ends it in one line, before anything is written; a signal ends it with
+    a checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
     try:
-        env, cfg = resolve_flags(args)
-        checkpoint = prepare_out(args)
-        agents, expert = build(args, env, checkpoint, local_rank, local_world)
-        eval_env = args.eval_every and envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
-        start = done = 0 if checkpoint is None else checkpoint[0]
-        if main:  # only now, every input checked
-            try:
-                os.makedirs(args.out, exist_ok=True)
-                for name in ("metrics.jsonl", "completions.jsonl"):
-                    cut_metrics(os.path.join(args.out, name), start)
-                write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
-            except OSError as e:
-                raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
+        run = Run(args)
     except ValueError as e:
         sys.exit(f"train.py: error: {e}")
-    gather(None)  # every process has read --out before process 0 writes into it
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
-    if checkpoint is not None:
-        print(f"resuming {args.out} at step {start} from {checkpoint[1]}", file=sys.stderr)
-        rng = torch.load(os.path.join(checkpoint[1], "rng_state.pt"), weights_only=False)
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-    log, curve, completions = (RunFile(os.path.join(args.out, f))
-                               for f in ("metrics.jsonl", "curve.svg", "completions.jsonl"))
-    history = [json.loads(line) for line in open(log.path)] if main and log.size else []  # cut_metrics' rows
-    signals, signum, error, recent = Signals(), None, None, []
-    bar = tqdm(range(start, args.steps), desc=f"magrpo {env.name}", dynamic_ncols=True, initial=start,
-               total=args.steps, disable=not main)
+    signals = Signals()
     try:
-        for step in bar:
-            indices = my_share(batch_at(len(env.examples), args.seed, step, args.batch_size))
-            seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(args.batch_size)])
-            batch, t0, turns = [env.examples[i] for i in indices], time.time(), None
-            with contextlib.suppress(Stop), signals.abandon_on_signal():  # a signal drops the step here
-                turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert)
-            votes = gather((signals.received, turns is None))  # the processes stop together, or not at all
-            signum = next((s for s, _ in votes if s is not None), None)
-            if any(abandoned for _, abandoned in votes):
-                break
-            summaries = gather(episode_summary(turns))
-            summary = [{k: sum((s[t][k] for s in summaries if t < len(s)), [] if isinstance(v, list) else 0)
-                        for k, v in summaries[0][0].items()} for t in range(max(map(len, summaries)))]
-            m = {"step": step, **episode_metrics(summary, cfg.num_turns)}
-            bad, total = m["sandbox_errors"] + m["score_errors"], sum(len(t["rewards"]) for t in summary)
-            why = f"({m['sandbox_errors']} sandbox failures, {m['score_errors']} scoring errors)"
-            if bad == total:  # the sandbox or the env is broken, not the agents: stop before the update
-                error = (f"train.py: error: step {step}: none of the {total} joint answers could be "
-                         f"scored {why}")
-                break  # (the same on every process: the summary is merged)
-            if bad:
-                tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and "
-                           f"count as 0 {why}", file=sys.stderr)
-            m.update(magrpo.update_team(agents, turns, cfg), seconds=round(time.time() - t0, 4))
-            if args.log_completions_every and step % args.log_completions_every == 0:
-                rows = [row for rows in gather(completion_rows(step, indices, turns)) for row in rows]
-                if main:  # every process's rows, once
-                    completions.append("".join(json.dumps(row) + "\n" for row in rows))
-            done, last = step + 1, step == args.steps - 1
-            if main and eval_env and (step % args.eval_every == 0 or last):
-                rewards = evaluation.team_rewards(agents, eval_env, cfg, args.eval_limit, expert)
-                m["eval_reward_mean"] = rewards[0]
-                m.update({f"eval_reward_mean_turn{t}": r for t, r in enumerate(rewards, 1)})
-                tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
-                           f"({eval_env.name}, {args.eval_split})")
-            signum = next((s for s in gather(signals.received) if s is not None), None)
-            if args.save_every and done % args.save_every == 0:
-                check_ranks_agree(agents)
-            if main:
-                log.append(json.dumps(m) + "\n")
-                history.append(m)
-                if step % 10 == 9 or last or signum is not None:
-                    curve.write(write_curve, curve.path, history)
-                if args.save_every and done % args.save_every == 0 and not last:
-                    try:
-                        save_checkpoint(args.out, done, agents, args, (log, completions))
-                    except SaveFailed as e:
-                        warnings.warn(f"{e}; the run goes on")
-                shown = m[f"reward_mean_turn{cfg.num_turns}"]
-                recent = (recent + [m["reward_mean"] if shown is None else shown])[-20:]
-                bar.set_postfix(reward=f"{sum(recent) / len(recent):.3f}", zero_adv=m["zero_adv_groups"])
-                if step % max(1, args.steps // 10) == 0 or last:
-                    rewards = [m[f"reward_mean_turn{t}"] or 0 for t in range(1, cfg.num_turns + 1)]
-                    tqdm.write(f"step {step:5d} reward {' -> '.join(f'{r:.3f}' for r in rewards)} | " +
-                               " | ".join(repr(s[:60]) for s in turns[-1].outputs[0]))
-            if signum is not None:
+        for step in run.bar:
+            if not run.step(step, signals):
                 break
     finally:
-        for s, handler in signals.previous.items():
-            signal.signal(s, handler)
-    check_ranks_agree(agents)
-    try:
-        if main:
-            save_checkpoint(args.out, done, agents, args, (log, completions))
-            if signum is None and error is None:
-                save_final(args.out, done, agents, merged=args.save_merged)
-                print(f"wrote {log.path} and {len(agents)} agents under {args.out}/agent_*")
-    except SaveFailed as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        error = error or 1
-    gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
-    if signum is not None or error:
-        sys.exit(128 + signum if signum is not None else error)
-    return log.path
+        signals.restore()
+    return run.finish()
+
+
+class Run:
+    """A run's state: its flags, env, Config, agents and files (process 0 alone writes them), and the
+    loop's named parts: step, ready, evaluate, record, save and finish."""
+
+    def __init__(self, args):
+        local_rank, local_world = start_processes()
+        self.args, self.main = args, world()[0] == 0
+        self.env, self.cfg = resolve_flags(args)
+        checkpoint = prepare_out(args)
+        self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
+        self.eval_env = None
+        if args.eval_every:
+            self.eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+        self.start = self.done = 0 if checkpoint is None else checkpoint[0]  # done: steps in the weights
+        gather(None)  # every process has read --out (prepare_out) before process 0 writes into it
+        if self.main:
+            start_out(args, self.start)
+        torch.manual_seed(args.seed)
+        random.seed(args.seed)
+        if checkpoint is not None:
+            print(f"resuming {args.out} at step {self.start} from {checkpoint[1]}", file=sys.stderr)
+            models.restore_rng(checkpoint[1])
+        self.log, self.curve, self.completions = (RunFile(os.path.join(args.out, name)) for name in
+                                                  ("metrics.jsonl", "curve.svg", "completions.jsonl"))
+        self.history = []  # the rows of metrics.jsonl, for the curve
+        if self.main and self.log.size:
+            with open(self.log.path) as f:
+                self.history = [json.loads(line) for line in f]
+        self.recent, self.scored, self.signum, self.error = [], None, None, None
+        self.bar = tqdm(range(self.start, args.steps), desc=f"magrpo {self.env.name}", dynamic_ncols=True,
+                        initial=self.start, total=args.steps, disable=not self.main)
+
+    def step(self, step, signals):
+        """One step: magrpo.train_step on the step's batch, then its metrics, completions, the eval
+        and a checkpoint when due. -> False when the run stops here."""
+        args = self.args
+        indices = my_share(batch_at(len(self.env.examples), args.seed, step, args.batch_size))
+        seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(args.batch_size)])
+        batch = [self.env.examples[i] for i in indices]
+        t0 = time.time()
+        result = None
+        with contextlib.suppress(Stop), signals.abandon_on_signal():  # a signal drops the step here
+            result = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
+                                       before_update=functools.partial(self.ready, step, signals))
+        if result is None:  # a signal while this process sampled: the others hear of it in ready()
+            self.agree(signals, abandoned=True)
+            return False
+        turns, update = result
+        if update is None:  # ready() said stop: a signal, or a step nothing of which could be scored
+            return False
+        metrics = {**self.scored, **update, "seconds": round(time.time() - t0, 4)}
+        self.log_completions(step, indices, turns)
+        self.done, last = step + 1, step == args.steps - 1
+        if self.eval_env is not None and (step % args.eval_every == 0 or last):
+            self.evaluate(step, metrics)
+        self.signum = next((s for s in gather(signals.received) if s is not None), None)
+        due = args.save_every and self.done % args.save_every == 0
+        if due:
+            check_ranks_agree(self.agents)
+        if self.main:
+            self.record(step, metrics, turns, last, save=due and not last)  # the last: finish() saves
+        return self.signum is None
+
+    def ready(self, step, signals, turns):
+        """train_step's last check before the update, on every process: the processes agree to go on
+        (a signal stops them all here, no agent holding half an update), and the step has answers that
+        could be scored (if none could, the sandbox or the env is broken, not the agents)."""
+        signals.stop_abandoning()  # from here a signal waits for the step's end
+        if not self.agree(signals, abandoned=False):
+            return False
+        summary = merge_summaries(gather(episode_summary(turns)))
+        self.scored = {"step": step, **episode_metrics(summary, self.cfg.num_turns)}
+        bad = self.scored["sandbox_errors"] + self.scored["score_errors"]
+        total = sum(len(turn["rewards"]) for turn in summary)
+        why = f"({self.scored['sandbox_errors']} sandbox failures, {self.scored['score_errors']} scoring errors)"
+        if bad == total:  # the same on every process: the summary is merged
+            self.error = f"train.py: error: step {step}: none of the {total} joint answers could be scored {why}"
+            return False
+        if bad:
+            tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count "
+                       f"as 0 {why}", file=sys.stderr)
+        return True
+
+    def agree(self, signals, abandoned):
+        """The processes stop together or not at all: each tells whether a signal came and whether
+        it abandoned its sampling. -> True when no process abandoned its step."""
+        votes = gather((signals.received, abandoned))
+        self.signum = next((signum for signum, _ in votes if signum is not None), None)
+        return not any(gave_up for _, gave_up in votes)
+
+    def log_completions(self, step, indices, turns):
+        """OUT/completions.jsonl: every process's joint actions of the step, written once, by process 0."""
+        every = self.args.log_completions_every
+        if not every or step % every:
+            return
+        rows = []
+        for process_rows in gather(completion_rows(step, indices, turns)):
+            rows += process_rows
+        if self.main:
+            self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
+
+    def evaluate(self, step, metrics):
+        """The in-training eval: the greedy joint reward per turn on --eval-limit examples of
+        --eval-split. Each process scores its share, so none waits long in a collective for another."""
+        examples = my_share(self.eval_env.examples[:self.args.eval_limit])
+        sums = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg, self.expert)
+        counted = magrpo.all_sum(sums + [len(examples)])
+        rewards = [total / counted[-1] for total in counted[:-1]]
+        metrics["eval_reward_mean"] = rewards[0]
+        for t, reward in enumerate(rewards, 1):
+            metrics[f"eval_reward_mean_turn{t}"] = reward
+        if self.main:
+            tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
+                       f"({self.eval_env.name}, {self.args.eval_split})")
+
+    def record(self, step, metrics, turns, last, save):
+        """Process 0: the step's row of metrics.jsonl, the curve every 10 steps, a checkpoint when
+        `save`, the progress bar, and now and then a line with the first joint answer."""
+        self.log.append(json.dumps(metrics) + "\n")
+        self.history.append(metrics)
+        if step % 10 == 9 or last or self.signum is not None:
+            self.curve.write(write_curve, self.curve.path, self.history)
+        if save:
+            try:
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, (self.log, self.completions))
+            except SaveFailed as e:
+                warnings.warn(f"{e}; the run goes on")
+        shown = metrics[f"reward_mean_turn{self.cfg.num_turns}"]  # the last turn's, if a group reached it
+        self.recent = (self.recent + [metrics["reward_mean"] if shown is None else shown])[-20:]
+        self.bar.set_postfix(reward=f"{sum(self.recent) / len(self.recent):.3f}",
+                             zero_adv=metrics["zero_adv_groups"])
+        if step % max(1, self.args.steps // 10) == 0 or last:
+            rewards = [metrics[f"reward_mean_turn{t}"] or 0 for t in range(1, self.cfg.num_turns + 1)]
+            samples = " | ".join(repr(text[:60]) for text in turns[-1].outputs[0])
+            tqdm.write(f"step {step:5d} reward {' -> '.join(f'{r:.3f}' for r in rewards)} | {samples}")
+
+    def finish(self):
+        """The run's end: a checkpoint, and unless a signal or an error stopped it, the final agents
+        (OUT/agent_i). A stopped run exits with 128 + the signal, or its error."""
+        check_ranks_agree(self.agents)
+        try:
+            if self.main:
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, (self.log, self.completions))
+                if self.signum is None and self.error is None:
+                    save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
+                    print(f"wrote {self.log.path} and {len(self.agents)} agents under {self.args.out}/agent_*")
+        except SaveFailed as e:
+            print(f"train.py: error: {e}", file=sys.stderr)
+            self.error = self.error or 1
+        gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
+        if self.signum is not None:
+            sys.exit(128 + self.signum)
+        if self.error:
+            sys.exit(self.error)
+        return self.log.path
 
 
 def batch_at(n, seed, step, batch_size):
-    """A step's examples, indices among n: shuffled epochs, each epoch's order from (seed, epoch) alone."""
-    return [random.Random(magrpo.mix_seed(seed, pos // n)).sample(range(n), n)[pos % n]
-            for pos in range(step * batch_size, (step + 1) * batch_size)]
+    """A step's examples, indices among n: shuffled epochs, each epoch's order from (seed, epoch) alone,
+    so that a resumed run draws what the uninterrupted one would."""
+    indices = []
+    for position in range(step * batch_size, (step + 1) * batch_size):
+        epoch_order = random.Random(magrpo.mix_seed(seed, position // n)).sample(range(n), n)
+        indices.append(epoch_order[position % n])
+    return indices
 
 
 def completion_rows(step, indices, turns):
     """OUT/completions.jsonl's rows: each joint action of the step, its reward, each agent's advantage."""
     rows = []
     for t, turn in enumerate(turns, 1):
-        for n, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
-            k, j = divmod(n, len(turn.joint))
-            advantages = [a[k * turn.size + g].item() for a, g in zip(turn.advantages, turn.joint[j])]
-            rows.append({"step": step, "example": indices[turn.groups[k].example], "turn": t,
+        for node, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
+            group, action = turn.place(node)
+            advantages = []
+            for agent_advantages, g in zip(turn.advantages, turn.joint[action]):
+                advantages.append(agent_advantages[turn.row(group, g)].item())
+            rows.append({"step": step, "example": indices[turn.groups[group].example], "turn": t,
                          "completions": list(outputs), "reward": float(reward),
                          "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
     return rows
@@ -252,8 +316,10 @@ def episode_summary(turns):
     out = []
     for t, turn in enumerate(turns):
         values, rewards = turn.values(), turn.rewards
-        gains = [(values[k].mean() - float(turns[t - 1].rewards[g.parent])).item()
-                 for k, g in enumerate(turn.groups)] if t else []
+        gains = []
+        for k, group in enumerate(turn.groups):
+            if t > 0:
+                gains.append((values[k].mean() - float(turns[t - 1].rewards[group.parent])).item())
         out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
                     "levels": [dict(getattr(r, "levels", None) or {}) for r in rewards],
                     "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in rewards),
@@ -261,18 +327,39 @@ def episode_summary(turns):
     return out
 
 
+def merge_summaries(summaries):
+    """The processes' episode summaries as one: per turn, the lists joined and the counts added (a
+    process whose episodes ended early has fewer turns)."""
+    merged = []
+    for t in range(max(len(summary) for summary in summaries)):
+        turns = [summary[t] for summary in summaries if t < len(summary)]
+        turn = dict(turns[0])
+        for other in turns[1:]:
+            for key, value in other.items():
+                turn[key] = turn[key] + value  # lists join, counts add
+        merged.append(turn)
+    return merged
+
+
+def level_means(levels, suffix=""):
+    """The mean of each reward level over the nodes; a level a reward lacks (gated off) counts 0."""
+    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
+    means = {}
+    for name in names:
+        total = sum(float(node_levels.get(name, 0.0)) for node_levels in levels)
+        means[f"level_{name}{suffix}"] = total / len(levels)
+    return means
+
+
 def episode_metrics(summary, num_turns):
     """A step's row of metrics.jsonl from its (merged) summary; None for a turn no node reached."""
-    def level_means(levels, suffix=""):  # a level a reward lacks (gated off) counts 0
-        names = dict.fromkeys(k for lv in levels for k in lv)
-        return {f"level_{k}{suffix}": sum(float(lv.get(k, 0.0)) for lv in levels) / len(levels)
-                for k in names}
     first = torch.tensor(summary[0]["rewards"])
     m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if len(first) > 1 else 0.0,
          "reward_max": first.max().item(), **level_means(summary[0]["levels"])}
     for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"] + \
-               ([f"improvement_turn{t}"] if t > 1 else [])
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
+        if t > 1:
+            keys.append(f"improvement_turn{t}")
         if t > len(summary):
             m.update(dict.fromkeys(keys))
             continue
@@ -293,31 +380,44 @@ def episode_metrics(summary, num_turns):
 def prepare_out(args):
     """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
     holds a run; --resume refuses flags that would change it."""
+    names = os.listdir(args.out) if os.path.isdir(args.out) else []
     if not args.resume:
-        names = os.listdir(args.out) if os.path.isdir(args.out) else []
-        if any(n in ("args.json", "metrics.jsonl", "final.json") or n.startswith(("checkpoint-", "agent_"))
-               for n in names):
-            raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or pick "
-                             "another --out")
+        for name in names:
+            if name in ("args.json", "metrics.jsonl", "final.json") or name.startswith(("checkpoint-", "agent_")):
+                raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
+                                 "pick another --out")
         return None
-    for leftover in os.listdir(args.out) if os.path.isdir(args.out) else []:
+    for leftover in names:
         if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
             shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
     checkpoint = models.latest_checkpoint(args.out)
     if checkpoint is None:
         return None
-    with open(os.path.join(checkpoint[1], models.CHECKPOINT_STATE)) as f:
-        saved = json.load(f)["args"]
-    for k in (k for k in saved if k not in RESUMABLE and saved[k] != vars(args).get(k)):
-        raise ValueError(f"--{k.replace('_', '-')}: the run in {args.out!r} used {saved[k]!r}, not "
-                         f"{vars(args).get(k)!r}; resume with the same flags (only --steps and the "
-                         "save/eval/device flags may change)")
+    saved = models.checkpoint_state(checkpoint[1])["args"]
+    for name, value in saved.items():
+        if name not in RESUMABLE and value != vars(args).get(name):
+            raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
+                             f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
+                             "save/eval/device flags may change)")
     if args.steps < checkpoint[0]:
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
 
 
+def start_out(args, start):
+    """Process 0, every input checked: --out made, its logs cut back to `start` (a resumed run logs its
+    later steps again), args.json written."""
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            cut_metrics(os.path.join(args.out, name), start)
+        write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
+    except OSError as e:
+        raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
+
+
 def write_atomic(path, text):
+    """`text` as the file `path`, whole or not at all: written aside, fsync'd, renamed into place."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -328,7 +428,10 @@ def write_atomic(path, text):
 
 def fsync_tree(path):
     """Everything under `path` on disk, directories included (before it is renamed into place)."""
-    for p in [os.path.join(root, n) for root, dirs, files in os.walk(path) for n in files + dirs] + [path]:
+    paths = [path]
+    for root, dirs, files in os.walk(path):
+        paths += [os.path.join(root, name) for name in files + dirs]
+    for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -351,16 +454,17 @@ def saving(out, what, *tmps):
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
         latest = models.latest_checkpoint(out)
-        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
-                 else "there is no complete checkpoint (--resume starts at step 0)")
+        where = "there is no complete checkpoint (--resume starts at step 0)"
+        if latest:
+            where = f"{latest[1]} is the newest complete checkpoint (--resume continues from it)"
         raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
                          + where) from None
 
 
 def save_checkpoint(out, step, agents, args, logs=()):
-    """OUT/checkpoint-<step>: each agent's weights and optimizer state, the RNG states, the step and
-    args, once the `logs` hold every row before it. Written aside, fsync'd, renamed: a kill leaves the
-    last complete checkpoint or this one. Keeps --save-total-limit."""
+    """OUT/checkpoint-<step> (models.write_checkpoint), once the `logs` hold every row before it.
+    Written aside, fsync'd, renamed: a kill leaves the last complete checkpoint or this one. Keeps the
+    newest --save-total-limit."""
     final = os.path.join(out, f"checkpoint-{step}")
     tmp = os.path.join(out, f".tmp-checkpoint-{step}")
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
@@ -369,30 +473,22 @@ def save_checkpoint(out, step, agents, args, logs=()):
         for log in logs:
             log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
-        for i, agent in enumerate(agents):
-            models.save_agent(agent, os.path.join(tmp, f"agent_{i}"))
-            torch.save(agent.optimizer.state_dict(), os.path.join(tmp, f"agent_{i}", "optimizer.pt"))
-        torch.save({"python": random.getstate(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-                   os.path.join(tmp, "rng_state.pt"))
-        files = {os.path.relpath(os.path.join(root, f), tmp): os.path.getsize(os.path.join(root, f))
-                 for root, _, names in os.walk(tmp) for f in names}
-        # the data position is the step: batch_at derives step k's examples from (seed, k) alone
-        state = {"step": step, "data_position": step * args.batch_size, "args": vars(args), "files": files}
-        with open(os.path.join(tmp, models.CHECKPOINT_STATE), "w") as f:
-            json.dump(state, f, indent=1)
+        # The data position is the step: batch_at derives step k's examples from (seed, k) alone.
+        models.write_checkpoint(tmp, agents, {"step": step, "data_position": step * args.batch_size,
+                                              "args": vars(args)})
         fsync_tree(tmp)
         if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
             os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
         os.rename(tmp, final)
         fsync_tree(out)
-    complete = [c for c in models.checkpoints(out) if models.checkpoint_problem(c[1]) is None]
-    keep = {path for _, path in complete[:args.save_total_limit]}  # the newest; broken ones go too
-    for old in [path for _, path in models.checkpoints(out) if path not in keep]:
-        trash = os.path.join(out, ".trash-" + os.path.basename(old))
-        with contextlib.suppress(OSError):
-            os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
-        shutil.rmtree(trash, ignore_errors=True)
+    complete = [path for _, path in models.checkpoints(out) if models.checkpoint_problem(path) is None]
+    keep = complete[:args.save_total_limit]  # the newest complete ones; broken ones go too
+    for _, old in models.checkpoints(out):
+        if old not in keep:
+            trash = os.path.join(out, ".trash-" + os.path.basename(old))
+            with contextlib.suppress(OSError):
+                os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
+            shutil.rmtree(trash, ignore_errors=True)
     shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
 
 
@@ -406,8 +502,8 @@ def save_final(out, step, agents, merged=False):
         for i, (agent, tmp) in enumerate(zip(agents, tmps)):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(os.path.join(out, f"checkpoint-{step}", f"agent_{i}"), tmp,
-                            copy_function=link_or_copy, ignore=shutil.ignore_patterns("optimizer.pt"))
+            shutil.copytree(os.path.join(out, f"checkpoint-{step}", f"agent_{i}"), tmp, copy_function=link_or_copy,
+                            ignore=shutil.ignore_patterns(models.OPTIMIZER_STATE))
             if merged and models.is_lora(agent.model):
                 models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
             fsync_tree(tmp)
@@ -459,7 +555,7 @@ class RunFile:
     def sync(self, fsync=True):
         """Write the pending lines (fsync: a checkpoint needs every row before it)."""
         with open(self.path, "a") as f:
-            f.truncate(self.size)
+            f.truncate(self.size)  # a write that failed halfway is cut back, then written whole
             f.write(self.pending)
             f.flush()
             if fsync:
@@ -480,8 +576,9 @@ class Signals:
 
     def __init__(self):
         self.received, self.abandonable = None, False
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGHUP,
-                                                                   signal.SIGINT)}
+        self.previous = {}
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            self.previous[signum] = signal.signal(signum, self.handle)
 
     def handle(self, signum, frame):
         if self.received is None:
@@ -501,14 +598,26 @@ class Signals:
         finally:
             self.abandonable = False
 
+    def stop_abandoning(self):
+        self.abandonable = False
+
+    def restore(self):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
+
+# Process 0 saves while the others wait in a collective; NCCL's default timeout (10 minutes) would
+# kill a run whose save of a large agent and its optimizer state takes longer on a slow disk.
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def start_processes():
     """Under torchrun, join the process group -> (local rank, local size)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
@@ -522,8 +631,12 @@ def gather(obj):
 
 def weights_digest(agents):
     """Per agent, the sum and the sum of squares of all its weights, in float64."""
-    return [(sum(p.double().sum().item() for p in a.model.parameters()),
-             sum(p.double().square().sum().item() for p in a.model.parameters())) for a in agents]
+    digests = []
+    for agent in agents:
+        params = list(agent.model.parameters())
+        digests.append((sum(p.double().sum().item() for p in params),
+                        sum(p.double().square().sum().item() for p in params)))
+    return digests
 
 
 def check_ranks_agree(agents):
@@ -535,14 +648,15 @@ def check_ranks_agree(agents):
 
 def world():
     """(this process's rank, the number of processes); (0, 1) alone."""
-    dp = magrpo.data_parallel()
-    return (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dp else (0, 1)
+    if magrpo.data_parallel():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 def my_share(items):
     """This process's contiguous share of a step's items (N processes sample what one samples)."""
-    r, w = world()
-    return items[r * len(items) // w:(r + 1) * len(items) // w]
+    rank, size = world()
+    return items[rank * len(items) // size:(rank + 1) * len(items) // size]
 
 # -----------------------------------------------------------------------------
 # The learning curve, OUT/curve.svg
@@ -550,20 +664,43 @@ def my_share(items):
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve as a small SVG: turn 1's reward and levels, the last turn's, the eval's."""
+def curve_series(rows):
+    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
+    reward when there are several turns, and the in-training eval's reward."""
     last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
-    keys = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
-    keys += [f"reward_mean_turn{last}"] * (last > 1) + ["eval_reward_mean"]
-    series = {k: v for k in keys if (v := [(r["step"], r[k]) for r in rows if r.get(k) is not None])}
-    steps = [s for v in series.values() for s, _ in v]
-    top = max(y for v in series.values() for _, y in v) or 1.0
-    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right, w = width - legend, max(1, len(rows) // 30)  # the plot's right edge (the legend beyond); smoothing
+    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    if last > 1:
+        names.append(f"reward_mean_turn{last}")
+    names.append("eval_reward_mean")
+    series = {}
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+        if points:  # (no eval: no line)
+            series[name] = points
+    return series
 
-    def at(s, y):  # a point's SVG coordinates
-        x = pad + (s - x0) / (x1 - x0) * (right - pad)
-        return f"{x:.1f},{height - pad - max(0.0, y) / top * (height - 2 * pad):.1f}"
+
+def running_mean(values, window):
+    """Each value averaged with the window - 1 before it: a long run's noisy curve becomes readable."""
+    means = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        means.append(sum(recent) / len(recent))
+    return means
+
+
+def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
+    """The learning curve as a small SVG (no plotting library needed): curve_series, smoothed."""
+    series = curve_series(rows)
+    steps = [step for points in series.values() for step, _ in points]
+    top = max(value for points in series.values() for _, value in points) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right = width - legend  # the plot's right edge; the legend beyond it
+    window = max(1, len(rows) // 30)
+
+    def at(step, value):  # a point's SVG coordinates
+        x = pad + (step - x0) / (x1 - x0) * (right - pad)
+        return f"{x:.1f},{height - pad - max(0.0, value) / top * (height - 2 * pad):.1f}"
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
              f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
@@ -571,12 +708,12 @@ def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
              f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
              f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
              f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
-    for n, (key, points) in enumerate(series.items()):
-        ys, color = [y for _, y in points], COLORS[n % len(COLORS)]
-        line = " ".join(at(s, sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]))
-                        for i, (s, _) in enumerate(points))
-        parts += [f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>',
-                  f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{key}</text>']
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        values = running_mean([value for _, value in points], window)
+        line = " ".join(at(step, value) for (step, _), value in zip(points, values))
+        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
+        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
     write_atomic(path, "\n".join(parts + ["</svg>\n"]))
 
 

@@ -9,6 +9,7 @@ import torch
 
 import magrpo
 import models
+from conftest import scripted_rollout
 from magrpo import completion_logprobs, generate, group_advantages, node_return, policy_loss, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
@@ -96,6 +97,35 @@ def test_mix_seed_is_a_deterministic_hash():
 
 # -----------------------------------------------------------------------------
 # generate
+
+
+# -----------------------------------------------------------------------------
+# decode_step: one token for every running row, from the cache, against a plain forward pass
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_decode_step_matches_a_plain_forward_pass(tok, arch):
+    """Ragged prompts prefilled into a cache, then three decode steps with chosen tokens: each row's
+    next-token logits equal a plain forward pass over that row alone, unpadded."""
+    from transformers import DynamicCache
+    model = build(tok, arch, seed=2)
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    ids, mask = magrpo.left_pad(rows, tok.pad_token_id, "cpu")
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=magrpo.positions_from_mask(mask),
+              **magrpo.forward_kwargs(model, cache))
+        positions = mask.sum(-1)
+        for step, text in enumerate(["ab", "c ", "d!"]):
+            tokens = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:1] * len(rows))
+            tokens = tokens + torch.arange(len(rows))  # a different token per row
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = magrpo.decode_step(model, cache, tokens, mask, positions)
+            positions = positions + 1
+            for r in range(len(rows)):
+                rows[r] = rows[r] + [int(tokens[r])]
+                ref = model(input_ids=torch.tensor([rows[r]])).logits[0, -1].float()
+                assert torch.allclose(logits[r], ref, atol=1e-4), (arch, step, r)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
@@ -222,23 +252,35 @@ def reference_logprobs(model, tok, prompt, completion_ids, temperature):
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_completion_logprobs_match_a_plain_forward_pass(tok, arch):
+    """Rollouts written by hand (no sampler): ragged prompts, completions of different lengths, an
+    empty one (EOS alone); each row against the row alone, unpadded."""
     model = build(tok, arch, seed=6)
+    texts = ["hello world", "x", "", "a longer completion, with more tokens"]
+    r = scripted_rollout(magrpo.Agent(model, tok), PROMPTS, 2, lambda b, g: texts[(b + 3 * g) % 4])
+    assert (r.completion_mask == 0).any(), "want rows of different lengths"
     T = 0.7
-    free = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
-    model.generation_config.eos_token_id = [tok.eos_token_id, int(free.completion_ids[0, 2])]  # some rows stop early
-    r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
-    assert (r.completion_mask == 0).any(), "want some rows that stopped early"
     lp = completion_logprobs(model, r, temperature=T)
     assert lp.shape == r.completion_ids.shape and lp.requires_grad
     for row in range(len(r)):
         n = int(r.completion_mask[row].sum())
         ref = reference_logprobs(model, tok, PROMPTS[row // 2], r.completion_ids[row, :n].tolist(), T)
         assert torch.allclose(lp[row, :n], ref, atol=1e-4), row
-        assert torch.allclose(r.logprobs[row, :n], ref, atol=1e-4), row  # the sampler's own record too
     sub = r.rows(3, 7)  # a micro-batch of rows (trimmed padding) gives the same values
     lp_sub = completion_logprobs(model, sub, temperature=T)
     m = sub.completion_mask.bool()
     assert torch.allclose(lp_sub[m], lp[3:7, :m.shape[1]][m], atol=1e-4)
+
+
+def test_generate_records_the_logprob_of_each_sampled_token(tok):
+    """Rollout.logprobs: log softmax(logits / T) of each drawn token, from the sampler itself."""
+    model = build(tok, "qwen2", seed=6)
+    T = 0.7
+    r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
+    for row in range(len(r)):
+        n = int(r.completion_mask[row].sum())
+        ref = reference_logprobs(model, tok, PROMPTS[row // 2], r.completion_ids[row, :n].tolist(), T)
+        assert torch.allclose(r.logprobs[row, :n], ref, atol=1e-4), row
+    assert (r.logprobs * (1 - r.completion_mask) == 0).all()
 
 # -----------------------------------------------------------------------------
 # Eq. 1, Eq. 2, the multi-turn return
@@ -326,23 +368,36 @@ def test_joint_actions_and_credited_returns():
 # The multi-turn tree (Sec. 3) on scripted rewards: expand_nodes, episode_returns, episode_advantages
 
 
-def scripted_turn(rewards, groups_parents, size=2, joint=None, num_agents=2):
-    """A Turn with the given rewards ([groups][J]) and no model: what the tree functions read."""
+def scripted_turn(rewards, groups_parents, size=2, joint=None, num_agents=2, threshold=4.0):
+    """A Turn with the given rewards ([groups][J]) and no model: what the tree functions read; a node
+    whose reward reaches `threshold` is solved, as sample_turn marks it."""
     joint = joint or magrpo.joint_actions(num_agents, size)
     groups = [magrpo.Group(0, parent, [], [], 0) for parent in groups_parents]
     flat = [r for row in rewards for r in row]
-    return magrpo.Turn(groups, size, [None] * num_agents, joint, [("", "")] * len(flat), flat, [False] * len(flat))
+    solved = [r >= threshold for r in flat]
+    return magrpo.Turn(groups, size, [None] * num_agents, joint, [("", "")] * len(flat), flat, solved)
 
 
 def test_expand_nodes_best_all_and_termination():
-    t = scripted_turn([[1.0, 3.0], [2.0, 2.0]], [None, None])
-    assert magrpo.expand_nodes(t, "best", threshold=4.0) == [1, 2]  # group 1's tie goes to the first
-    assert magrpo.expand_nodes(t, "all", threshold=4.0) == [0, 1, 2, 3]
-    assert magrpo.expand_nodes(t, "best", threshold=3.0) == [1, 2]  # best: solved, its group is not
-    assert t.terminated == [False, True, False, False]
-    assert magrpo.expand_nodes(t, "all", threshold=3.0) == [0, 2, 3]  # all: a solved node is not revised
-    assert magrpo.expand_nodes(t, "best", threshold=2.0) == [1]  # group 1 is all solved: done
-    assert magrpo.expand_nodes(t, "all", threshold=2.0) == [0]
+    def turn(threshold):
+        return scripted_turn([[1.0, 3.0], [2.0, 2.0]], [None, None], threshold=threshold)
+    assert magrpo.expand_nodes(turn(4.0), "best") == [1, 2]  # group 1's tie goes to the first
+    assert magrpo.expand_nodes(turn(4.0), "all") == [0, 1, 2, 3]
+    assert magrpo.expand_nodes(turn(3.0), "best") == [1, 2]  # best: solved, its group is not
+    assert turn(3.0).terminated == [False, True, False, False]
+    assert magrpo.expand_nodes(turn(3.0), "all") == [0, 2, 3]  # all: a solved node is not revised
+    assert magrpo.expand_nodes(turn(2.0), "best") == [1]  # group 1 is all solved: done
+    assert magrpo.expand_nodes(turn(2.0), "all") == [0]
+
+
+def test_turn_names_the_tree():
+    """Node n of a turn is group n // J's joint action n % J; row g of group k is k * size + g."""
+    t = scripted_turn([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [None, None], size=3)
+    assert [t.node(k, j) for k in range(2) for j in range(3)] == list(range(6))
+    assert [t.place(n) for n in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert t.row(1, 2) == 5 and t.row(0, 0) == 0
+    cross = scripted_turn([[0.0] * 4], [None], joint=magrpo.joint_actions(2, 2, "cross"))
+    assert cross.node(0, 3) == 3 and cross.row(0, 1) == 1 and cross.place(3) == (0, 3)
 
 
 def test_episode_advantages_best_compares_each_turns_rewards_by_hand():
@@ -350,7 +405,7 @@ def test_episode_advantages_best_compares_each_turns_rewards_by_hand():
     children all score 3. With a return across turns the revised node would gain gamma * 3 and
     push the second-best below the mean; each turn's own rewards keep the turn-1 order."""
     t1 = scripted_turn([[3.0, 2.0, 1.0, 0.0]], [None], size=4)
-    assert magrpo.expand_nodes(t1, "best", threshold=4.0) == [0]
+    assert magrpo.expand_nodes(t1, "best") == [0]
     t1.children = {0: 0}
     t2 = scripted_turn([[3.0, 3.0, 3.0, 3.0]], [0], size=4)
     for gamma in (0.9, 0.0):
@@ -365,7 +420,7 @@ def test_episode_advantages_all_never_punish_a_solved_answer_by_hand():
     every child of nodes 1-3 scores 4, gamma 0.9. Returns [4 + 0.9 * 4, 3 + 3.6, 2 + 3.6, 1 + 3.6]:
     the solved answer covers the same two turns as its revised siblings, and leads them."""
     t1 = scripted_turn([[4.0, 3.0, 2.0, 1.0]], [None], size=4)
-    assert magrpo.expand_nodes(t1, "all", threshold=4.0) == [1, 2, 3] and t1.terminated[0]
+    assert magrpo.expand_nodes(t1, "all") == [1, 2, 3] and t1.terminated[0]
     t1.children = {1: 0, 2: 1, 3: 2}
     t2 = scripted_turn([[4.0] * 4] * 3, [1, 2, 3], size=4)
     r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.9, num_turns=2)
@@ -381,10 +436,10 @@ def test_episode_advantages_all_with_early_termination_at_turn_two_of_three_by_h
     Returns: turn 3 [3, 1]; turn 2 [4 + 0.5 * 4, 2 + 0.5 * 2] = [6, 3];
     turn 1 [4 + 0.5 * 4 + 0.25 * 4, 1 + 0.5 * (6 + 3) / 2] = [7, 3.25]."""
     t1 = scripted_turn([[4.0, 1.0]], [None])
-    assert magrpo.expand_nodes(t1, "all", threshold=4.0) == [1]
+    assert magrpo.expand_nodes(t1, "all") == [1]
     t1.children = {1: 0}
     t2 = scripted_turn([[4.0, 2.0]], [1])
-    assert magrpo.expand_nodes(t2, "all", threshold=4.0) == [1]
+    assert magrpo.expand_nodes(t2, "all") == [1]
     t2.children = {1: 0}
     t3 = scripted_turn([[3.0, 1.0]], [1])
     returns = magrpo.episode_returns([t1, t2, t3], gamma=0.5, num_turns=3)
@@ -399,9 +454,9 @@ def random_tree(rng, expand, G=3, T=3, top=4.0):
     turns, parents = [], [None]
     for t in range(T):
         turn = scripted_turn([[float(rng.randint(0, int(top))) for _ in range(G)] for _ in parents], parents,
-                             size=G)
+                             size=G, threshold=top)
         turns.append(turn)
-        nodes = magrpo.expand_nodes(turn, expand, threshold=top)
+        nodes = magrpo.expand_nodes(turn, expand)
         if t == T - 1 or not nodes:
             break
         turn.children = {node: k for k, node in enumerate(nodes)}
@@ -519,3 +574,23 @@ def test_tiny_model_saves_and_loads_back(tok, tmp_path):
     assert a.texts == b.texts
     with pytest.raises(ValueError, match="not a directory"):
         models.load_model(str(tmp_path / "missing"))
+
+
+def test_sampling_and_logprobs_print_no_deprecation_warning():
+    """transformers 5 names the KV cache `cache`: the old name warns on stderr (once per process, so
+    a fresh process), as would any other deprecated use in the sampler or the log-prob pass."""
+    import subprocess
+    import sys
+    code = """if True:
+        import magrpo, models
+        tok = models.tiny_tokenizer()
+        for arch in ("qwen2", "llama", "gpt2"):
+            model = models.tiny_model(tok, arch=arch)
+            rollout = magrpo.generate(model, tok, ["ab", "c"], 2, 4, seed=0)
+            magrpo.completion_logprobs(model, rollout).sum().backward()
+        """
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, cwd=root,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "deprecat" not in p.stderr.lower(), p.stderr

@@ -1,4 +1,4 @@
-"""Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team and update_team (a train step) with
+"""Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team and magrpo.train_step with
 tiny models on the demo env: what each agent sees at each turn, the batching of the sampler, and
 T = 1 against a single-turn MAGRPO step written out from the primitives. CPU, a few seconds."""
 import pytest
@@ -11,10 +11,10 @@ import train
 
 
 def train_step(agents, env, examples, cfg, seeds):
-    """What one step of train.py does: an episode per example, then the update of every agent."""
-    turns = magrpo.rollout_team(agents, env, examples, cfg, seeds)
-    return {**train.episode_metrics(train.episode_summary(turns), cfg.num_turns), **magrpo.update_team(agents, turns, cfg),
-            "samples": turns[-1].outputs[0]}
+    """One step as train.py takes it: magrpo.train_step, and the reward metrics train.py logs."""
+    turns, update = magrpo.train_step(agents, env, examples, cfg, seeds)
+    rewards = train.episode_metrics(train.episode_summary(turns), cfg.num_turns)
+    return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     tok = models.tiny_tokenizer()
     agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
-    got = evaluation.team_rewards(agents, env, cfg, limit=5, batch_size=2)
+    got = [total / 5 for total in evaluation.team_reward_sums(agents, env, env.examples[:5], cfg, batch_size=2)]
     outs = [magrpo.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
             for i, a in enumerate(agents)]
     joint = [(outs[0][b][0], outs[1][b][0]) for b in range(5)]
@@ -276,7 +276,7 @@ class FullDisk:
     writes part of its file (train.py's own files all but their last 10 characters: a row cut
     short), then raises what it raises on a full disk (as measured on a tmpfs): safetensors a
     SafetensorError, torch.save a RuntimeError, the tokenizers library a bare Exception, and
-    train.py's own files (metrics.jsonl, curve.svg, trainer_state.json, final.json) an OSError."""
+    our own files (metrics.jsonl, curve.svg, trainer_state.json, final.json) an OSError."""
 
     def __init__(self, monkeypatch, writers=("safetensors", "torch", "tokenizer", "open")):
         import builtins
@@ -315,16 +315,17 @@ class FullDisk:
         monkeypatch.setattr(tokenizers, "save_pretrained",
                             failing("tokenizer", tokenizers.save_pretrained, tokenizer_json))
         monkeypatch.setattr(train, "open", open_, raising=False)
+        monkeypatch.setattr(models, "open", open_, raising=False)  # where the checkpoint's state is written
 
     def from_update(self, monkeypatch, k):
         """The disk fills during the k-th update (counted from 1) and stays full."""
-        real, done = magrpo.update_team, []
+        real, done = magrpo.episode_advantages, []
 
-        def update_team(*a, **kw):
+        def episode_advantages(*a, **kw):
             done.append(1)
             self.full = self.full or len(done) >= k
             return real(*a, **kw)
-        monkeypatch.setattr(magrpo, "update_team", update_team)
+        monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
 
 
 @pytest.mark.parametrize("writer, cause", [("safetensors", "SafetensorError: .*No space left"),
@@ -449,18 +450,18 @@ def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_p
     """From step 3 on every reward raises: the run stops before step 3's update, saves
     checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
     import envs
-    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.update_team, []
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.episode_advantages, []
 
     def reward(self, example, outputs):
         if len(done) >= 3:
             raise ValueError("the scorer is broken")
         return real_reward(self, example, outputs)
 
-    def update_team(*a, **k):
+    def episode_advantages(*a, **k):
         done.append(1)
         return real_update(*a, **k)
     monkeypatch.setattr(envs.DemoEnv, "reward", reward)
-    monkeypatch.setattr(magrpo, "update_team", update_team)
+    monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
         train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
