@@ -89,18 +89,36 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def test_metrics(problems, ks):
+    """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
+    best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
+    passed, rates = [], []  # per problem, its samples in sampling order
+    for records in problems:
+        passed.append([all_passed(r) for r in records])
+        rates.append([tests_rate(r) for r in records])
+    metrics = {}
+    for k in ks:
+        metrics[f"pass@{k}"] = _mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
+    for k in ks:
+        metrics[f"pass_any@{k}"] = _mean(any(ok[:k]) for ok in passed)
+    for k in ks:
+        metrics[f"acc@{k}"] = _mean(max(rate[:k]) for rate in rates)
+    return metrics
+
+
+def tests_rate(rec):
+    """The share of the problem's tests a sample passed (0 if it never reached the tests)."""
+    passed, total = rec.get("tests", (0, 0))
+    return passed / total if total else 0.0
+
+
 def aggregate(problems, ks):
     """One method's (metrics, details) from its problems' sample records: test metrics are means over
     problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
     samples = [r for recs in problems for r in recs]
     metrics = {}
-    if any("tests" in r for r in samples):  # per problem, its samples in sampling order
-        ok = [[all_passed(r) for r in recs] for recs in problems]
-        rates = [[p / n if n else 0.0 for p, n in (r.get("tests", (0, 0)) for r in recs)]
-                 for recs in problems]
-        metrics.update({f"pass@{k}": _mean(pass_at_k(len(o), sum(o), k) for o in ok) for k in ks})
-        metrics.update({f"pass_any@{k}": _mean(any(o[:k]) for o in ok) for k in ks})
-        metrics.update({f"acc@{k}": _mean(max(r[:k]) for r in rates) for k in ks})
+    if any("tests" in r for r in samples):
+        metrics.update(test_metrics(problems, ks))
     if any("coop" in r for r in samples):
         metrics["coop_rate"] = _mean(r.get("coop", 0.0) > 0 for r in samples)
     rewards = [r["reward"] for r in samples]
@@ -210,8 +228,12 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
     seconds = _mean(sec for _, _, sec in second)
-    return [[Sample(tuple(text[n] for text, _, _ in second), s.tokens + sum(toks[n] for _, toks, _ in second),
-                    s.seconds + seconds) for n, s in enumerate(first)]]
+    samples = []
+    for n, sample in enumerate(first):
+        outputs = tuple(texts[n] for texts, _, _ in second)
+        tokens = sample.tokens + sum(toks[n] for _, toks, _ in second)
+        samples.append(Sample(outputs, tokens, sample.seconds + seconds))
+    return [samples]
 
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
@@ -441,8 +463,19 @@ def evaluate(args, env, examples, team):
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
     bar.close()
     first, last = turns[0]["methods"], turns[-1]["methods"]
-    improvement = {m: {k: v - first[m][k] for k, v in last[m].items() if k in first[m]} for m in last}
+    improvement = {}  # per method, each metric's last turn minus its first
+    for method, metrics in last.items():
+        improvement[method] = {k: v - first[method][k] for k, v in metrics.items() if k in first[method]}
     return {**turns[-1], "problems": problems, "turns": turns, "improvement": improvement}
+
+
+def cell_text(value):
+    """A table cell: a float to 4 significant digits, "-" for a metric the method lacks."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def format_table(rows, title):
@@ -454,8 +487,7 @@ def format_table(rows, title):
     widths = [max(8, len(c)) for c in cols]
     lines = [" ".join([title.ljust(w0)] + [c.rjust(w) for c, w in zip(cols, widths)])]
     for method, metrics in rows.items():
-        cells = [("-" if c not in metrics else f"{metrics[c]:.4g}" if isinstance(metrics[c], float)
-                  else str(metrics[c])).rjust(w) for c, w in zip(cols, widths)]
+        cells = [cell_text(metrics.get(c)).rjust(w) for c, w in zip(cols, widths)]
         lines.append(" ".join([method.ljust(w0)] + cells))
     return "\n".join(lines)
 
