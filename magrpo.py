@@ -298,8 +298,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
 
     # Prefill: each prompt runs once, and its G completions share its cache.
     cache = DynamicCache()
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions_from_mask(prompt_mask),
-                **forward_kwargs(model, cache, last=1))
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
     cache.batch_repeat_interleave(G)
     logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
     mask = prompt_mask.repeat_interleave(G, dim=0)
@@ -420,13 +420,26 @@ def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2), at the sampling
     temperature: the distribution the tokens came from, before any top-p/k cut, as TRL's GRPO
     (greedy: T = 1). -> [rows, T]; the positions after a row's EOS are to be masked by the caller."""
+    from transformers import DynamicCache
     T = temperature if temperature > 0 else 1.0
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    P = rollout.prompt_ids.shape[1]
+    # A group's G rows continue the same prompt: each distinct prompt runs once (Prefix Grouper, Liu
+    # et al. 2025), with gradients, since its keys and values depend on the weights too.
+    prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1),
+                                          dim=0, return_inverse=True)
+    prompt_mask = prompts[:, P:]
+    cache = DynamicCache()
+    out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask,
+                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
+    first = out.logits[prompt_of_row]  # a prompt's last logit predicts its rows' first token
+    # Each row attends to its prompt's cache (repeated by indexing: autograd adds up the rows'
+    # gradients of each prompt, so the result equals running every row whole), then runs its tokens.
+    cache.batch_select_indices(prompt_of_row)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    L = rollout.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                   **forward_kwargs(model, last=L + 1)).logits
-    logits = logits[:, -(L + 1):-1, :].float() / T  # the logit at position t predicts token t + 1
+    positions = positions_from_mask(mask)[:, P:]
+    rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions,
+                 **forward_kwargs(model, cache)).logits
+    logits = torch.cat([first, rest[:, :-1]], dim=1).float() / T  # position t's logit predicts token t + 1
     token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
     return token_logits - torch.logsumexp(logits, dim=-1)
 
@@ -778,11 +791,11 @@ def update_agent(agent, parts, cfg):
     for (rollout, advantages, weight), normalizer in zip(parts, normalizers):
         if rollout is None:
             continue
-        for start in range(0, len(rollout), mbs):
-            adv = advantages[start:start + mbs].to(rollout.completion_ids.device)
+        for start, stop in micro_batches(len(rollout), rollout.num_generations, mbs):
+            adv = advantages[start:stop].to(rollout.completion_ids.device)
             if not adv.any():  # no signal: the rows' loss and gradient are 0 anyway
                 continue
-            mb = rollout.rows(start, start + mbs)
+            mb = rollout.rows(start, stop)
             lp = completion_logprobs(model, mb, cfg.temperature)
             loss = weight * policy_loss(lp, mb.completion_mask, adv, cfg.loss_type, normalizer)
             loss.backward()
@@ -798,6 +811,15 @@ def update_agent(agent, parts, cfg):
         optimizer.step()  # parameters without a gradient (all advantages 0) are left alone
     optimizer.zero_grad(set_to_none=True)
     return {"loss": total, "grad_norm": grad_norm, "skipped": int(skipped)}
+
+
+def micro_batches(num_rows, group_size, micro_batch_size):
+    """Row ranges [start, stop) of at most micro_batch_size rows, cut between groups where they can:
+    as many whole groups as fit (a micro-batch runs each group's prompt once), else parts of a group."""
+    step = micro_batch_size
+    if group_size <= micro_batch_size:
+        step = micro_batch_size // group_size * group_size
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def zero_advantage_groups(turns):

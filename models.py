@@ -172,12 +172,17 @@ def lora_targets(model, targets):
 
     def hits(name):
         return [t for t in targets if name == t or name.endswith("." + t)]
-    missing = [t for t in targets if not any(t in hits(n) for n in linear)]
+    found = set()
+    for name in linear:
+        found.update(hits(name))
+    missing = [t for t in targets if t not in found]  # a target that matches nothing is a typo
     if missing:
         names = sorted({n.rsplit(".", 1)[-1] for n in linear})
         raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this "
                         f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
     chosen = [n for n in linear if hits(n)]
+    # A weight owned by two modules is tied (GPT-2's lm_head is its embedding): merging an adapter
+    # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
         if owners[id(model.get_submodule(name).weight)] > 1:
@@ -231,12 +236,39 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
         base_seed = seed if base_seed is None else base_seed
         base, tok = shared_base(name, device, dtype, base_seed, bases)
         return add_lora(base, lora, seed, name, base_seed), tok
+    config = adapter_config(name)
+    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
+    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
+        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
+                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
+    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
+    tiny_seed = seed
+    if os.path.isfile(os.path.join(name, TINY_BASE)):
+        with open(os.path.join(name, TINY_BASE)) as f:
+            tiny_seed = json.load(f)["seed"]
+    base_name = config["base_model_name_or_path"]
+    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
+    try:
+        model = add_lora(base, saved, seed, base_name, tiny_seed)
+    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+        why = str(e).split(": ", 1)[1]
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
+    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
+    return model, tok
+
+
+def adapter_config(name):
+    """An adapter directory's adapter_config.json (peft's format), checked: a plain LoRA adapter, which
+    is all this loader rebuilds, on a named base. Anything else is a one-line error, not a wrong model."""
     with open(os.path.join(name, ADAPTER_CONFIG)) as f:
         config = json.load(f)
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
                                "layers_to_transform") if config.get(k)]
-    unsupported += ["bias"] * (config.get("bias", "none") != "none")
-    unsupported += ["a regex for target_modules"] * isinstance(config.get("target_modules"), str)
+    if config.get("bias", "none") != "none":
+        unsupported.append("bias")
+    if isinstance(config.get("target_modules"), str):
+        unsupported.append("a regex for target_modules")
     if config.get("peft_type", "LORA") != "LORA" or unsupported:
         raise ValueError(f"{name!r}: an adapter with {', '.join(unsupported) or config.get('peft_type')}, "
                          "which this loader does not support")
@@ -244,24 +276,7 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
     if not isinstance(base_name, str) or not base_name:
         raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
                          f"{base_name!r}): set it to the base's hub name or path")
-    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
-    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
-        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
-                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
-    tiny_seed = config.get("magrpo_base_seed", seed)  # (where adapters before TINY_BASE kept it)
-    if os.path.isfile(os.path.join(name, TINY_BASE)):
-        with open(os.path.join(name, TINY_BASE)) as f:
-            tiny_seed = json.load(f)["seed"]
-    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
-    try:
-        model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
-        why = str(e).split(": ", 1)[1]
-        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
-    model.lora_config.update((k, v) for k, v in config.items()
-                             if k not in ("r", "lora_alpha", "magrpo_base_seed"))
-    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
-    return model, tok
+    return config
 
 
 def adapter_state(model):  # the adapter's tensors under peft's names

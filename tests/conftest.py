@@ -73,3 +73,19 @@ def pytest_collection_modifyitems(items):
         name = os.path.basename(str(item.path))
         return kind, FILE_ORDER.index(name) if name in FILE_ORDER else len(FILE_ORDER)
     items.sort(key=rank)  # stable: within a rank, the file's own order
+
+
+def logprobs_row_by_row(model, rollout, temperature=1.0):
+    """The reference for magrpo.completion_logprobs: each row alone, its real prompt tokens and its
+    completion up to EOS in one plain forward pass (no padding, no cache, nothing shared), with grad;
+    positions after EOS are 0."""
+    T = temperature if temperature > 0 else 1.0
+    rows = []
+    for r in range(len(rollout)):
+        prompt = rollout.prompt_ids[r][rollout.prompt_mask[r].bool()]
+        n = int(rollout.completion_mask[r].sum())
+        completion = rollout.completion_ids[r, :n]
+        logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1:-1].float() / T
+        lp = torch.log_softmax(logits, -1).gather(-1, completion[:, None]).squeeze(-1)
+        rows.append(torch.nn.functional.pad(lp, (0, rollout.completion_ids.shape[1] - n)))
+    return torch.stack(rows)

@@ -9,7 +9,7 @@ import torch
 
 import magrpo
 import models
-from conftest import scripted_rollout
+from conftest import logprobs_row_by_row, scripted_rollout
 from magrpo import completion_logprobs, generate, group_advantages, node_return, policy_loss, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
@@ -250,25 +250,96 @@ def reference_logprobs(model, tok, prompt, completion_ids, temperature):
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_completion_logprobs_match_a_plain_forward_pass(tok, arch):
-    """Rollouts written by hand (no sampler): ragged prompts, completions of different lengths, an
-    empty one (EOS alone); each row against the row alone, unpadded."""
-    model = build(tok, arch, seed=6)
-    texts = ["hello world", "x", "", "a longer completion, with more tokens"]
-    r = scripted_rollout(magrpo.Agent(model, tok), PROMPTS, 2, lambda b, g: texts[(b + 3 * g) % 4])
-    assert (r.completion_mask == 0).any(), "want rows of different lengths"
-    T = 0.7
-    lp = completion_logprobs(model, r, temperature=T)
+TEXTS = ["hello world", "x", "", "a longer completion, with more tokens"]  # EOS alone too
+
+
+def hand_rollout(model, tok, size=3):
+    """Four prompts of different lengths, `size` completions each of different lengths, written by hand
+    (no sampler): groups of rows that share a prompt, as generate returns them."""
+    return scripted_rollout(magrpo.Agent(model, tok), PROMPTS, size, lambda b, g: TEXTS[(b + g) % 4])
+
+
+def gradients(model, logprobs, rollout, advantages, loss_type):
+    model.zero_grad(set_to_none=True)
+    policy_loss(logprobs, rollout.completion_mask, advantages, loss_type).backward()
+    return torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+@pytest.mark.parametrize("loss_type", ["seq_sum", "token_mean", "seq_mean"])
+def test_completion_logprobs_equal_the_row_by_row_pass(tok, arch, loss_type):
+    """Each group's prompt runs once and its rows share its cache: the log-probs equal each row run
+    alone, unpadded (within 1e-5), and so does Eq. 2's gradient (within 1e-4, relative)."""
+    model = models.tiny_model(tok, arch=arch, init_std=0.15, seed=4)
+    r = hand_rollout(model, tok)
+    assert (r.completion_mask == 0).any() and (r.prompt_mask == 0).any(), "want ragged rows"
+    advantages = torch.randn(len(r), generator=torch.Generator().manual_seed(0))
+    lp = completion_logprobs(model, r, temperature=0.7)
+    reference = logprobs_row_by_row(model, r, temperature=0.7)
     assert lp.shape == r.completion_ids.shape and lp.requires_grad
-    for row in range(len(r)):
-        n = int(r.completion_mask[row].sum())
-        ref = reference_logprobs(model, tok, PROMPTS[row // 2], r.completion_ids[row, :n].tolist(), T)
-        assert torch.allclose(lp[row, :n], ref, atol=1e-4), row
-    sub = r.rows(3, 7)  # a micro-batch of rows (trimmed padding) gives the same values
-    lp_sub = completion_logprobs(model, sub, temperature=T)
-    m = sub.completion_mask.bool()
-    assert torch.allclose(lp_sub[m], lp[3:7, :m.shape[1]][m], atol=1e-4)
+    mask = r.completion_mask.bool()
+    assert (lp - reference)[mask].abs().max() < 1e-5
+    ours = gradients(model, lp, r, advantages, loss_type)
+    assert relative(ours, gradients(model, reference, r, advantages, loss_type)) < 1e-4
+
+
+def test_completion_logprobs_of_a_micro_batch_that_cuts_a_group(tok):
+    """Rows 2-6 of groups of 3 (parts of two groups, padding trimmed): the same values."""
+    model = models.tiny_model(tok, init_std=0.15, seed=4)
+    r = hand_rollout(model, tok)
+    whole = completion_logprobs(model, r, temperature=0.7)
+    part = r.rows(2, 7)
+    mask = part.completion_mask.bool()
+    assert torch.allclose(completion_logprobs(model, part, temperature=0.7)[mask], whole[2:7, :mask.shape[1]][mask],
+                          atol=1e-5)
+
+
+def test_completion_logprobs_of_lora_agents_on_a_shared_base(tok):
+    """Two LoRA agents on one frozen base: each agent's adapter gradient equals the row-by-row pass's."""
+    base = models.tiny_model(tok, init_std=0.15, seed=4)
+    for seed in (1, 2):
+        model = models.add_lora(base, models.LoRAConfig(4), seed=seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)  # a trained adapter: its B is not 0
+        r = hand_rollout(model, tok)
+        advantages = torch.randn(len(r))
+        lp = completion_logprobs(model, r, temperature=1.0)
+        reference = logprobs_row_by_row(model, r)
+        assert (lp - reference)[r.completion_mask.bool()].abs().max() < 1e-5
+        ours = gradients(model, lp, r, advantages, "seq_sum")
+        assert ours.numel() > 0 and all(p.grad is None for p in base.parameters())
+        assert relative(ours, gradients(model, reference, r, advantages, "seq_sum")) < 1e-4
+
+
+def test_completion_logprobs_in_bf16(tok):
+    """bf16: the shared pass is as close to the fp32 truth as the row-by-row bf16 pass is (within
+    bf16's own error), and its gradient within 5% of the row-by-row bf16 gradient."""
+    model = models.tiny_model(tok, init_std=0.15, seed=4)
+    r = hand_rollout(model, tok)
+    mask = r.completion_mask.bool()
+    with torch.no_grad():
+        truth = logprobs_row_by_row(model, r)
+    model = model.to(torch.bfloat16)
+    lp = completion_logprobs(model, r)
+    reference = logprobs_row_by_row(model, r)
+    bf16_error = (reference - truth)[mask].abs().max().item()
+    assert (lp - truth)[mask].abs().max().item() <= 1.5 * bf16_error + 1e-3
+    advantages = torch.randn(len(r))
+    assert relative(gradients(model, lp, r, advantages, "seq_sum"),
+                    gradients(model, reference, r, advantages, "seq_sum")) < 0.05
+
+
+def test_micro_batches_hold_whole_groups_where_they_can():
+    assert magrpo.micro_batches(12, 4, 8) == [(0, 8), (8, 12)]  # two groups of 4, then one
+    assert magrpo.micro_batches(12, 4, 6) == [(0, 4), (4, 8), (8, 12)]  # one whole group each, not 6 rows
+    assert magrpo.micro_batches(9, 3, 2) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]  # a group over 2
+    assert magrpo.micro_batches(5, 1, 8) == [(0, 5)]
 
 
 def test_generate_records_the_logprob_of_each_sampled_token(tok):

@@ -200,3 +200,26 @@ def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
             zip(seen[0], ["headline", "body"] * 2)] == [True] * 4
     assert "[headline]\nab\n" in seen[0][2] and "[body]\nno\n" in seen[0][3]  # node 1's answer
     assert [[n.split("\n")[1] for n in node] for node in notes] == [["review 0", "review 1"], ["review 2", "review 3"]]
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 1])  # whole groups of 2; each group split in parts
+def test_train_step_with_shared_prompts_equals_the_row_by_row_pass(tok, monkeypatch, micro_batch_size):
+    """Two turns (every turn-2 prompt holds a turn-1 answer and its feedback) and cross joint actions:
+    a step whose log-prob pass shares each group's prompt moves the weights as one whose pass runs
+    every row alone (the reference), with plain SGD so that the comparison is exact."""
+    from conftest import logprobs_row_by_row
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=5, num_turns=2, expand="all", joint="cross",
+                        termination_threshold=99, micro_batch_size=micro_batch_size)
+    ours, ref = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
+    turns, metrics = magrpo.train_step(ours, env, env.examples[:2], cfg, seeds=[1, 2])
+    monkeypatch.setattr(magrpo, "completion_logprobs", logprobs_row_by_row)
+    ref_turns, ref_metrics = magrpo.train_step(ref, env, env.examples[:2], cfg, seeds=[1, 2])
+    assert [t.outputs for t in turns] == [t.outputs for t in ref_turns] and len(turns) == 2
+    for i in range(2):
+        assert metrics[f"loss_{i}"] == pytest.approx(ref_metrics[f"loss_{i}"], rel=1e-4, abs=1e-6)
+        assert metrics[f"grad_norm_{i}"] == pytest.approx(ref_metrics[f"grad_norm_{i}"], rel=1e-4)
+    for a, b in zip(ours, ref):
+        for p, q in zip(a.model.parameters(), b.model.parameters()):
+            assert torch.allclose(p, q, atol=1e-6)
+    assert metrics["grad_norm_0"] > 0
