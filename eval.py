@@ -180,7 +180,7 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
                 where[i] = (t, turns[t].node(turns[turn].children[node], 0))
         rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
         for i, (turn, node) in enumerate(where):
-            if turn == t:  # a new answer: row `node` of each agent (aligned joint actions); a kept one is free
+            if turn == t:  # a new answer: row `node` of each agent (aligned); a kept one costs nothing
                 tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
                 seconds[i] += _mean(row_seconds for _, _, row_seconds in rows)
         out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])

@@ -63,7 +63,7 @@ def parse_args(argv=None):
 
 def resolve_flags(args):
     """Defaults filled (models.DEFAULTS), the env built, every flag that needs no model checked
-    -> (env, Config)."""
+    -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
     tiny = all(name == models.TINY for name in models.model_names(args))
     if args.test_timeout is None:  # the env needs it: fill it first
         args.test_timeout = models.run_defaults(tiny, "train")["test_timeout"]
@@ -89,7 +89,8 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
-    n = 1 if lora and args.device == "auto" else env.num_agents  # LoRA agents on one device share a base
+    # LoRA agents share one frozen base, so with --device auto they all go where the base is.
+    n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     if checkpoint is not None:
@@ -99,7 +100,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
-        if checkpoint is not None:
+        if checkpoint is not None:  # AdamW's moments too: a resumed run steps as the uninterrupted one
             models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
@@ -113,7 +114,7 @@ def train(args):
     a checkpoint and exit status 128 + signum; process 0 alone logs and saves."""
     try:
         run = Run(args)
-    except ValueError as e:
+    except ValueError as e:  # every bad input, from any layer: one line, exit 1, nothing written
         sys.exit(f"train.py: error: {e}")
     signals = Signals()
     try:
@@ -121,7 +122,7 @@ def train(args):
             if not run.step(step, signals):
                 break
     finally:
-        signals.restore()
+        signals.restore()  # a later ^C in the caller (a test, a notebook) behaves as usual again
     return run.finish()
 
 
@@ -132,6 +133,7 @@ class Run:
     def __init__(self, args):
         local_rank, local_world = start_processes()
         self.args, self.main = args, world()[0] == 0
+        # Every input is checked (flags, --out, the models) before anything is written.
         self.env, self.cfg = resolve_flags(args)
         checkpoint = prepare_out(args)
         self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
@@ -142,6 +144,8 @@ class Run:
         gather(None)  # every process has read --out (prepare_out) before process 0 writes into it
         if self.main:
             start_out(args, self.start)
+        # The sampler draws from its own hashed seeds; torch's and Python's RNGs serve the rest (a
+        # custom env, dropout in a custom model), and a resumed run restores them.
         torch.manual_seed(args.seed)
         random.seed(args.seed)
         if checkpoint is not None:
@@ -165,8 +169,10 @@ class Run:
         seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(args.batch_size)])
         batch = [self.env.examples[i] for i in indices]
         t0 = time.time()
+        # A signal while the step samples drops it (Stop); the weights are untouched, so the
+        # checkpoint finish() saves is the state before this step, which --resume then runs again.
         result = None
-        with contextlib.suppress(Stop), signals.abandon_on_signal():  # a signal drops the step here
+        with contextlib.suppress(Stop), signals.abandon_on_signal():
             result = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
                                        before_update=functools.partial(self.ready, step, signals))
         if result is None:  # a signal while this process sampled: the others hear of it in ready()
@@ -180,9 +186,10 @@ class Run:
         self.done, last = step + 1, step == args.steps - 1
         if self.eval_env is not None and (step % args.eval_every == 0 or last):
             self.evaluate(step, metrics)
+        # A signal during the update waited for it: now every process learns of it and stops here.
         self.signum = next((s for s in gather(signals.received) if s is not None), None)
         due = args.save_every and self.done % args.save_every == 0
-        if due:
+        if due:  # (on every process: it is a collective)
             check_ranks_agree(self.agents)
         if self.main:
             self.record(step, metrics, turns, last, save=due and not last)  # the last: finish() saves
@@ -197,11 +204,12 @@ class Run:
             return False
         summary = merge_summaries(gather(episode_summary(turns)))
         self.scored = {"step": step, **episode_metrics(summary, self.cfg.num_turns)}
-        bad = self.scored["sandbox_errors"] + self.scored["score_errors"]
-        total = sum(len(turn["rewards"]) for turn in summary)
-        why = f"({self.scored['sandbox_errors']} sandbox failures, {self.scored['score_errors']} scoring errors)"
+        sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
+        bad, total = sandbox + scoring, sum(len(turn["rewards"]) for turn in summary)
+        why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
         if bad == total:  # the same on every process: the summary is merged
-            self.error = f"train.py: error: step {step}: none of the {total} joint answers could be scored {why}"
+            self.error = (f"train.py: error: step {step}: none of the {total} joint answers could be "
+                          f"scored {why}")
             return False
         if bad:
             tqdm.write(f"warning: step {step}: {bad} of {total} joint answers could not be scored and count "
@@ -231,7 +239,7 @@ class Run:
         --eval-split. Each process scores its share, so none waits long in a collective for another."""
         examples = my_share(self.eval_env.examples[:self.args.eval_limit])
         sums = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg, self.expert)
-        counted = magrpo.all_sum(sums + [len(examples)])
+        counted = magrpo.all_sum(sums + [len(examples)])  # every process's sums, and its example count
         rewards = [total / counted[-1] for total in counted[:-1]]
         metrics["eval_reward_mean"] = rewards[0]
         for t, reward in enumerate(rewards, 1):
@@ -249,8 +257,9 @@ class Run:
             self.curve.write(write_curve, self.curve.path, self.history)
         if save:
             try:
-                save_checkpoint(self.args.out, self.done, self.agents, self.args, (self.log, self.completions))
-            except SaveFailed as e:
+                logs = (self.log, self.completions)
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, logs)
+            except SaveFailed as e:  # a full disk: the run goes on, and the next save tries again
                 warnings.warn(f"{e}; the run goes on")
         shown = metrics[f"reward_mean_turn{self.cfg.num_turns}"]  # the last turn's, if a group reached it
         self.recent = (self.recent + [metrics["reward_mean"] if shown is None else shown])[-20:]
@@ -267,12 +276,14 @@ class Run:
         check_ranks_agree(self.agents)
         try:
             if self.main:
-                save_checkpoint(self.args.out, self.done, self.agents, self.args, (self.log, self.completions))
+                logs = (self.log, self.completions)
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, logs)
                 if self.signum is None and self.error is None:
                     save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
-                    print(f"wrote {self.log.path} and {len(self.agents)} agents under {self.args.out}/agent_*")
+                    out = self.args.out
+                    print(f"wrote {self.log.path} and {len(self.agents)} agents under {out}/agent_*")
         except SaveFailed as e:
-            print(f"train.py: error: {e}", file=sys.stderr)
+            print(f"train.py: error: {e}", file=sys.stderr)  # one line: what failed, how to resume
             self.error = self.error or 1
         gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
         if self.signum is not None:
@@ -383,7 +394,8 @@ def prepare_out(args):
     names = os.listdir(args.out) if os.path.isdir(args.out) else []
     if not args.resume:
         for name in names:
-            if name in ("args.json", "metrics.jsonl", "final.json") or name.startswith(("checkpoint-", "agent_")):
+            ours = name in ("args.json", "metrics.jsonl", "final.json")
+            if ours or name.startswith(("checkpoint-", "agent_")):  # writing over a run would lose it
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
                                  "pick another --out")
         return None
@@ -502,8 +514,9 @@ def save_final(out, step, agents, merged=False):
         for i, (agent, tmp) in enumerate(zip(agents, tmps)):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(os.path.join(out, f"checkpoint-{step}", f"agent_{i}"), tmp, copy_function=link_or_copy,
-                            ignore=shutil.ignore_patterns(models.OPTIMIZER_STATE))
+            source = os.path.join(out, f"checkpoint-{step}", f"agent_{i}")
+            no_optimizer = shutil.ignore_patterns(models.OPTIMIZER_STATE)  # only a checkpoint needs it
+            shutil.copytree(source, tmp, copy_function=link_or_copy, ignore=no_optimizer)
             if merged and models.is_lora(agent.model):
                 models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
             fsync_tree(tmp)
