@@ -13,10 +13,11 @@ What it covers (README.md's "The sandbox" states the threat model in full; the p
   its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
   trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.
 - Time: run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
-  program does (loops, floods of output or processes, ignored signals); nothing it starts outlives
-  the caller, however the caller ends.
+  program does (loops, floods of output or processes, ignored signals); the sandbox's processes
+  die with the caller, however the caller ends.
 - Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), a scrubbed
-  environment, stdin at EOF, capped output; the sandbox's own processes can't be ptraced.
+  environment, stdin at EOF, capped output; code of the caller's uid can't ptrace the fork server,
+  the supervisor or the tester (real root can).
 - "namespaces" (where user namespaces work): new user, mount, pid, network and IPC namespaces. No
   network, no host socket or IPC, every mount read-only but a private /tmp; empty file systems
   cover HIDDEN, the tops of the caller's home and working directory, and the benchmark data.
@@ -24,8 +25,9 @@ What it does not cover:
 - At "namespaces" the code keeps the caller's uid on the host's files outside the covers: it reads
   what the caller may read. Train as a normal user (root also escapes RLIMIT_NPROC's fork bound).
 - "rlimits" (no user namespaces: Docker's default seccomp, Ubuntu >= 24.04's AppArmor) guards
-  against accidents, not malice: the code runs as you, among your files, network and processes.
-  Make a container or VM the boundary there.
+  against accidents, not malice: the code runs as you, among your files, network and processes,
+  and a process it starts in a session of its own escapes the run's kill. Make a container or VM
+  the boundary there.
 - Kernel exploits; side channels (timing, caches, what /proc and /sys tell).
 """
 import ast
@@ -406,8 +408,8 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
         return False
     # The reports end when the tester and the supervisor have ended (or at the cap, or the abort).
     # Then the lifeline closes, and the run's first process kills its session. The output pipes end
-    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but a
-    # process that escaped the session at the rlimits level: it gets 2 s).
+    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but for
+    # a process that escaped the session at the rlimits level: we give up on it after 2 s).
     overdue = pump({report_r}, cap)
     os.close(life_w)
     if abort is not None:
@@ -506,7 +508,7 @@ def _fork(body, keep, *args):
     if pid == 0:
         status = 1
         try:
-            # The kernel kills us when the parent dies, so nothing of a run outlives its caller. If
+            # The kernel kills us when the parent dies: no process of ours outlives the caller. If
             # the parent died before we asked, no signal will come: its pidfd, readable once it has
             # ended, tells, and we leave.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -585,7 +587,7 @@ def _supervisor(job):
             _lock_down(job["mounts"])
             # Our own pid namespace: _spawn returns to it after each program process's own.
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        # Limits that bind every process of the run: address space, CPU seconds (a loop that would
+        # Limits for every process below us: address space, CPU seconds (a loop that would
         # outlast the cap), 16 MiB a file written, 256 open files, no core dumps. RLIMIT_NPROC
         # bounds fork floods where it counts per user namespace; outside, all of yours would count.
         limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
@@ -639,8 +641,8 @@ def _lock_down(mounts):
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
-    # code changes a file of the caller's; then /tmp writable again. Our lost capabilities (below)
-    # keep the program from undoing it.
+    # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
+    # has no capabilities left (_program).
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
     # Our working directory is still the host's /tmp, below the new cover (_first went there before
@@ -869,9 +871,9 @@ def _answer(tag, data, timeout):
         case "R", _:
             return reply
         case "E", str(base), str(message):
-            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not SystemExit
-            # or KeyboardInterrupt: the test could not catch those, they fail the call whatever it
-            # does. StopIteration arrives as RuntimeError: it could end a loop of the test early.
+            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not an exit
+            # (SystemExit, other BaseExceptions): that fails the call, whatever the test does.
+            # StopIteration arrives as RuntimeError: it could end a loop of the test early.
             cls = getattr(builtins, base, None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 return "failed", f"the program raised {base}: {message}"
