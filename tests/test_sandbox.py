@@ -111,12 +111,14 @@ def test_import_does_no_work():
 
 def test_inside_functions_use_only_builtins_and_each_other():
     """The child defines _INSIDE from their code objects alone: no module globals but the modules
-    _BOOT gives them, no defaults."""
+    and the Linux constants _BOOT gives them, no defaults."""
     import builtins
     import dis
     modules = {"json", "marshal", "os", "select", "signal", "sys", "time"}
     assert "import json, marshal, os, select, signal, sys, time\n" in sandbox._BOOT
-    names = {f.__name__ for f in sandbox._INSIDE} | modules
+    assert all(type(value) is int and getattr(sandbox, name) == value
+               for name, value in sandbox._LINUX.items())
+    names = {f.__name__ for f in sandbox._INSIDE} | modules | set(sandbox._LINUX)
 
     def global_loads(co):
         for ins in dis.get_instructions(co):
