@@ -127,7 +127,8 @@ class DemoEnv(Env):
     topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
               "moss bells kites lamps fish wool glass sand smoke").split()
 
-    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
+    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False,
+                 default_split="train"):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
         if authors:
@@ -136,7 +137,7 @@ class DemoEnv(Env):
             raise ValueError("the demo env takes no dataset: its topics are built in")
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or default_split))  # train: Random(seed)
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
     def prompts(self, ex):
@@ -179,10 +180,11 @@ class DemoEnv(Env):
 # Data for every env: JSON/JSONL files or the hub, named splits and slices; errors name file and line
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
-SPLITS = {  # the paper's splits (Sec. 4)
+SPLITS = {  # each split name's slice of the rows: the paper's (Sec. 4), then for other data
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
-    "none": {},  # other data: every split is all of it
+    "hub": {"train": ":", "eval": ":", "test": ":"},
+    "file": {"train": ":"},
 }
 # Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test)
 HUB = {
@@ -192,14 +194,19 @@ HUB = {
 }
 
 
-def take_split(rows, split, named, source):
-    """The rows of a split name (its slice in `named`, else all) or of a slice ("33:133"); never empty."""
-    split = split or "train"
-    spec = named.get(split, ":" if split in SPLIT_NAMES else split)
-    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
-    if not m:
+def take_split(rows, split, named, source, default="train"):
+    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty.
+    split None: `default`, or all the rows where `named` lacks it."""
+    if split is None:
+        split = default if default in named else ":"
+    if split in SPLIT_NAMES and split not in named:
+        raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
+                         "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
+    spec = named.get(split, split)
+    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
-    part = rows[slice(*(int(g) if g else None for g in m.groups()))]
+    part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
     return part
@@ -250,11 +257,12 @@ def read_hub(name, split, parse):
 
 
 def load_rows(dataset, split, parse):
-    """The rows `split` is cut from: a file, a name of HUB, or another hub name (train/validation)."""
+    """(the rows `split` is cut from, their split names): a file, a name of HUB, or another hub name
+    (train/validation)."""
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse)
+        return read_rows(dataset, parse), SPLITS["file"]
     name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
-    return read_hub(name, held_out if split in ("eval", "test") else train, parse)
+    return read_hub(name, held_out if split in ("eval", "test") else train, parse), SPLITS["hub"]
 
 
 # -----------------------------------------------------------------------------
@@ -333,8 +341,8 @@ class CodingEnv(Env):
     name = "coding"
     runs_code = True
 
-    def __init__(self, dataset="humaneval", split="train", num_agents=2, text_field=None, timeout=10.0,
-                 authors=False, splits=None):
+    def __init__(self, dataset="humaneval", split=None, num_agents=2, text_field=None, timeout=10.0,
+                 authors=False, splits=None, default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
@@ -344,11 +352,16 @@ class CodingEnv(Env):
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
-        rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
-        self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
-        default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
-        named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
-        self.examples = take_split(rows, split, named, dataset)
+        path = humaneval_path() if dataset == "humaneval" else dataset
+        rows, named = load_rows(path, split or default_split, code_row)
+        self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
+        if dataset == "humaneval":
+            named = SPLITS["humaneval"]
+        elif self.coop:
+            named = SPLITS["coophumaneval"]
+        if splits:
+            named = splits if isinstance(splits, dict) else SPLITS[splits]
+        self.examples = take_split(rows, split, named, dataset, default_split)
         # the authors' sampling for real models (their HumanEval, CoopHumanEval configs)
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
 
@@ -528,14 +541,15 @@ class WritingEnv(Env):
     defaults = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
     max_reward = 3.0
 
-    def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
+    def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
+                 default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
-            rows = load_rows(dataset, split, functools.partial(text_row, field=text_field))
-            self.examples = take_split(rows, split, {}, dataset)
+            rows, named = load_rows(dataset, split or default_split, functools.partial(text_row, field=text_field))
+            self.examples = take_split(rows, split, named, dataset, default_split)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
@@ -543,7 +557,7 @@ class WritingEnv(Env):
                 for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
         cut = len(rows) * 4 // 5
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
+        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus", default_split)
 
     def prompts(self, ex):
         if self.num_agents == 1:
@@ -659,10 +673,11 @@ def add_env_flags(p):
     p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
 
 
-def env_from_flags(args, split=None, flag=None):
-    """The env of --env and the data flags, or of another `split` (flag `flag`); ValueError("--flag: ...")."""
+def env_from_flags(args, split=None, flag=None, default_split="train"):
+    """The env of --env and the data flags, or of another `split` (flag `flag`); default_split without
+    either. ValueError("--flag: ...")."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    options["authors"] = args.authors_rewards
+    options["authors"], options["default_split"] = args.authors_rewards, default_split
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
     if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:

@@ -63,9 +63,30 @@ def test_unknown_split_is_an_error(split):
 @pytest.mark.parametrize("name", ["probs.jsonl", "probs.jsonl.gz"])
 def test_jsonl_path_is_one_split_unless_sliced(humaneval, tmp_path, name):
     path = write_jsonl(tmp_path / name, problems(humaneval, 7))
-    for split in ("train", "eval", "test"):
+    for split in ("train", None):
         assert len(envs.make_env("coding", dataset=path, split=split).examples) == 7
     assert [e["task_id"] for e in envs.make_env("coding", dataset=path, split="2:4").examples] == ["Coop/2", "Coop/3"]
+    # eval.py without --split: the file it was given, whole
+    assert len(envs.make_env("coding", dataset=path, default_split="test").examples) == 7
+
+
+@pytest.mark.parametrize("env, rows", [("coding", None), ("tldr", [{"text": f"post {i} " * 20} for i in range(7)])])
+@pytest.mark.parametrize("split", ["eval", "test"])
+def test_a_held_out_split_of_a_single_file_is_refused_never_its_training_rows(humaneval, tmp_path, env, rows,
+                                                                               split):
+    """A plain file has no named splits: eval or test of it would be the rows train.py trains on."""
+    path = write_jsonl(tmp_path / "mine.jsonl", rows or problems(humaneval, 7))
+    with pytest.raises(ValueError, match=f"mine.jsonl is a single file .* no '{split}' split; pass a slice"):
+        envs.make_env(env, dataset=path, split=split)
+    with pytest.raises(ValueError, match=f"mine.jsonl is a single file .* no '{split}' split"):
+        envs.make_env(env, dataset=path, split=split, default_split="test")  # named: refused in eval.py too
+    assert len(envs.make_env(env, dataset=path, split="5:").examples) == 2
+    # train.py --eval-every: its --eval-split (default eval) is refused in one line naming the flag
+    args = train.parse_args(["--env", env, "--dataset", path, "--eval-every", "1", "--eval-split", split])
+    with pytest.raises(ValueError, match=r"^--eval-split: .*mine.jsonl is a single file") as error:
+        envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+    assert "\n" not in str(error.value)
+    assert len(envs.env_from_flags(args, split="5:", flag="--eval-split").examples) == 2
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -92,7 +113,8 @@ def test_coophumaneval_splits_come_from_its_rows_not_the_file_name(humaneval, tm
     assert sizes == {"train": 50, "eval": 16, "test": 16}
     assert envs.make_env("coding", dataset=str(path), split="test").examples[0]["task_id"] == "CoopHumanEval/66"
     other = write_jsonl(tmp_path / "CoopHumanEval.jsonl", problems(humaneval, 82))  # a "coop" name, other rows
-    assert len(envs.make_env("coding", dataset=other, split="test").examples) == 82
+    with pytest.raises(ValueError, match="single file"):  # other rows: one split, whatever the name
+        envs.make_env("coding", dataset=other, split="test")
     assert len(envs.CodingEnv(other, "test", splits="coophumaneval").examples) == 16
     assert envs.CodingEnv(other, "eval", splits={"eval": "1:3"}).examples[0]["task_id"] == "Coop/1"
 
