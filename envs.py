@@ -25,8 +25,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function,
-                     prompt_imports, split_single_output, tldr_reward)
+from rewards import ARXIV, TLDR, band_score, extract_function, prompt_imports, reward_functions
 
 
 class Env(abc.ABC):
@@ -166,10 +165,11 @@ class DemoEnv(Env):
                 "letters.")
 
     def reward(self, ex, outputs):
-        texts = [o.strip() for o in outputs]
-        own = list(zip(texts, self.alphabets))
-        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in own]
+        texts = [output.strip() for output in outputs]
+        shares, variety = [], []
+        for text, alphabet in zip(texts, self.alphabets):
+            shares.append(sum(char in alphabet for char in text) / len(text) if text else 0.0)
+            variety.append(min(1.0, len(set(text) & alphabet - {" "}) / self.distinct))
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
                   "ratio": band_score(ratio, self.band) or 0.0}
@@ -259,6 +259,8 @@ def read_hub(name, split, parse):
 def load_rows(dataset, split, parse):
     """(the rows `split` is cut from, their split names): a file, a name of HUB, or another hub name
     (train/validation)."""
+    if dataset == "humaneval":
+        return read_rows(humaneval_path(), parse), SPLITS["humaneval"]
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
         return read_rows(dataset, parse), SPLITS["file"]
     name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
@@ -342,25 +344,21 @@ class CodingEnv(Env):
     runs_code = True
 
     def __init__(self, dataset="humaneval", split=None, num_agents=2, text_field=None, timeout=10.0,
-                 authors=False, splits=None, default_split="train"):
+                 authors=False, default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
+        self.score_many = reward_functions(authors).code_many
         self.agent_names = ("aux", "main")[2 - num_agents:]
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
-        path = humaneval_path() if dataset == "humaneval" else dataset
-        rows, named = load_rows(path, split or default_split, code_row)
+        rows, named = load_rows(dataset, split or default_split, code_row)
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
-        if dataset == "humaneval":
-            named = SPLITS["humaneval"]
-        elif self.coop:
+        if self.coop:
             named = SPLITS["coophumaneval"]
-        if splits:
-            named = splits if isinstance(splits, dict) else SPLITS[splits]
         self.examples = take_split(rows, split, named, dataset, default_split)
         # the authors' sampling for real models (their HumanEval, CoopHumanEval configs)
         self.defaults = dict(temperature=0.8, top_p=0.95) if self.coop else dict(temperature=0.7, top_p=0.9)
@@ -386,26 +384,28 @@ class CodingEnv(Env):
         """The function each agent writes."""
         return ("aux", ex["entry_point"])[2 - self.num_agents:]
 
-    def diagnose(self, ex, outputs, r, i):
+    def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
         entry, names = ex["entry_point"], self.functions(ex)
         lines = ["Feedback:"]
-        for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
+        for name, found in zip(names, (reward.has_aux, reward.has_main)[2 - self.num_agents:]):
             who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
-        if r.has_main:
-            parses = "parses" if r.syntax else f"does not parse: {r.syntax_error}"
+        if reward.has_main:
+            parses = "parses" if reward.syntax else f"does not parse: {reward.syntax_error}"
             lines.append(f"the combined program {parses}")
-        if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
-            lines.append(f"the tests could not be run ({r.sandbox_error})")
-        elif r.syntax:
-            lines.append(f"tests passed: {r.passed}/{r.n_tests}")
-            failure = getattr(r.report, "first_failure", None)
-            if r.passed < r.n_tests and failure:
+        if reward.syntax and reward.sandbox_error:
+            lines.append(f"the tests could not be run ({reward.sandbox_error})")
+        elif reward.syntax:
+            lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
+            failure = getattr(reward.report, "first_failure", None)
+            if reward.passed < reward.n_tests and failure:
                 lines.append("the first failing test:\n" + failure.strip())
-        if self.num_agents == 2 and r.has_aux and r.has_main:
-            lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself" if r.wrapper else
-                         f"`{entry}` calls `aux`" if r.calls_aux else f"`{entry}` does not call `aux`")
+        if self.num_agents == 2 and reward.has_aux and reward.has_main:
+            if reward.wrapper:
+                lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself")
+            else:
+                lines.append(f"`{entry}` {'calls' if reward.calls_aux else 'does not call'} `aux`")
         return "\n".join(lines)
 
     def revise_note(self, i):
@@ -452,14 +452,11 @@ class CodingEnv(Env):
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def item(self, ex, outputs):
-        """code_reward's arguments: ours give program and tests the prompt's context (HumanEval/32's
-        tests call its poly); the authors' take imports from the raw prompt."""
+        """code_reward's arguments for ours, and the raw prompt for the authors' (rewards.py)."""
         aux, main = ("", *outputs)[-2:]  # (main,): no aux
         context, stub = prompt_parts(ex)
-        item = dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"])
-        if self.authors:
-            return dict(item, imports=ex["prompt"])
-        return dict(item, imports=context, test_setup=context, signature=stub)
+        return dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"], imports=context,
+                    test_setup=context, signature=stub, prompt=ex["prompt"])
 
     def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
@@ -467,8 +464,8 @@ class CodingEnv(Env):
 
     def rewards(self, examples, outputs):
         """Tested in parallel by the sandbox."""
-        return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
-                                timeout=self.test_timeout, authors=self.authors)
+        items = [self.item(ex, out) for ex, out in zip(examples, outputs)]
+        return self.score_many(items, timeout=self.test_timeout)
 
     def single_reward(self, ex, output):
         return self.reward(ex, (output,))
@@ -546,6 +543,7 @@ class WritingEnv(Env):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
+        self.scoring = reward_functions(authors)
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
             rows, named = load_rows(dataset, split or default_split, functools.partial(text_row, field=text_field))
@@ -567,7 +565,7 @@ class WritingEnv(Env):
     def reward(self, ex, outputs):
         if self.num_agents == 1:
             return self.single_reward(ex, outputs[0])
-        return self.score(*outputs, authors=self.authors)
+        return self.scoring.writing(*outputs, self.spec)
 
     def single_prompt(self, ex):
         """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
@@ -576,30 +574,33 @@ class WritingEnv(Env):
                 "Paragraph 1:\n")
 
     def single_reward(self, ex, output):
-        return self.score(*split_single_output(output, self.authors), authors=self.authors)
+        return self.scoring.writing(*self.scoring.split_single(output), self.spec)
 
-    def diagnose(self, ex, outputs, r, i):
+    def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
         spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
         lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
-                                 for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
+                                 for name, n in zip(self.parts, reward.tokens) if not lo <= n <= hi]
         if len(lines) > 1:
             return "\n".join(lines)
-        grow = i == 1 or self.num_agents == 1  # a ratio too low: the second part grows, the first shrinks
-        for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
-                                   ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
-            low, high, more = band[1], band[2], (x < band[1]) == grow
-            advice = (" (in the target band)" if low <= x <= high else
-                      f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else
-                      f": use {'more' if more else 'fewer'} different words in {whose} part")
+        grow = i == 1 or self.num_agents == 1
+        for level, what, ratio, band in (("coordination", "characters", reward.length_ratio, spec.length_band),
+                                         ("vocabulary", "distinct words", reward.unique_ratio, spec.unique_band)):
+            low, high, more = band[1], band[2], (ratio < band[1]) == grow
+            if low <= ratio <= high:
+                advice = " (in the target band)"
+            elif level == "coordination":
+                advice = f": make {whose} part {'longer' if more else 'shorter'}"
+            else:
+                advice = f": use {'more' if more else 'fewer'} different words in {whose} part"
             target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
-            lines.append(f"the {second} part has {x:.2f}x the {what} of the {first} part; the target is "
+            lines.append(f"the {second} part has {ratio:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
-            if key not in r.levels:
+            if level not in reward.levels:
                 return "\n".join(lines)
-        lines.append(f"transition-word categories used: {r.categories} of 12; shared words (Jaccard): "
-                     f"{r.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
+        lines.append(f"transition-word categories used: {reward.categories} of 12; shared words (Jaccard): "
+                     f"{reward.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
         return "\n".join(lines)
 
     def revise_note(self, i):
@@ -622,7 +623,7 @@ class TldrEnv(WritingEnv):
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
-    score, spec = staticmethod(tldr_reward), TLDR
+    spec = TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
         "point. Another writer will give the detailed version, so keep yours brief.\n\n"
@@ -640,7 +641,7 @@ class ArxivEnv(WritingEnv):
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
     lengths = (100, 150, 300)
-    score, spec = staticmethod(arxiv_reward), ARXIV
+    spec = ARXIV
     templates = (
         "Below is the abstract of a paper. Write the first half of its introduction, about 150 to "
         "200 words: the background and the motivation, i.e. the field, what is already known, and "

@@ -115,8 +115,7 @@ def test_coophumaneval_splits_come_from_its_rows_not_the_file_name(humaneval, tm
     other = write_jsonl(tmp_path / "CoopHumanEval.jsonl", problems(humaneval, 82))  # a "coop" name, other rows
     with pytest.raises(ValueError, match="single file"):  # other rows: one split, whatever the name
         envs.make_env("coding", dataset=other, split="test")
-    assert len(envs.CodingEnv(other, "test", splits="coophumaneval").examples) == 16
-    assert envs.CodingEnv(other, "eval", splits={"eval": "1:3"}).examples[0]["task_id"] == "Coop/1"
+    assert len(envs.make_env("coding", dataset=other, split="66:").examples) == 16
 
 
 def test_coophumaneval_row_without_a_field_names_file_and_row(humaneval, tmp_path):
@@ -373,12 +372,14 @@ def test_authors_rewards_switch_every_env(humaneval):
     text1 = "night many a cat has new house night"  # "many", "new", "first", "long" are stopwords for them
     text2 = "warm also life play good and thus thus thus new sun has long sleep warm and many a first sun and has many life many long"
     ex = tldr.examples[0]
-    assert float(tldr.reward(ex, (text1, text2))) == float(rewards.tldr_reward(text1, text2, authors=True))
+    theirs = rewards.reward_functions(authors=True)
+    assert float(tldr.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.TLDR))
     assert float(tldr.reward(ex, (text1, text2))) != float(envs.make_env("tldr").reward(ex, (text1, text2)))
-    assert float(arxiv.reward(ex, (text1, text2))) == float(rewards.arxiv_reward(text1, text2, authors=True))
+    assert float(arxiv.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.ARXIV))
     coding, ex = envs.make_env("coding", authors=True), humaneval["HumanEval/115"]
-    item = coding.item(ex, (AUX0, MAIN0))
-    assert item["imports"] == ex["prompt"] and "signature" not in item  # their import rule, on the raw prompt
+    main = "def max_fill(grid, capacity):\n    return 0\n"
+    r = coding.reward(ex, ("", main))  # their import rule, on the raw prompt: the `import math` in its body
+    assert r.program.startswith("import math\n") and "import math" not in envs.prompt_parts(ex)[0]
     with pytest.raises(ValueError, match="no authors' reward"):
         envs.make_env("demo", authors=True)
     args = train.parse_args(["--env", "tldr", "--authors-rewards"])
