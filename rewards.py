@@ -143,6 +143,7 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
+    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -157,8 +158,8 @@ class CodeReward:
 
     def bonus_steps(self):
         """The cooperation bonus (Sec. 4) as the steps that make it up, in the authors' order."""
-        # The bonus needs a helper that main really calls, and at least one passing test: without
-        # that gate, calling a useless aux would pay more than passing the tests.
+        # Only for a helper that main really calls, and only once a test passed (Sec. 4): a program
+        # that fails every test earns nothing for its teamwork.
         if self.passed == 0 or not self.has_aux or not self.calls_aux:
             return []
         # +0.5 for calling aux; +1.0 unless main merely wraps it; -0.5 if main throws a result away.
@@ -186,12 +187,14 @@ def _has_return(func):
 
 
 def _is_aux_call(node):
+    """A call of the name `aux` itself (not `x.aux(...)`, not a call of something aux returned)."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
 
 
 def _is_wrapper(function):
     """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
     the main agent handed the whole job to the helper."""
+    # A docstring is no work of main's own: the shape is read from the statements after it.
     has_docstring = ast.get_docstring(function, clean=False) is not None
     match function.body[1:] if has_docstring else function.body:
         case [ast.Return(value=call)]:
@@ -209,7 +212,8 @@ def _aux_usage(main_func, name):
         return False, False, False
     nodes = list(ast.walk(mains[0]))
     # A `def aux` nested in main shadows the helper: its calls are to main's own function.
-    if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux" for node in nodes):
+    if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
+           for node in nodes):
         return False, False, False
     calls = any(_is_aux_call(node) for node in nodes)
     # A call as a whole statement (`aux(x)`) throws its result away: aux's work was not used.
@@ -221,13 +225,15 @@ def _judge_text(item):
     """L1 structure and L2 syntax, no code run: (reward, the test to run), or (reward, None) when
     the program stops before the tests."""
     reward = CodeReward()
+    # L1 structure: each agent's function is there and returns something.
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     reward.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
     if not reward.has_main:
         return reward, None
-    # The program: the prompt's context (its imports and helpers), then aux, then main.
+    # L2 syntax: the program (the prompt's context, i.e. its imports and helpers, then aux, then
+    # main) must compile; one that does not stops here, before any code runs.
     parts = [_clean(item.get("imports")).strip(), aux_fn, main_fn]
     reward.program = "\n\n\n".join(part for part in parts if part) + "\n"
     try:
@@ -236,16 +242,18 @@ def _judge_text(item):
         reward.syntax_error = f"{type(e).__name__}: {e}"
         return reward, None
     reward.syntax = 0.5
+    # What the bonus needs to know, read now from the parse tree; it is paid after the tests.
     if reward.has_aux:
         reward.calls_aux, reward.wrapper, reward.discards_aux = _aux_usage(main_fn, item["entry_point"])
-    # The problem's own code that its test calls (HumanEval/32's poly) goes on the test's side,
-    # so that the model's program cannot redefine what the test relies on.
+    # The test runs in its own process, apart from the program (sandbox.py): the problem's own code
+    # that the test calls (HumanEval/32's poly) goes with it, never the model's version of it.
     setup = _clean(item.get("imports") if item.get("test_setup") is None else item["test_setup"])
     return reward, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
 
 
 def _judge_tests(reward, report):
     """L3 tests and the cooperation bonus from the sandbox's report, for ours and the authors'."""
+    # L3: the share of the problem's assertions that pass, each run on its own.
     reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
     # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
     reward.sandbox_error = getattr(report, "infra_error", None)
@@ -366,6 +374,8 @@ class WritingLevels:
     style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
+# The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
+# long, with at least twice the distinct words; a little shared vocabulary (3%) is enough.
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
                      unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
 # The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
@@ -432,12 +442,14 @@ def band_score(x, band):
     """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
     outside them. The ramps are written as the authors' are: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
+    # Outside the zero points the texts are no longer doing their parts: the reward stops here.
     if not zero_lo <= x <= zero_hi:
         return None
     if x < one_lo:
         return (x - zero_lo) / (one_lo - zero_lo)
     if x <= one_hi:
         return 1.0
+    # Written 1 - (x - one_hi) / width, as theirs: (zero_hi - x) / width differs in the last bit.
     return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
@@ -451,21 +463,23 @@ def _score_writing(first, second, spec, measure):
     # megabyte of output costs nothing.
     if not all(low <= count <= high for count in reward.tokens):
         return reward
+    # TLDR looks for connectives in the detailed summary only; arXiv in both halves of the intro.
     connective_texts = (second,) if spec.transitions_in == "second" else (first, second)
     words1, words2, found, reward.jaccard = measure(first, second, connective_texts)
     reward.unique_ratio = len(set(words2)) / len(set(words1)) if words1 else 0.0
     reward.categories, reward.transition = len(found), transition_score(len(found))
-    weight_tokens, weight_length, weight_vocabulary, weight_style = spec.weights
+    weight_tokens, weight_length, weight_words, weight_style = spec.weights
     reward.levels["structure"] = weight_tokens
     # L2 coordination (the second text's length relative to the first's), then L3 vocabulary (how
     # many more distinct words it uses): a ratio outside its band's zero points ends the reward.
     for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, weight_length),
-                                       ("vocabulary", reward.unique_ratio, spec.unique_band, weight_vocabulary)):
+                                       ("vocabulary", reward.unique_ratio, spec.unique_band, weight_words)):
         score = band_score(ratio, band)
         if score is None:
             return reward
         reward.levels[level] = weight * score
-    # L4 style: connectives, and shared words (capped: some overlap shows the texts fit together).
+    # L4 style: connectives, and shared words, capped: a little overlap shows that the two texts are
+    # about the same thing and earns it all, so copying the partner earns nothing more.
     capped = min(reward.jaccard, spec.jaccard_cap) / spec.jaccard_cap
     weight_transition, weight_jaccard = spec.style
     reward.levels["style"] = weight_style * (weight_transition * reward.transition + weight_jaccard * capped)
@@ -577,12 +591,14 @@ def _authors_cleanup(code):
     out, base = [], None  # base: the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
+        # A `def` line at any indentation opens a block, so a nested def ends its outer function's.
         if _AUTHORS_ANY_DEF.match(line):
             if out:
                 out.append("")  # their blocks are joined by a blank line
             out.append(line)
             base = len(line) - len(line.lstrip())
         elif base is not None:
+            # Inside a block: blank lines, deeper lines and any tab-indented line belong to it.
             if not stripped or line.startswith(" " * (base + 1)) or line.startswith("\t"):
                 out.append(line)
             elif stripped.startswith(_QUOTES):
@@ -594,6 +610,7 @@ def _authors_cleanup(code):
                         if stripped[:3] in more:
                             break
             else:
+                # Any other line closes the block; lines outside every block are dropped.
                 base = None
     # A line with a code mark stays; one without that reads as a sentence is prose, dropped.
     kept = [line for line in out if _AUTHORS_CODE_MARK.search(line) or not _AUTHORS_PROSE.match(line.strip())]
@@ -608,8 +625,7 @@ def _authors_function(code, name):
     found, base = None, 0
     for line in _authors_cleanup(code).split("\n"):
         if pattern.match(line):
-            found = [line]
-            base = len(line) - len(line.lstrip())
+            found, base = [line], len(line) - len(line.lstrip())
         elif found is not None:
             if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
                 break
@@ -626,6 +642,8 @@ def _authors_is_wrapper(func):
         stripped = line.strip()
         if not stripped:
             continue
+        # A line starting with quotes opens a docstring unless it closes it too; only a later line that
+        # holds quotes without starting with them closes it, so `"""` alone skips the rest.
         if stripped.startswith(_QUOTES):
             in_doc = in_doc or not (stripped.endswith(stripped[:3]) and len(stripped) > 3)
             continue
@@ -634,6 +652,7 @@ def _authors_is_wrapper(func):
             continue
         if not stripped.startswith(("#", "def ")):
             body.append(stripped)
+    # Their three wrapper shapes: no statement at all, one `return` naming aux, or assign then return.
     if not body:
         return True
     if len(body) == 1:
@@ -691,6 +710,7 @@ def _authors_judge_text(item):
     aux_fn = _authors_function(_raw(item.get("aux")), "aux")
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
+    # L1 on the text: `return` then whitespace, so `return(x)` is no return for them.
     aux_returns, main_returns = bool(re.search(r"return\s+", aux_fn)), bool(re.search(r"return\s+", main_fn))
     reward.structure = 0.4 * aux_returns + 0.6 * main_returns
     if not main_returns:
@@ -704,6 +724,7 @@ def _authors_judge_text(item):
         reward.syntax_error = f"{type(e).__name__}: {e}"
         return reward, None
     reward.syntax = 0.5
+    # The bonus's inputs, on the text: `aux(` anywhere in main counts as a call, even in a comment.
     reward.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
     reward.wrapper, reward.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
     # None (no assert line): no tests level and so no bonus, as theirs.
@@ -713,8 +734,8 @@ def _authors_judge_text(item):
 def _authors_code_reward_many(items, timeout=None):
     """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
     Each test gets 10 s unless `timeout`, and the tests stop after 3 timeouts, as theirs."""
-    options = dict(timeout=AUTHORS_TEST_TIMEOUT if timeout is None else timeout, max_timeouts=AUTHORS_MAX_TIMEOUTS)
-    return _score_code(items, _authors_judge_text, options)
+    timeout = AUTHORS_TEST_TIMEOUT if timeout is None else timeout
+    return _score_code(items, _authors_judge_text, dict(timeout=timeout, max_timeouts=AUTHORS_MAX_TIMEOUTS))
 
 
 AUTHORS_STOPWORDS = frozenset("""
