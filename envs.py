@@ -133,6 +133,7 @@ class DemoEnv(Env):
     name = "demo"
     agent_names = ("headline", "body")
     max_reward = 3.0
+    # Each agent's letters; the space belongs to both, so that either may write words.
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # the ratio level: 0 at 1, 1 on [2, 4], 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
@@ -143,6 +144,7 @@ class DemoEnv(Env):
                  default_split="train"):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
+        # Refused rather than ignored: a flag that changes nothing would make a run lie about itself.
         if authors:
             raise ValueError("the demo env is ours: it has no authors' reward")
         if dataset:
@@ -236,6 +238,7 @@ def take_split(rows, split, named, source, default="train"):
         raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
                          "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
     spec = named.get(split, split)
+    # A slice, as Python's: start:stop, either one empty or negative.
     match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
     if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
@@ -403,6 +406,7 @@ class CodingEnv(Env):
         self.score_many = reward_functions(authors).code_many
         # One agent is the main agent alone (the num_agents=1 variant): the slices keep "main".
         self.agent_names = ("aux", "main")[2 - num_agents:]
+        # Alone, main earns neither aux's 0.4 nor the bonus: at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
@@ -420,6 +424,7 @@ class CodingEnv(Env):
         """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
+        # The pipeline baseline shows the partner's aux in the file: the header then says where it is.
         seen = " (shown below)" if aux_code is not None else ""
         text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
         # The helper writes a whole `def aux`, so its file ends on a cue; the main agent's on the stub.
@@ -660,10 +665,11 @@ class WritingEnv(Env):
     def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
         spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
+        # Two writers each hear about their own part; a single writer about the second one.
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
         # L1: a part outside its word range stops the reward, so that is all the feedback says.
-        lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
-                                 for name, n in zip(self.parts, reward.tokens) if not lo <= n <= hi]
+        lines = ["Feedback:"] + [f"the {name} part has {count} words; each part needs {lo} to {hi}"
+                                 for name, count in zip(self.parts, reward.tokens) if not lo <= count <= hi]
         if len(lines) > 1:
             return "\n".join(lines)
         # A ratio too low is mended by a longer second part or a shorter first: each writer is told
@@ -778,6 +784,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
         options["timeout"] = args.test_timeout
+    # train.py's in-training eval: the same flags with another split (--eval-split).
     if split is not None:
         options["split"] = split
     # Every complaint of the env (bad data, a split, a missing file, an option it does not take) ends
