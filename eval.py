@@ -399,8 +399,8 @@ def trained_dirs(out, n):
 def setup(args):
     """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
     check_flags(args)
-    args.split = args.split or "test"  # a forgotten flag must not score training data
-    env = envs.env_from_flags(args)
+    env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
+    args.split = args.split or "test"
     examples = env.examples[:args.limit]
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")

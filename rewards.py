@@ -10,8 +10,8 @@ met, so an early failure gives a small, informative reward.
     single-agent writing: split_single_output(text) -> the two parts to score
 
 Model code runs only in sandbox.py; the text levels never raise on model output (empty, prose,
-broken unicode, NUL bytes, megabytes). authors=True: the values of the authors' first release
-(README, "The authors' rewards, exactly").
+broken unicode, NUL bytes, megabytes). The last section replicates the authors' first release
+exactly; reward_functions(authors) is the one switch between ours and theirs (--authors-rewards).
 
 Try it:
     python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
@@ -22,6 +22,7 @@ import ast
 import math
 import re
 import textwrap
+from collections import namedtuple
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
@@ -54,8 +55,8 @@ _FENCE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
 
 def strip_fences(text):
-    """The code inside the markdown fences of (cleaned) text, all blocks joined (an unclosed one, cut
-    by the token limit, keeps the rest); text without fences comes back unchanged."""
+    """The code inside the markdown fences of (cleaned) text, all blocks joined; text without
+    fences comes back unchanged."""
     if not _FENCE_RE.search(text):
         return text
     inside, keep = False, []
@@ -63,21 +64,19 @@ def strip_fences(text):
         if _FENCE_RE.match(line):
             inside = not inside
         elif inside:
+            # An unclosed block (the token limit cut the answer) keeps everything after its fence.
             keep.append(line)
     return "\n".join(keep)
 
 
-def prompt_imports(prompt, authors=False):
-    """The import lines of a HumanEval prompt: all of it the paper's program keeps (Sec. 4).
-    authors=True: theirs, the lines that are imports once stripped (HumanEval/115's too), deduplicated."""
-    if authors:
-        kept = (line.strip() for line in _raw(prompt).split("\n"))
-        return "\n".join(dict.fromkeys(s for s in kept if _AUTHORS_IMPORT_RE.match(s)))
+def prompt_imports(prompt):
+    """The import lines of a HumanEval prompt: all of it the paper's program keeps (Sec. 4)."""
     out, in_parens = [], False
     for line in _clean(prompt).split("\n"):
+        # Only top-level lines: an import inside the function's body belongs to that body.
         if in_parens or re.match(r"import\s+\w|from\s+[\w.]+\s+import\b", line):
             out.append(line)
-            # a parenthesised import continues until its closing parenthesis
+            # A parenthesised import continues until its closing parenthesis.
             in_parens = (in_parens or "(" in line) and ")" not in line
     return "\n".join(out)
 
@@ -95,7 +94,7 @@ def _function_by_ast(text, name):
     tree = _parse(text)
     for node in tree.body if tree else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            # from the `def` line: decorators would need imports the program does not have
+            # From the `def` line on: decorators would need imports the program does not have.
             return "\n".join(text.split("\n")[node.lineno - 1:node.end_lineno])
     return None
 
@@ -104,23 +103,29 @@ def _function_by_lines(text, pattern):
     """The paper's line-based cut, for text that does not parse but has a `def name(` line (pattern):
     the outermost (then first) such line and the lines after it that are blank or deeper."""
     lines = text.split("\n")
-    indent, start = min((len(m.group(1)), i) for i, line in enumerate(lines) if (m := pattern.match(line)))
+    # (indentation, line number) of each `def name(` line: the least indented is the real one (a
+    # `def name` nested in another function is not), the first of those on a tie.
+    starts = [(len(line) - len(line.lstrip(" \t")), number) for number, line in enumerate(lines)
+              if pattern.match(line)]
+    indent, start = min(starts)
     return textwrap.dedent("\n".join([lines[start], *_body(lines[start + 1:], indent)]).rstrip())
 
 
 def extract_function(text, name, signature=None):
-    """The source of function `name` in a model output, or None. Only `name` is kept (with its
-    nested defs), as in the paper (Sec. 4); fenced code is searched first, then the raw text. With
-    `signature` (its `def` line and docstring) a body-only output is completed."""
+    """The source of function `name` in a model output, or None, as the paper keeps it (Sec. 4);
+    with `signature` (its `def` line and docstring) a body-only output is completed."""
     text = _clean(text)
     pattern = re.compile(rf"^([ \t]*)(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", re.MULTILINE)
-    for candidate in dict.fromkeys((strip_fences(text), text)):  # dedup keeps order
+    # Fenced code is searched first, then the raw text; dict.fromkeys drops a repeat, keeping order.
+    for candidate in dict.fromkeys((strip_fences(text), text)):
         lines = candidate.split("\n")
         first = next((line for line in lines if line.strip()), "")
-        if signature and first.startswith((" ", "\t")) and not pattern.match(first):  # a body only
+        # A base model continuing the stub writes the body alone: indented, with no `def` line.
+        if signature and first.startswith((" ", "\t")) and not pattern.match(first):
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         if not pattern.search(candidate):
-            continue  # no `def name(` line: skip parsing (megabytes of prose cost 0.5 s a parse)
+            # No `def name(` line: skip parsing, which costs 0.5 s on a megabyte of prose.
+            continue
         found = _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
         if found:
             return found
@@ -138,7 +143,7 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
-    bonus: tuple = ()          # authors mode: coop's steps, in the order their code adds them
+    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -151,9 +156,19 @@ class CodeReward:
     program: str = field(default="", repr=False)   # what was (or would have been) run
     report: object = field(default=None, repr=False)  # sandbox's TestReport, when tests ran
 
+    def bonus_steps(self):
+        """The cooperation bonus (Sec. 4) as the steps that make it up, in the authors' order."""
+        # Only for a helper that main really calls, and only once a test passed (Sec. 4): a program
+        # that fails every test earns nothing for its teamwork.
+        if self.passed == 0 or not self.has_aux or not self.calls_aux:
+            return []
+        # +0.5 for calling aux; +1.0 unless main merely wraps it; -0.5 if main throws a result away.
+        return [0.5] + ([] if self.wrapper else [1.0]) + ([-0.5] if self.discards_aux else [])
+
     @property
-    def total(self):  # one by one, as theirs: float sums depend on the order (sum() compensates in 3.12+)
-        return reduce(add, self.bonus or (self.coop,), self.structure + self.syntax + self.tests)
+    def total(self):
+        # The bonus step by step, as the authors' loop adds it: float sums depend on the order.
+        return reduce(add, self.bonus_steps(), self.structure + self.syntax + self.tests)
 
     @property
     def levels(self):
@@ -164,255 +179,119 @@ class CodeReward:
 
 
 def _has_return(func):
-    """A `return` anywhere in func; on the text when it does not parse (L1 before L2)."""
+    """A `return` anywhere in func; on the text when it does not parse (L1 comes before L2)."""
     tree = _parse(func)
     if tree is None:
         return re.search(r"\breturn\b", func) is not None
-    return any(isinstance(n, ast.Return) for n in ast.walk(tree))
+    return any(isinstance(node, ast.Return) for node in ast.walk(tree))
 
 
 def _is_aux_call(node):
+    """A call of the name `aux` itself (not `x.aux(...)`, not a call of something aux returned)."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
 
 
-def _is_wrapper(fn):
+def _is_wrapper(function):
     """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
     the main agent handed the whole job to the helper."""
-    match fn.body[1:] if ast.get_docstring(fn, clean=False) is not None else fn.body:
+    # A docstring is no work of main's own: the shape is read from the statements after it.
+    has_docstring = ast.get_docstring(function, clean=False) is not None
+    match function.body[1:] if has_docstring else function.body:
         case [ast.Return(value=call)]:
             return _is_aux_call(call)
-        case [ast.Assign(targets=[ast.Name(id=v)], value=call), ast.Return(value=ast.Name(id=w))]:
-            return _is_aux_call(call) and v == w
+        case [ast.Assign(targets=[ast.Name(id=name)], value=call), ast.Return(value=ast.Name(id=returned))]:
+            return _is_aux_call(call) and name == returned
     return False
 
 
 def _aux_usage(main_func, name):
-    """(calls aux, is a mere wrapper, discards an aux result) for main function `name`: a call
-    by name, not shadowed by a nested `def aux`; a discarded result is a statement `aux(...)`."""
+    """(calls aux, is a mere wrapper, discards an aux result) for main function `name`."""
     tree = _parse(main_func)
-    fn = next((n for n in (tree.body if tree else []) if getattr(n, "name", None) == name), None)
-    if fn is None:
+    mains = [node for node in (tree.body if tree else []) if getattr(node, "name", None) == name]
+    if not mains:
         return False, False, False
-    nodes = list(ast.walk(fn))
-    if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "aux" for n in nodes):
+    nodes = list(ast.walk(mains[0]))
+    # A `def aux` nested in main shadows the helper: its calls are to main's own function.
+    if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
+           for node in nodes):
         return False, False, False
-    calls = any(_is_aux_call(n) for n in nodes)
-    discards = any(isinstance(n, ast.Expr) and _is_aux_call(n.value) for n in nodes)
-    return calls, calls and _is_wrapper(fn), discards
+    calls = any(_is_aux_call(node) for node in nodes)
+    # A call as a whole statement (`aux(x)`) throws its result away: aux's work was not used.
+    discards = any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
+    return calls, calls and _is_wrapper(mains[0]), discards
 
 
 def _judge_text(item):
-    """L1 structure and L2 syntax, no code run: (r, the test to run), or (r, None) when the
-    program stops before the tests."""
-    r = CodeReward()
+    """L1 structure and L2 syntax, no code run: (reward, the test to run), or (reward, None) when
+    the program stops before the tests."""
+    reward = CodeReward()
+    # L1 structure: each agent's function is there and returns something.
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
-    r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
-    r.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
-    if not r.has_main:
-        return r, None
-    r.program = "\n\n\n".join(p for p in (_clean(item.get("imports")).strip(), aux_fn, main_fn) if p) + "\n"
+    reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
+    reward.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
+    if not reward.has_main:
+        return reward, None
+    # L2 syntax: the program (the prompt's context, i.e. its imports and helpers, then aux, then
+    # main) must compile; one that does not stops here, before any code runs.
+    parts = [_clean(item.get("imports")).strip(), aux_fn, main_fn]
+    reward.program = "\n\n\n".join(part for part in parts if part) + "\n"
     try:
-        compile(r.program, "<program>", "exec", dont_inherit=True)
-    except Exception as e:  # as in _parse
-        r.syntax_error = f"{type(e).__name__}: {e}"
-        return r, None
-    r.syntax = 0.5
-    if r.has_aux:
-        r.calls_aux, r.wrapper, r.discards_aux = _aux_usage(main_fn, item["entry_point"])
-    # the problem's own code that its test calls (HumanEval/32's poly) goes on the test's side
+        compile(reward.program, "<program>", "exec", dont_inherit=True)
+    except Exception as e:  # the same failures as _parse
+        reward.syntax_error = f"{type(e).__name__}: {e}"
+        return reward, None
+    reward.syntax = 0.5
+    # What the bonus needs to know, read now from the parse tree; it is paid after the tests.
+    if reward.has_aux:
+        reward.calls_aux, reward.wrapper, reward.discards_aux = _aux_usage(main_fn, item["entry_point"])
+    # The test runs in its own process, apart from the program (sandbox.py): the problem's own code
+    # that the test calls (HumanEval/32's poly) goes with it, never the model's version of it.
     setup = _clean(item.get("imports") if item.get("test_setup") is None else item["test_setup"])
-    return r, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
+    return reward, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
 
 
-def _judge_tests(r, report, authors):
-    """L3 tests and the cooperation bonus (aux called by main, a test passed) from the sandbox's
-    report; its infra_error (the sandbox failed: no verdict) is r.sandbox_error."""
-    r.report, r.passed, r.n_tests = report, int(report.passed), int(report.total)
-    r.sandbox_error = getattr(report, "infra_error", None)
-    r.tests = r.passed / r.n_tests if r.n_tests > 0 else 0.0
-    if r.passed > 0 and r.has_aux and r.calls_aux:
-        steps = (0.5,) + ((1.0,) if not r.wrapper else ()) + ((-0.5,) if r.discards_aux else ())
-        r.coop, r.bonus = sum(steps), (steps if authors else ())
+def _judge_tests(reward, report):
+    """L3 tests and the cooperation bonus from the sandbox's report, for ours and the authors'."""
+    # L3: the share of the problem's assertions that pass, each run on its own.
+    reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
+    # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
+    reward.sandbox_error = getattr(report, "infra_error", None)
+    reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
+    reward.coop = float(sum(reward.bonus_steps()))
 
 
-def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None,
-                test_setup=None, authors=False):
-    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
-    raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
-    header, for a body-only output; timeout: per test (None: the sandbox's, or the authors' 10 s);
-    test_setup: code the test needs (None: imports)."""
-    item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
-                signature=signature, test_setup=test_setup)
-    return code_reward_many([item], timeout=timeout, authors=authors)[0]
-
-
-def code_reward_many(items, timeout=None, authors=False):
-    """code_reward for a batch (the trainer's G x batch joint actions): the text levels here, then
-    one sandbox.run_tests_many call for the programs that reach the tests; items: dicts of
-    code_reward's arguments."""
-    judged = [(_authors_judge_text if authors else _judge_text)(it) for it in items]
+def _score_code(items, judge, sandbox_options):
+    """The text levels of every item by `judge`, then one sandbox.run_tests_many call for all the
+    programs that reach the tests: the trainer's G x batch joint actions run in parallel."""
+    judged = [judge(item) for item in items]  # (reward, the test to run or None) per item
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
         import sandbox  # here: the writing rewards need no sandbox
         jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
-        kw = dict(timeout=AUTHORS_TEST_TIMEOUT, max_timeouts=AUTHORS_MAX_TIMEOUTS) if authors else {}
-        if timeout is not None:
-            kw["timeout"] = timeout
-        for i, report in zip(todo, sandbox.run_tests_many(jobs, **kw)):
-            _judge_tests(judged[i][0], report, authors)
-    return [r for r, _ in judged]
-
-# -----------------------------------------------------------------------------
-# The authors' code reward, exactly (authors=True): shady-cs15/LLM_Collab_Code_Generation@ae03036b
-# rewards/code_rewards.py + code_utils.py, re-implemented; their tests run in our sandbox.
-
-_AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
-_AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
-_AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
-_AUTHORS_CODE_MARKS = ("def ", "return ", "if ", "for ", "while ", "=", "(", ")", "[", "]")
-_AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
-_QUOTES = ('"""', "'''")
-AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given up after 3 timeouts
-AUTHORS_MAX_TIMEOUTS = 3
+        for i, report in zip(todo, sandbox.run_tests_many(jobs, **sandbox_options)):
+            _judge_tests(judged[i][0], report)
+    return [reward for reward, _ in judged]
 
 
-def _authors_cleanup(code):
-    """Their cleanup_code: fences removed (with the next line's indentation), then the blocks from
-    each `def` line at any indentation (so a nested def ends its outer function), sentence-like
-    lines dropped; "" when no def is left."""
-    code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
-    lines, out, base = iter(code.split("\n")), [], None  # base: the open def's indentation
-    for line in lines:
-        s = line.strip()
-        if _AUTHORS_ANY_DEF.match(line):
-            if out:
-                out.append("")  # their blocks are joined by a blank line
-            out.append(line)
-            base = len(line) - len(line.lstrip())
-        elif base is not None:
-            if not s or line.startswith(" " * (base + 1)) or line.startswith("\t"):
-                out.append(line)
-            elif s.startswith(_QUOTES):  # a docstring at the def's own indentation: kept whole
-                out.append(line)
-                if not (s.endswith(s[:3]) and len(s) > 3):
-                    for more in lines:
-                        out.append(more)
-                        if s[:3] in more:
-                            break
-            else:
-                base = None
-    kept = [line for line in out if any(mark in line for mark in _AUTHORS_CODE_MARKS)
-            or not _AUTHORS_PROSE.match(line.strip())]
-    result = "\n".join(kept).strip()
-    return result if re.search(r"def\s+\w+\s*\(", result) else ""
+def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None, test_setup=None):
+    """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
+    raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
+    header, for a body-only output; timeout: per test; test_setup: code the test needs (None: imports)."""
+    item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
+                signature=signature, test_setup=test_setup)
+    return code_reward_many([item], timeout=timeout)[0]
 
 
-def _authors_function(code, name):
-    """Their extract_specific_function: in the cleaned code, from the first `def name(` line (a
-    later one, even nested, starts over) to the first line neither blank nor indented deeper."""
-    pattern, found, base = re.compile(rf"\s*def\s+{re.escape(name)}\s*\("), None, 0
-    for line in _authors_cleanup(code).split("\n"):
-        if pattern.match(line):
-            found, base = [line], len(line) - len(line.lstrip())
-        elif found is not None:
-            if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
-                break
-            found.append(line)
-    return "\n".join(found).strip() if found else ""
-
-
-def _authors_is_wrapper(func):
-    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
-    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
-    `return ...aux...`, or `v = aux(...)` then `return v`."""
-    body, in_doc = [], False
-    for line in func.split("\n"):
-        s = line.strip()
-        if not s:
-            continue
-        if s.startswith(_QUOTES):
-            in_doc = in_doc or not (s.endswith(s[:3]) and len(s) > 3)
-            continue
-        if in_doc:
-            in_doc = not any(q in s for q in _QUOTES)
-            continue
-        if not s.startswith(("#", "def ")):
-            body.append(s)
-    if not body:
-        return True
-    if len(body) == 1:
-        return body[0].startswith("return ") and "aux" in body[0]
-    if len(body) == 2:
-        m = re.search(r"(\w+)\s*=\s*aux\s*\(", body[0])
-        return bool(m) and body[1] == f"return {m.group(1)}"
-    return False
-
-
-def _authors_discards(func):
-    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (one space, one
-    character inside), so `aux(x)` never counts."""
-    return any(re.search(r"^aux\s\([^)]\)$", line.strip()) for line in func.split("\n"))
-
-
-# Their test loop, one check() statement a test so that the sandbox times and counts each: for
-# `assert f(args) == expected` they eval and format both sides for a log line (a second call; an
-# error fails the test), then exec the assert line, all in the program's globals.
-_AUTHORS_RUNNER = """
-def __authors_case(g, case, call):
-    if call:
-        actual, expected = eval(call[0], g), eval(call[1], g)
-        format(expected, ""), format(actual, "")
-    exec(case, g)
-    return True
-
-
-def check(candidate):
-"""
-
-
-def _authors_check(test, entry_point):
-    """Their tests (extract_test_cases: check's lines that start `assert` and name candidate, up to
-    a blank line and a `def`, deduplicated) as a check() that replays their loop; None if none."""
-    m = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
-    lines = (line.strip() for line in m.group(1).strip().split("\n")) if m else ()
-    cases = dict.fromkeys(s for s in lines if re.match(r"assert\s+[^\n]*candidate", s))
-    out = [_AUTHORS_RUNNER]
-    for case in (c.replace("candidate", entry_point) for c in cases):
-        m = _AUTHORS_CALL.search(case)
-        call = (f"{m.group(1)}({m.group(2)})", m.group(3)) if m else None
-        out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
-    return "".join(out) if cases else None
-
-
-def _authors_judge_text(item):
-    """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
-    `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
-    r = CodeReward()
-    aux_fn = _authors_function(_raw(item.get("aux")), "aux")
-    main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
-    r.has_aux, r.has_main = bool(aux_fn), bool(main_fn)
-    aux_ok, main_ok = (re.search(r"return\s+", fn) is not None for fn in (aux_fn, main_fn))
-    r.structure = 0.4 * aux_ok + 0.6 * main_ok
-    if not main_ok:
-        return r, None
-    parts = (prompt_imports(item.get("imports"), authors=True), _authors_cleanup(aux_fn),
-             _authors_cleanup(main_fn))
-    r.program = "\n\n".join(p for p in parts if p)
-    try:
-        ast.parse(r.program)
-    except Exception as e:  # theirs caught SyntaxError only: NUL bytes, surrogates crashed it
-        r.syntax_error = f"{type(e).__name__}: {e}"
-        return r, None
-    r.syntax = 0.5
-    r.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
-    r.wrapper, r.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
-    return r, _authors_check(item["test"], item["entry_point"])  # None: no tests, no bonus
+def code_reward_many(items, timeout=None):
+    """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test
+    (None: the sandbox's own)."""
+    return _score_code(items, _judge_text, {} if timeout is None else {"timeout": timeout})
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS: the
 # authors' 12 categories and phrase lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py,
-# first release); a phrase may sit in two ("indeed": explanation and emphasis).
+# first release), used by both modes; a phrase may sit in two ("indeed": explanation and emphasis).
 
 TRANSITIONS = {
     "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
@@ -469,7 +348,7 @@ TRANSITIONS = {
              "nowadays", "currently", "presently", "immediately"],
 }
 
-# The function words Jaccard drops: ours, the usual English list, and theirs (authors=True; README).
+# The function words that Jaccard drops: the usual English list (the authors' own is at the end).
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
 below between both but by can could did do does doing down during each few for from further had
@@ -480,16 +359,7 @@ this those through to too under until up very was we were what when where which 
 why will with would you your yours yourself yourselves
 """.split())
 
-AUTHORS_STOPWORDS = frozenset("""
-a all also an and any are as at bad be been being both but by can could did do does each few first
-for from good great had has have he her here him his how i if in is it its just last left little
-long low many may me might more most much must my new no not now of old on only or other our own
-right same shall should so some such than that the their them then there these they this those to
-too us very was we were what when where which who why will with would you your
-""".split())
-
 _WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
-_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
 
 
 @dataclass(frozen=True)
@@ -504,6 +374,8 @@ class WritingLevels:
     style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
+# The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
+# long, with at least twice the distinct words; a little shared vocabulary (3%) is enough.
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
                      unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
 # The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
@@ -525,22 +397,32 @@ class WritingReward:
 
     @property
     def total(self):
-        return reduce(add, self.levels.values(), 0.0)  # as CodeReward.total
+        # Level by level, as the authors' `reward += level`: sum() rounds otherwise from Python 3.12,
+        # and the authors' mode must equal their values to the last bit.
+        return reduce(add, self.levels.values(), 0.0)
 
     def __float__(self):
         return float(self.total)
 
 
-def words(text, authors=False):
-    """The lowercased words of text (ours keep inner apostrophes; authors: theirs, \\b\\w+\\b)."""
-    return (_AUTHORS_WORD_RE if authors else _WORD_RE).findall(text.lower())
+def words(text):
+    """The lowercased words of text; inner apostrophes are kept ("don't")."""
+    return _WORD_RE.findall(text.lower())
 
 
-def transition_categories(text, authors=False):
-    """The connective categories (of 12) in text: a phrase matches whole words (padded with spaces, in
-    the words joined by spaces); authors: anywhere in the lowercased text ("so" in "also")."""
-    pad, low = ("", text.lower()) if authors else (" ", f" {' '.join(words(text))} ")
-    return {cat for cat, phrases in TRANSITIONS.items() if any(f"{pad}{p}{pad}" in low for p in phrases)}
+def _categories_in(text, pad):
+    """The connective categories with a phrase in text, each phrase padded with `pad` both sides."""
+    found = set()
+    for category, phrases in TRANSITIONS.items():
+        if any(f"{pad}{phrase}{pad}" in text for phrase in phrases):
+            found.add(category)
+    return found
+
+
+def transition_categories(text):
+    """The connective categories (of 12) in text; a phrase matches whole words only."""
+    # The words joined by single spaces and padded, so that " so " is the word, never part of "also".
+    return _categories_in(f" {' '.join(words(text))} ", pad=" ")
 
 
 def transition_score(n_categories):
@@ -548,90 +430,345 @@ def transition_score(n_categories):
     return 0.0 if n_categories == 0 else min(1.0, 0.4 + 0.05 * (n_categories - 1))
 
 
-def jaccard(words1, words2, authors=False):
-    """|A & B| / |A | B| over the word sets without stopwords; 0 when neither text has a word left
-    (authors: 1.0, the full Jaccard share)."""
-    stop = AUTHORS_STOPWORDS if authors else STOPWORDS
-    a, b = set(words1) - stop, set(words2) - stop
-    if not a | b:
-        return 1.0 if authors else 0.0
-    return len(a & b) / len(a | b)
+def jaccard(words1, words2, stopwords=STOPWORDS, if_empty=0.0):
+    """|A & B| / |A | B| over the two word sets without stopwords; if_empty when neither has a word left."""
+    set1, set2 = set(words1) - stopwords, set(words2) - stopwords
+    if not set1 | set2:
+        return if_empty
+    return len(set1 & set2) / len(set1 | set2)
 
 
 def band_score(x, band):
     """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
-    outside them. The ramps are written as theirs: both modes agree to the last bit."""
+    outside them. The ramps are written as the authors' are: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
+    # Outside the zero points the texts are no longer doing their parts: the reward stops here.
     if not zero_lo <= x <= zero_hi:
         return None
     if x < one_lo:
         return (x - zero_lo) / (one_lo - zero_lo)
     if x <= one_hi:
         return 1.0
+    # Written 1 - (x - one_hi) / width, as theirs: (zero_hi - x) / width differs in the last bit.
     return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
-def writing_reward(text1, text2, spec, authors=False):
-    """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
-    level ends the sum. authors=True: their first release's value on any two texts."""
-    # theirs: the raw texts, so that lengths count the surrounding whitespace
-    t1, t2 = (_raw(t) if authors else _clean(t).strip() for t in (text1, text2))
-    r = WritingReward(tokens=(len(t1.split()), len(t2.split())))
-    r.length_ratio = len(t2) / len(t1) if t1 else 0.0
-    w_tokens, w_length, w_vocab, w_style = spec.weights
-    lo, hi = spec.tokens
-    if not all(lo <= n <= hi for n in r.tokens):
-        return r  # the other diagnostics only for texts of bounded size: cheap on any input
-    w1, w2 = words(t1, authors), words(t2, authors)
-    if spec.transitions_in == "second":
-        found = transition_categories(t2, authors)
-    elif authors:
-        found = transition_categories(t1 + t2, authors=True)  # one string: a match may span the seam
-    else:
-        found = transition_categories(t1) | transition_categories(t2)
-    r.unique_ratio = len(set(w2)) / len(set(w1)) if w1 else 0.0
-    r.jaccard = jaccard(w1, w2, authors)
-    r.categories, r.transition = len(found), transition_score(len(found))
-    r.levels["structure"] = w_tokens
-    for name, x, band, weight in (("coordination", r.length_ratio, spec.length_band, w_length),
-                                  ("vocabulary", r.unique_ratio, spec.unique_band, w_vocab)):
-        score = band_score(x, band)
+def _score_writing(first, second, spec, measure):
+    """The four levels of Sec. 5 on two texts, each gating the next. measure(first, second, the texts
+    to find connectives in) -> (words1, words2, categories, Jaccard): where ours and theirs differ."""
+    reward = WritingReward(tokens=(len(first.split()), len(second.split())))
+    reward.length_ratio = len(second) / len(first) if first else 0.0
+    low, high = spec.tokens
+    # L1 first: the word-level measures below then only ever see texts of bounded size, so a
+    # megabyte of output costs nothing.
+    if not all(low <= count <= high for count in reward.tokens):
+        return reward
+    # TLDR looks for connectives in the detailed summary only; arXiv in both halves of the intro.
+    connective_texts = (second,) if spec.transitions_in == "second" else (first, second)
+    words1, words2, found, reward.jaccard = measure(first, second, connective_texts)
+    reward.unique_ratio = len(set(words2)) / len(set(words1)) if words1 else 0.0
+    reward.categories, reward.transition = len(found), transition_score(len(found))
+    weight_tokens, weight_length, weight_words, weight_style = spec.weights
+    reward.levels["structure"] = weight_tokens
+    # L2 coordination (the second text's length relative to the first's), then L3 vocabulary (how
+    # many more distinct words it uses): a ratio outside its band's zero points ends the reward.
+    for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, weight_length),
+                                       ("vocabulary", reward.unique_ratio, spec.unique_band, weight_words)):
+        score = band_score(ratio, band)
         if score is None:
-            return r
-        r.levels[name] = weight * score
-    j = min(r.jaccard, spec.jaccard_cap) / spec.jaccard_cap
-    r.levels["style"] = w_style * (spec.style[0] * r.transition + spec.style[1] * j)
-    return r
+            return reward
+        reward.levels[level] = weight * score
+    # L4 style: connectives, and shared words, capped: a little overlap shows that the two texts are
+    # about the same thing and earns it all, so copying the partner earns nothing more.
+    capped = min(reward.jaccard, spec.jaccard_cap) / spec.jaccard_cap
+    weight_transition, weight_jaccard = spec.style
+    reward.levels["style"] = weight_style * (weight_transition * reward.transition + weight_jaccard * capped)
+    return reward
 
 
-def tldr_reward(summary, detailed, authors=False):
+def _our_measures(first, second, connective_texts):
+    """Our words, whole-word connectives (a phrase never spans two texts) and Jaccard."""
+    words1, words2 = words(first), words(second)
+    found = set()
+    for text in connective_texts:
+        found |= transition_categories(text)
+    return words1, words2, found, jaccard(words1, words2)
+
+
+def writing_reward(text1, text2, spec):
+    """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
+    level ends the sum."""
+    # Stripped: whitespace around a text is no part of its length.
+    return _score_writing(_clean(text1).strip(), _clean(text2).strip(), spec, _our_measures)
+
+
+def tldr_reward(summary, detailed):
     """TLDR (Sec. 5): agent 1's concise summary, agent 2's detailed one. Max 3.0."""
-    return writing_reward(summary, detailed, TLDR, authors)
+    return writing_reward(summary, detailed, TLDR)
 
 
-def arxiv_reward(background, methods, authors=False):
+def arxiv_reward(background, methods):
     """arXiv introduction expansion (Sec. 5): agent 1's background, agent 2's methods. Max 3.0."""
-    return writing_reward(background, methods, ARXIV, authors)
+    return writing_reward(background, methods, ARXIV)
 
+# -----------------------------------------------------------------------------
+# Single-agent writing (the GRPO baseline of Sec. 5): one output, cut into the two parts to score
 
 SPLIT_MARK = "[PARAGRAPH_SPLIT]"  # the authors' single-agent delimiter
+_MARK = re.compile(re.escape(SPLIT_MARK))
 _PARA2 = re.compile(r"Paragraph 2:\s*", re.IGNORECASE)
 _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 
 
-def split_single_output(text, authors=False):
-    """The two parts of one model's output (the GRPO baseline), cut as theirs (LLM_Collab_Writing
-    train_grpo.py) at [PARAGRAPH_SPLIT], else "Paragraph 2:", labels removed; ours also at a line
-    of ---, and without a marker no second part (theirs: a third of the characters; README)."""
-    text = _raw(text).strip()
-    if SPLIT_MARK in text:
-        first, second = text.split(SPLIT_MARK, 1)
-    elif not authors and _DASH_LINE.search(text):
-        first, second = _DASH_LINE.split(text, 1)
-    elif m := _PARA2.search(text):
-        first, second = text[:m.start()], text[m.end():]
-    else:
-        cut = (len(text) // 3 or 1) if authors else len(text)
-        first, second = text[:cut], text[cut:]
+def _two_parts(text, markers, cut):
+    """text cut at the first of `markers` found (tried in order), else after `cut` characters; the
+    "Paragraph 1:" and "Paragraph 2:" labels the prompt asks for are removed."""
+    first, second = text[:cut], text[cut:]
+    for marker in markers:
+        if marker.search(text):
+            first, second = marker.split(text, maxsplit=1)
+            break
     return (re.sub(r"^Paragraph 1:\s*", "", first.strip(), flags=re.IGNORECASE),
             re.sub(r"^Paragraph 2:\s*", "", second.strip(), flags=re.IGNORECASE))
+
+
+def split_single_output(text):
+    """The two parts of one model's output, cut as the authors cut (LLM_Collab_Writing train_grpo.py)
+    at [PARAGRAPH_SPLIT], else at "Paragraph 2:"; we also accept a line of ---."""
+    text = _raw(text).strip()
+    # No marker: no second part, so L1 fails (a guessed cut would reward a layout nobody asked for).
+    return _two_parts(text, (_MARK, _DASH_LINE, _PARA2), cut=len(text))
+
+# -----------------------------------------------------------------------------
+# The switch (--authors-rewards), then the authors' rewards exactly: their first release, for
+# reproducing the paper's numbers. Code: shady-cs15/LLM_Collab_Code_Generation@ae03036b
+# rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
+# Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
+#
+# Design: an env asks reward_functions(authors) once for the three functions it scores with. Ours
+# above never test a mode; the replica below re-implements only what theirs does differently
+# (extraction, word and connective matching, stopwords, the single-agent cut, the sandbox
+# settings) and shares the rest: _score_code, _judge_tests and _score_writing (the levels' bands,
+# gates and sums), so the arithmetic of the two modes cannot drift apart.
+
+
+# The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
+# writing_reward) and split_single (as split_single_output).
+RewardFunctions = namedtuple("RewardFunctions", "code_many writing split_single")
+
+
+def reward_functions(authors=False):
+    """The one switch: our rewards, or with authors=True the authors' exact ones (below)."""
+    if authors:
+        return RewardFunctions(_authors_code_reward_many, _authors_writing_reward,
+                               _authors_split_single_output)
+    return RewardFunctions(code_reward_many, writing_reward, split_single_output)
+
+
+_AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
+_AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
+_AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
+_AUTHORS_CODE_MARK = re.compile(r"def |return |if |for |while |=|\(|\)|\[|\]")  # a line with one is code
+_AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
+_QUOTES = ('"""', "'''")
+AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given up after 3 timeouts
+AUTHORS_MAX_TIMEOUTS = 3
+
+
+def _authors_prompt_imports(prompt):
+    """Their import lines: every line that is an import once stripped (HumanEval/115's, inside the
+    function, too), deduplicated in order."""
+    stripped = (line.strip() for line in _raw(prompt).split("\n"))
+    return "\n".join(dict.fromkeys(line for line in stripped if _AUTHORS_IMPORT_RE.match(line)))
+
+
+def _authors_cleanup(code):
+    """Their cleanup_code: fences removed (with the next line's indentation), then the blocks from
+    each `def` line at any indentation (so a nested def ends its outer function), sentence-like
+    lines dropped; "" when no def is left."""
+    code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
+    lines = iter(code.split("\n"))
+    out, base = [], None  # base: the indentation of the open def, None outside one
+    for line in lines:
+        stripped = line.strip()
+        # A `def` line at any indentation opens a block, so a nested def ends its outer function's.
+        if _AUTHORS_ANY_DEF.match(line):
+            if out:
+                out.append("")  # their blocks are joined by a blank line
+            out.append(line)
+            base = len(line) - len(line.lstrip())
+        elif base is not None:
+            # Inside a block: blank lines, deeper lines and any tab-indented line belong to it.
+            if not stripped or line.startswith(" " * (base + 1)) or line.startswith("\t"):
+                out.append(line)
+            elif stripped.startswith(_QUOTES):
+                # A docstring at the def's own indentation is kept whole, up to its closing quotes.
+                out.append(line)
+                if not (stripped.endswith(stripped[:3]) and len(stripped) > 3):
+                    for more in lines:
+                        out.append(more)
+                        if stripped[:3] in more:
+                            break
+            else:
+                # Any other line closes the block; lines outside every block are dropped.
+                base = None
+    # A line with a code mark stays; one without that reads as a sentence is prose, dropped.
+    kept = [line for line in out if _AUTHORS_CODE_MARK.search(line) or not _AUTHORS_PROSE.match(line.strip())]
+    result = "\n".join(kept).strip()
+    return result if re.search(r"def\s+\w+\s*\(", result) else ""
+
+
+def _authors_function(code, name):
+    """Their extract_specific_function: in the cleaned code, from the first `def name(` line (a
+    later one, even nested, starts over) to the first line neither blank nor indented deeper."""
+    pattern = re.compile(rf"\s*def\s+{re.escape(name)}\s*\(")
+    found, base = None, 0
+    for line in _authors_cleanup(code).split("\n"):
+        if pattern.match(line):
+            found, base = [line], len(line) - len(line.lstrip())
+        elif found is not None:
+            if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
+                break
+            found.append(line)
+    return "" if found is None else "\n".join(found).strip()
+
+
+def _authors_is_wrapper(func):
+    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
+    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
+    `return ...aux...`, or `v = aux(...)` then `return v`."""
+    body, in_doc = [], False
+    for line in func.split("\n"):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        # A line starting with quotes opens a docstring unless it closes it too; only a later line that
+        # holds quotes without starting with them closes it, so `"""` alone skips the rest.
+        if stripped.startswith(_QUOTES):
+            in_doc = in_doc or not (stripped.endswith(stripped[:3]) and len(stripped) > 3)
+            continue
+        if in_doc:
+            in_doc = not any(quotes in stripped for quotes in _QUOTES)
+            continue
+        if not stripped.startswith(("#", "def ")):
+            body.append(stripped)
+    # Their three wrapper shapes: no statement at all, one `return` naming aux, or assign then return.
+    if not body:
+        return True
+    if len(body) == 1:
+        return body[0].startswith("return ") and "aux" in body[0]
+    if len(body) == 2:
+        match = re.search(r"(\w+)\s*=\s*aux\s*\(", body[0])
+        return bool(match) and body[1] == f"return {match.group(1)}"
+    return False
+
+
+def _authors_discards(func):
+    """Their check_aux_call_without_assignment: a line that is exactly `aux (x)` (one space, one
+    character inside), so `aux(x)` never counts: the bug the paper's -0.5 never fires for."""
+    return any(re.search(r"^aux\s\([^)]\)$", line.strip()) for line in func.split("\n"))
+
+
+# Their test loop, one check() statement a test so that the sandbox times and counts each: for
+# `assert f(args) == expected` they eval and format both sides for a log line (a second call; an
+# error fails the test), then exec the assert line, all in the program's globals.
+_AUTHORS_RUNNER = """
+def __authors_case(g, case, call):
+    if call:
+        actual, expected = eval(call[0], g), eval(call[1], g)
+        format(expected, ""), format(actual, "")
+    exec(case, g)
+    return True
+
+
+def check(candidate):
+"""
+
+
+def _authors_check(test, entry_point):
+    """Their tests (extract_test_cases: check's lines that start `assert` and name candidate, up to
+    a blank line and a `def`, deduplicated) as a check() that replays their loop; None if none."""
+    check = re.search(r"def check\(candidate\):(.*?)(?=\n\ndef|\Z)", test, re.DOTALL)
+    lines = [line.strip() for line in check.group(1).strip().split("\n")] if check else []
+    cases = dict.fromkeys(line for line in lines if re.match(r"assert\s+[^\n]*candidate", line))
+    if not cases:
+        return None
+    out = [_AUTHORS_RUNNER]
+    for case in cases:
+        case = case.replace("candidate", entry_point)
+        # `assert f(args) == expected`: the two sides their loop evaluates again for its log line
+        match = _AUTHORS_CALL.search(case)
+        call = (f"{match.group(1)}({match.group(2)})", match.group(3)) if match else None
+        out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
+    return "".join(out)
+
+
+def _authors_judge_text(item):
+    """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
+    `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
+    reward = CodeReward()
+    aux_fn = _authors_function(_raw(item.get("aux")), "aux")
+    main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
+    reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
+    # L1 on the text: `return` then whitespace, so `return(x)` is no return for them.
+    aux_returns, main_returns = bool(re.search(r"return\s+", aux_fn)), bool(re.search(r"return\s+", main_fn))
+    reward.structure = 0.4 * aux_returns + 0.6 * main_returns
+    if not main_returns:
+        return reward, None
+    # Their program: the prompt's import lines (envs pass the problem's prompt), aux, then main.
+    parts = [_authors_prompt_imports(item.get("prompt")), _authors_cleanup(aux_fn), _authors_cleanup(main_fn)]
+    reward.program = "\n\n".join(part for part in parts if part)
+    try:
+        ast.parse(reward.program)
+    except Exception as e:  # theirs caught SyntaxError only: NUL bytes, surrogates crashed it
+        reward.syntax_error = f"{type(e).__name__}: {e}"
+        return reward, None
+    reward.syntax = 0.5
+    # The bonus's inputs, on the text: `aux(` anywhere in main counts as a call, even in a comment.
+    reward.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
+    reward.wrapper, reward.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
+    # None (no assert line): no tests level and so no bonus, as theirs.
+    return reward, _authors_check(item["test"], item["entry_point"])
+
+
+def _authors_code_reward_many(items, timeout=None):
+    """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
+    Each test gets 10 s unless `timeout`, and the tests stop after 3 timeouts, as theirs."""
+    timeout = AUTHORS_TEST_TIMEOUT if timeout is None else timeout
+    return _score_code(items, _authors_judge_text, dict(timeout=timeout, max_timeouts=AUTHORS_MAX_TIMEOUTS))
+
+
+AUTHORS_STOPWORDS = frozenset("""
+a all also an and any are as at bad be been being both but by can could did do does each few first
+for from good great had has have he her here him his how i if in is it its just last left little
+long low many may me might more most much must my new no not now of old on only or other our own
+right same shall should so some such than that the their them then there these they this those to
+too us very was we were what when where which who why will with would you your
+""".split())
+
+_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
+
+
+def _authors_transition_categories(text):
+    """Theirs: a phrase counts anywhere in the lowercased text, even inside a word ("so" in "also")."""
+    return _categories_in(text.lower(), pad="")
+
+
+def _authors_measures(first, second, connective_texts):
+    """Their words (\\b\\w+\\b), substring connectives and Jaccard (1.0 when no word is left)."""
+    words1, words2 = _AUTHORS_WORD_RE.findall(first.lower()), _AUTHORS_WORD_RE.findall(second.lower())
+    # One string for both texts: a phrase may match across the seam ("qzth" + "enqz": "then").
+    found = _authors_transition_categories("".join(connective_texts))
+    return words1, words2, found, jaccard(words1, words2, AUTHORS_STOPWORDS, if_empty=1.0)
+
+
+def _authors_writing_reward(text1, text2, spec):
+    """Their writing reward, as writing_reward: the raw texts, so lengths count surrounding whitespace."""
+    return _score_writing(_raw(text1), _raw(text2), spec, _authors_measures)
+
+
+def _authors_split_single_output(text):
+    """Their cut of one output: at [PARAGRAPH_SPLIT], else "Paragraph 2:", else a third of the way."""
+    text = _raw(text).strip()
+    # No marker: the first third of the characters (at least one) is the first part.
+    return _two_parts(text, (_MARK, _PARA2), cut=max(1, len(text) // 3))

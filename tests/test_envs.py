@@ -63,9 +63,30 @@ def test_unknown_split_is_an_error(split):
 @pytest.mark.parametrize("name", ["probs.jsonl", "probs.jsonl.gz"])
 def test_jsonl_path_is_one_split_unless_sliced(humaneval, tmp_path, name):
     path = write_jsonl(tmp_path / name, problems(humaneval, 7))
-    for split in ("train", "eval", "test"):
+    for split in ("train", None):
         assert len(envs.make_env("coding", dataset=path, split=split).examples) == 7
     assert [e["task_id"] for e in envs.make_env("coding", dataset=path, split="2:4").examples] == ["Coop/2", "Coop/3"]
+    # eval.py without --split: the file it was given, whole
+    assert len(envs.make_env("coding", dataset=path, default_split="test").examples) == 7
+
+
+@pytest.mark.parametrize("env, rows", [("coding", None), ("tldr", [{"text": f"post {i} " * 20} for i in range(7)])])
+@pytest.mark.parametrize("split", ["eval", "test"])
+def test_a_held_out_split_of_a_single_file_is_refused_never_its_training_rows(humaneval, tmp_path, env, rows,
+                                                                               split):
+    """A plain file has no named splits: eval or test of it would be the rows train.py trains on."""
+    path = write_jsonl(tmp_path / "mine.jsonl", rows or problems(humaneval, 7))
+    with pytest.raises(ValueError, match=f"mine.jsonl is a single file .* no '{split}' split; pass a slice"):
+        envs.make_env(env, dataset=path, split=split)
+    with pytest.raises(ValueError, match=f"mine.jsonl is a single file .* no '{split}' split"):
+        envs.make_env(env, dataset=path, split=split, default_split="test")  # named: refused in eval.py too
+    assert len(envs.make_env(env, dataset=path, split="5:").examples) == 2
+    # train.py --eval-every: its --eval-split (default eval) is refused in one line naming the flag
+    args = train.parse_args(["--env", env, "--dataset", path, "--eval-every", "1", "--eval-split", split])
+    with pytest.raises(ValueError, match=r"^--eval-split: .*mine.jsonl is a single file") as error:
+        envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+    assert "\n" not in str(error.value)
+    assert len(envs.env_from_flags(args, split="5:", flag="--eval-split").examples) == 2
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -92,9 +113,9 @@ def test_coophumaneval_splits_come_from_its_rows_not_the_file_name(humaneval, tm
     assert sizes == {"train": 50, "eval": 16, "test": 16}
     assert envs.make_env("coding", dataset=str(path), split="test").examples[0]["task_id"] == "CoopHumanEval/66"
     other = write_jsonl(tmp_path / "CoopHumanEval.jsonl", problems(humaneval, 82))  # a "coop" name, other rows
-    assert len(envs.make_env("coding", dataset=other, split="test").examples) == 82
-    assert len(envs.CodingEnv(other, "test", splits="coophumaneval").examples) == 16
-    assert envs.CodingEnv(other, "eval", splits={"eval": "1:3"}).examples[0]["task_id"] == "Coop/1"
+    with pytest.raises(ValueError, match="single file"):  # other rows: one split, whatever the name
+        envs.make_env("coding", dataset=other, split="test")
+    assert len(envs.make_env("coding", dataset=other, split="66:").examples) == 16
 
 
 def test_coophumaneval_row_without_a_field_names_file_and_row(humaneval, tmp_path):
@@ -351,12 +372,14 @@ def test_authors_rewards_switch_every_env(humaneval):
     text1 = "night many a cat has new house night"  # "many", "new", "first", "long" are stopwords for them
     text2 = "warm also life play good and thus thus thus new sun has long sleep warm and many a first sun and has many life many long"
     ex = tldr.examples[0]
-    assert float(tldr.reward(ex, (text1, text2))) == float(rewards.tldr_reward(text1, text2, authors=True))
+    theirs = rewards.reward_functions(authors=True)
+    assert float(tldr.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.TLDR))
     assert float(tldr.reward(ex, (text1, text2))) != float(envs.make_env("tldr").reward(ex, (text1, text2)))
-    assert float(arxiv.reward(ex, (text1, text2))) == float(rewards.arxiv_reward(text1, text2, authors=True))
+    assert float(arxiv.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.ARXIV))
     coding, ex = envs.make_env("coding", authors=True), humaneval["HumanEval/115"]
-    item = coding.item(ex, (AUX0, MAIN0))
-    assert item["imports"] == ex["prompt"] and "signature" not in item  # their import rule, on the raw prompt
+    main = "def max_fill(grid, capacity):\n    return 0\n"
+    r = coding.reward(ex, ("", main))  # their import rule, on the raw prompt: the `import math` in its body
+    assert r.program.startswith("import math\n") and "import math" not in envs.prompt_parts(ex)[0]
     with pytest.raises(ValueError, match="no authors' reward"):
         envs.make_env("demo", authors=True)
     args = train.parse_args(["--env", "tldr", "--authors-rewards"])

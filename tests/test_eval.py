@@ -283,6 +283,18 @@ def test_scripted_solutions_through_the_harness(tmp_path):
     assert m["pass@1"] == pytest.approx(1 / 3) and m["acc@1"] == pytest.approx(0.5)
 
 
+def test_a_single_file_is_evaluated_whole_and_a_named_split_of_it_refused(tmp_path):
+    """eval.py without --split scores the file it was given (test_scripted_solutions_through_the_harness
+    does); --split test of a file without named splits ends in one line, never its training rows."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"task_id": "one", "prompt": "def f(x):\n", "canonical_solution": "    return x\n",
+                                "test": "def check(candidate):\n    assert candidate(1) == 1\n",
+                                "entry_point": "f"}) + "\n")
+    message = fails_naming("--split", "--env", "coding", "--dataset", str(path), "--split", "test",
+                           "--methods", "oracle")
+    assert "mine.jsonl is a single file" in message and "400:" in message
+
+
 def test_agents_dir_saved_by_train(tmp_path):
     import train
     out = str(tmp_path / "run")

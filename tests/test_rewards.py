@@ -13,6 +13,24 @@ import rewards as R
 from rewards import (CodeReward, arxiv_reward, code_reward, code_reward_many, extract_function,
                      prompt_imports, strip_fences, tldr_reward)
 
+# The authors' rewards, through the one switch the envs use (--authors-rewards)
+THEIRS = R.reward_functions(authors=True)
+
+
+def their_code_reward(aux, main, entry_point, test, timeout=None, **item):
+    """The authors' code reward of one joint action; item: more of its fields (prompt, signature)."""
+    item.update(aux=aux, main=main, entry_point=entry_point, test=test)
+    return THEIRS.code_many([item], timeout=timeout)[0]
+
+
+def their_tldr_reward(summary, detailed):
+    return THEIRS.writing(summary, detailed, R.TLDR)
+
+
+def their_arxiv_reward(background, methods):
+    return THEIRS.writing(background, methods, R.ARXIV)
+
+
 TEST = "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5\n"
 AUX = "def aux(x):\n    return 2 * x\n"
 
@@ -240,7 +258,7 @@ def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
     assert r.sandbox_error and r.passed == 0
     [r] = code_reward_many([dict(main=main, entry_point="f", test=CHECK3)])
     assert r.sandbox_error and r.passed == 0
-    r = code_reward("", main, "f", CHECK3, authors=True)  # the authors' reward, the same one path
+    r = their_code_reward("", main, "f", CHECK3)  # the authors' reward, the same one path
     assert r.sandbox_error and r.passed == 0
 
 # -----------------------------------------------------------------------------
@@ -336,21 +354,21 @@ def test_transition_categories_are_the_authors_twelve():
     assert sum(map(len, R.TRANSITIONS.values())) == 279
     assert "so" in R.TRANSITIONS["cause_effect"] and "as" in R.TRANSITIONS["time"]
     for phrase in CONNECTIVES:  # each names exactly one category, in both matchers
-        assert len(R.transition_categories(phrase)) == 1 == len(R.transition_categories(phrase, authors=True))
+        assert len(R.transition_categories(phrase)) == 1 == len(R._authors_transition_categories(phrase))
     assert R.transition_categories("However, it rained.") == {"contrast", "concession"}  # in two lists
 
 
 def test_transition_categories_authors_match_substrings():
     text = "alsoso thusly ifx butter"
     assert R.transition_categories(text) == set()
-    assert R.transition_categories(text, authors=True) == {
+    assert R._authors_transition_categories(text) == {
         "elaboration", "cause_effect", "condition", "contrast"}  # also, so/thus, if, but
-    assert R.transition_categories("My personal shadow has a life.", authors=True) == {
+    assert R._authors_transition_categories("My personal shadow has a life.") == {
         "cause_effect", "condition", "time"}  # per-SO-nal, s-HAD-ow (condition), h-AS, l-IF-e
-    assert R.transition_categories("FOR EXAMPLE", authors=True) == {"examples"}  # case-insensitive
+    assert R._authors_transition_categories("FOR EXAMPLE") == {"examples"}  # case-insensitive
 
 # -----------------------------------------------------------------------------
-# writing rewards, authors=True: the authors' first release, exactly. Expected values marked
+# writing rewards, the authors' (THEIRS): their first release, exactly. Expected values marked
 # "theirs" were computed by running their tldr_combined_reward / arxiv_combined_reward
 # (OpenMLRL/LLM_Collab_Writing rewards/*_rewards.py, first release, the content stored as
 # junho328/LLM_Collab_Code_Generation@3b067f62; unchanged logic at 45c74e50) on these texts.
@@ -389,65 +407,65 @@ ARXIV_THEIRS = {
 @pytest.mark.parametrize("name", list(TLDR_THEIRS))
 def test_tldr_reward_authors_reference_values(name):
     summary, detailed, theirs, ours = TLDR_THEIRS[name]
-    assert float(tldr_reward(summary, detailed, authors=True)) == theirs  # to the last bit
+    assert float(their_tldr_reward(summary, detailed)) == theirs  # to the last bit
     assert float(tldr_reward(summary, detailed)) == pytest.approx(ours)
 
 
 @pytest.mark.parametrize("name", list(ARXIV_THEIRS))
 def test_arxiv_reward_authors_reference_values(name):
     background, methods, theirs, ours = ARXIV_THEIRS[name]
-    assert float(arxiv_reward(background, methods, authors=True)) == theirs
+    assert float(their_arxiv_reward(background, methods)) == theirs
     assert float(arxiv_reward(background, methods)) == pytest.approx(ours)
 
 
 def test_tldr_reward_authors_by_hand():
     summary, detailed = TLDR_THEIRS["so_inside_personal"][:2]
-    r = tldr_reward(summary, detailed, authors=True)  # ratio 158/49 = 3.22: just past 3.2
+    r = their_tldr_reward(summary, detailed)  # ratio 158/49 = 3.22: just past 3.2
     assert r.categories == 1 and r.transition == pytest.approx(0.4) and r.jaccard == 0.0
     assert r.levels["coordination"] == pytest.approx(1 - (158 / 49 - 3.2) / 1.8)
     assert r.levels["style"] == pytest.approx(0.4 * 0.4)
     assert tldr_reward(summary, detailed).categories == 0  # ours: no connective as a word
-    r = tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2], authors=True)
+    r = their_tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2])
     assert r.jaccard == 0.0  # "good" is one of their stopwords, not one of ours (1/36 there)
     assert tldr_reward(*TLDR_THEIRS["shared_stopword_good"][:2]).jaccard == pytest.approx(1 / 36)
-    r = tldr_reward(*THEIR_STOPWORDS_ONLY, authors=True)
+    r = their_tldr_reward(*THEIR_STOPWORDS_ONLY)
     assert r.jaccard == 1.0 and r.categories == 2  # both texts: only stopwords; "so", "had"
     assert r.levels["style"] == pytest.approx(0.4 * 0.45 + 0.6)
-    r = tldr_reward(*TLDR_THEIRS["trailing_newlines"][:2], authors=True)
+    r = their_tldr_reward(*TLDR_THEIRS["trailing_newlines"][:2])
     assert r.length_ratio == pytest.approx(199 / 79)  # their lengths count the 30 newlines
     assert tldr_reward(*TLDR_THEIRS["trailing_newlines"][:2]).length_ratio == pytest.approx(199 / 49)
-    r = tldr_reward(*TLDR_THEIRS["apostrophes_underscores"][:2], authors=True)
+    r = their_tldr_reward(*TLDR_THEIRS["apostrophes_underscores"][:2])
     assert r.unique_ratio == pytest.approx(32 / 10)  # don,t,won,can,isn,snake_case,some_name,x_1,it,s
     assert tldr_reward(*TLDR_THEIRS["apostrophes_underscores"][:2]).unique_ratio == pytest.approx(31 / 11)
 
 
 def test_tldr_reward_authors_band_edges():
-    r = tldr_reward(*TLDR_THEIRS["ratio_1_1_edge"][:2], authors=True)
+    r = their_tldr_reward(*TLDR_THEIRS["ratio_1_1_edge"][:2])
     assert r.length_ratio == 1.1 and r.levels["coordination"] == 0.0 and r.levels["vocabulary"] == 0.5
-    r = tldr_reward(*TLDR_THEIRS["ratio_5_0_edge"][:2], authors=True)
+    r = their_tldr_reward(*TLDR_THEIRS["ratio_5_0_edge"][:2])
     assert r.length_ratio == 5.0 and r.levels["coordination"] == 0.0 and "style" in r.levels
-    assert float(tldr_reward(PAIRS + ".", " ".join(PLAIN[10:60]) + "..", authors=True)) == 0.5  # 5.02
-    r = tldr_reward(*TLDR_THEIRS["upper_ramp_to_the_bit"][:2], authors=True)
+    assert float(their_tldr_reward(PAIRS + ".", " ".join(PLAIN[10:60]) + "..")) == 0.5  # 5.02
+    r = their_tldr_reward(*TLDR_THEIRS["upper_ramp_to_the_bit"][:2])
     assert r.levels["coordination"] == 0.9333333333333336 == 1.0 - (166 / 50 - 3.2) / (5.0 - 3.2)
     assert r.levels["coordination"] != (5.0 - 166 / 50) / (5.0 - 3.2)  # same maths, another last bit
-    r = tldr_reward(" ".join(PLAIN[:8]), " ".join(PLAIN[:256]), authors=True)
+    r = their_tldr_reward(" ".join(PLAIN[:8]), " ".join(PLAIN[:256]))
     assert r.tokens == (8, 256) and r.levels == {"structure": 0.5}  # L1 passes, ratio 32 stops
 
 
 def test_arxiv_reward_authors_connectives_across_the_seam():
     background, methods = ARXIV_THEIRS["seam_then"][:2]
-    assert arxiv_reward(background, methods, authors=True).categories == 2  # "qzth"+"enqz": then
+    assert their_arxiv_reward(background, methods).categories == 2  # "qzth"+"enqz": then
     assert arxiv_reward(background, methods).categories == 0
 
 
 def test_writing_reward_authors_never_raises(no_sandbox):
     for text in list(HOSTILE.values()) + [b"bytes \xff here", 12345]:
-        for reward in (tldr_reward, arxiv_reward):
+        for reward in (their_tldr_reward, their_arxiv_reward):
             for a, b in ((text, text), ("a b c d e f g h", text), (text, "a b c d e f g h")):
-                assert 0.0 <= float(reward(a, b, authors=True)) <= 3.0
+                assert 0.0 <= float(reward(a, b)) <= 3.0
 
 # -----------------------------------------------------------------------------
-# code reward, authors=True: their first release, shady-cs15/LLM_Collab_Code_Generation@ae03036b
+# code reward, the authors' (THEIRS): their first release, shady-cs15/LLM_Collab_Code_Generation@ae03036b
 # rewards/code_rewards.py (execution_reward_aux) + code_utils.py. "theirs" values were computed by
 # running that code (in a throwaway process) on these outputs with entry point f, prompt "".
 
@@ -490,27 +508,27 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
 def test_code_reward_authors_reference_values(name):
     pytest.importorskip("sandbox")
     aux, main, test, theirs, ours = CODE_THEIRS[name]
-    assert float(code_reward(aux, main, "f", test, authors=True)) == theirs  # to the last bit
+    assert float(their_code_reward(aux, main, "f", test)) == theirs  # to the last bit
     assert float(code_reward(aux, main, "f", test)) == pytest.approx(ours)
 
 
 def test_code_reward_many_authors_matches_code_reward():
     pytest.importorskip("sandbox")
     items = [dict(aux=a, main=m, entry_point="f", test=t) for a, m, t, _, _ in CODE_THEIRS.values()]
-    got = [float(r) for r in code_reward_many(items, authors=True)]
+    got = [float(r) for r in THEIRS.code_many(items)]
     assert got == [v[3] for v in CODE_THEIRS.values()]
 
 
 def test_code_reward_authors_text_levels(no_sandbox):
     """Their L1/L2 gates, no code run: main needs `return` + whitespace, else the reward stops."""
-    assert float(code_reward(AUX, "", "f", TEST, authors=True)) == 0.4
-    assert float(code_reward("def aux(x):\n    print(x)\n", "", "f", TEST, authors=True)) == 0.0
-    assert float(code_reward(AUX, "def f(x):\n    pass\n", "f", TEST, authors=True)) == 0.4
-    r = code_reward(AUX, "def f(x):\n    return (2 * x +\n", "f", TEST, authors=True)
+    assert float(their_code_reward(AUX, "", "f", TEST)) == 0.4
+    assert float(their_code_reward("def aux(x):\n    print(x)\n", "", "f", TEST)) == 0.0
+    assert float(their_code_reward(AUX, "def f(x):\n    pass\n", "f", TEST)) == 0.4
+    r = their_code_reward(AUX, "def f(x):\n    return (2 * x +\n", "f", TEST)
     assert (r.structure, r.syntax) == (1.0, 0.0) and "SyntaxError" in r.syntax_error
-    r = code_reward(AUX, "def f(x):\n    return 1\n", "f", "def check(candidate):\n    pass\n", authors=True)
+    r = their_code_reward(AUX, "def f(x):\n    return 1\n", "f", "def check(candidate):\n    pass\n")
     assert float(r) == 1.5 and r.n_tests == 0  # no assert line: no test level, nothing run
-    r = code_reward("", "    return 2 * x + 1\n", "f", TEST, signature="def f(x):", authors=True)
+    r = their_code_reward("", "    return 2 * x + 1\n", "f", TEST, signature="def f(x):")
     assert float(r) == 0.0  # a body alone is no function for them
 
 
@@ -524,20 +542,22 @@ def test_code_reward_authors_sandbox_settings(fake_sandbox, monkeypatch):
 
     monkeypatch.setattr(fake_sandbox, "run_tests_many", run_tests_many, raising=False)
     prompt = "from typing import List\n\n\ndef f(x):\n    import math\n    '''Doc.'''\n"
-    r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST, imports=prompt, authors=True)
+    r = their_code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST, prompt=prompt)
     assert seen["timeout"] == 10.0 and seen["max_timeouts"] == 3
     program, test, entry = seen["jobs"][0]
     assert program == ("from typing import List\nimport math\n\n" + AUX.strip() + "\n\n"
                        + f("y = aux(x)\nreturn y + 1").strip()) == r.program
     assert entry == "f" and test.count("assert __authors_case(") == 2 and "'f(1)', '3'" in test
-    code_reward(AUX, f("return aux(x) + 1"), "f", TEST, authors=True, timeout=2.5)
+    their_code_reward(AUX, f("return aux(x) + 1"), "f", TEST, timeout=2.5)
     assert seen["timeout"] == 2.5
 
 
 def test_code_reward_authors_bonus_order():
     """The bonus is added step by step, as their loop does: 1.5 + 1/3 + 0.5 - 0.5 is not
     1.5 + 1/3 + 0.0 in floats."""
-    r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, coop=0.0, bonus=(0.5, -0.5))
+    r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, passed=1, has_aux=True, calls_aux=True, wrapper=True,
+                   discards_aux=True)  # the bonus steps +0.5 (calls aux), -0.5 (discards a result)
+    assert r.bonus_steps() == [0.5, -0.5]
     assert float(r) == 1.833333333333333 != 1.0 + 0.5 + 1 / 3 + 0.0
 
 
@@ -552,8 +572,8 @@ def test_prompt_imports_authors():
     prompt = ("from typing import List\nimport math\n\n\ndef max_fill(grid):\n    import math\n"
               '    """\n    import this module\n    from the list, import nothing\n    """\n')
     assert prompt_imports(prompt) == "from typing import List\nimport math"
-    assert prompt_imports(prompt, authors=True) == "from typing import List\nimport math\nimport this module"
-    assert prompt_imports("from typing import (\n    List,\n)\n", authors=True) == "from typing import ("
+    assert R._authors_prompt_imports(prompt) == "from typing import List\nimport math\nimport this module"
+    assert R._authors_prompt_imports("from typing import (\n    List,\n)\n") == "from typing import ("
 
 
 def test_code_reward_authors_extraction():
@@ -585,7 +605,7 @@ def test_code_reward_authors_extraction():
 ])
 def test_split_single_output(text, ours, theirs):
     assert R.split_single_output(text) == ours
-    assert R.split_single_output(text, authors=True) == (theirs or ours)
+    assert THEIRS.split_single(text) == (theirs or ours)
     assert R.split_single_output(None) == ("", "")
 
 
