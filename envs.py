@@ -38,7 +38,7 @@ class Env(abc.ABC):
     name = "env"
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
-    authors_config = None  # the row of models.DEFAULTS with the authors' settings for real models
+    authors_config = None  # the row of DEFAULTS with the authors' settings for real models
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -613,7 +613,7 @@ def builtin_passages(min_words, target, max_words):
 class WritingEnv(Env):
     """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
     the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (HUB)."""
-    authors_config = "writing"  # the authors' writing configs (models.DEFAULTS)
+    authors_config = "writing"  # the authors' writing configs (DEFAULTS)
     max_reward = 3.0
 
     def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
@@ -793,3 +793,38 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     except (ValueError, OSError, TypeError) as e:
         flag = flag or ("--env" if args.env not in ENVS else "--dataset/--split/--num-agents")
         raise ValueError(f"{flag}: {e}") from None
+
+# -----------------------------------------------------------------------------
+# The defaults that depend on the run. Config's own defaults are the paper's (magrpo.py, Sec. 2); the
+# few that depend on the model, the env or the purpose live in this one table, which train.py and
+# eval.py read through run_defaults.
+DEFAULTS = {
+    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1, test_timeout=10.0),  # the paper's
+    "eval": dict(temperature=0.8, top_p=0.95, test_timeout=10.0),  # the paper's evaluation (Sec. 6)
+    # The tiny model learns from scratch in minutes: a high lr, short outputs, bigger groups.
+    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
+                 test_timeout=3.0),
+    # The authors' training configs, per env (an env's authors_config names its row).
+    "humaneval": dict(temperature=0.7, top_p=0.9),
+    "coophumaneval": dict(temperature=0.8, top_p=0.95),
+    "writing": dict(temperature=0.7, top_p=0.9, learning_rate=5e-6),
+}
+
+
+def run_defaults(tiny, purpose, env_config=None):
+    """The defaults of a run from DEFAULTS. Training: the tiny model's, or the paper's then the env's
+    row (the authors' configs). Evaluating: the paper's sampling; the tiny model's lengths and timeout."""
+    if purpose == "eval":
+        tiny_row = DEFAULTS["tiny"]
+        lengths = {"max_new_tokens": tiny_row["max_new_tokens"], "test_timeout": tiny_row["test_timeout"]}
+        return {**DEFAULTS["eval"], **(lengths if tiny else {})}
+    if tiny:
+        return dict(DEFAULTS["tiny"])
+    return {**DEFAULTS["train"], **DEFAULTS.get(env_config, {})}
+
+
+def fill_defaults(args, defaults):
+    """Each flag of `defaults` the user did not give (still None) takes its default."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)

@@ -306,10 +306,10 @@ def check_flags(args):
     args.model = args.model or saved.get("model")
     args.chat_template = args.chat_template or bool(saved.get("chat_template"))
     tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
-    defaults = models.run_defaults(tiny, "eval")
+    defaults = envs.run_defaults(tiny, "eval")
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
-    models.fill_defaults(args, defaults)
+    envs.fill_defaults(args, defaults)
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
@@ -406,8 +406,9 @@ def setup(args):
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if unsupported(env, examples, m) is None]
-    else:
-        for why in filter(None, (unsupported(env, examples, m) for m in args.methods)):
+    for method in args.methods:
+        why = unsupported(env, examples, method)
+        if why:  # a method the user asked for that this env cannot run
             raise ValueError(f"--methods: {why}")
     if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "

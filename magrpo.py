@@ -73,9 +73,9 @@ class Config:
                 raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
         for name, choices in self.CHOICES.items():
             self.check(name, getattr(self, name) in choices, f"use one of {', '.join(choices)}")
-        for name in "num_generations", "max_new_tokens", "micro_batch_size", "num_turns":
+        for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
+                     "feedback_max_new_tokens"):
             self.check(name, getattr(self, name) >= 1, "must be >= 1")
-        self.check("feedback_max_new_tokens", self.feedback_max_new_tokens >= 1, "must be >= 1")
         self.check("temperature", self.temperature >= 0, "must be >= 0 (0 is greedy)")
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
@@ -558,19 +558,13 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
                     cfg.top_p, cfg.top_k, seed=agent_seeds)
 
 
-def sample_groups(agents, groups, size, cfg):
-    """Every agent samples `size` completions of its prompt in each group -> one Rollout per agent."""
+def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
+    """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3); a
+    node whose reward reaches `threshold` is solved. greedy (remax): also each group's baseline."""
     rollouts = []
     for i, agent in enumerate(agents):
         prompts = [group.prompts[i] for group in groups]
         rollouts.append(sample_agent(agent, i, prompts, size, cfg, [group.seed for group in groups]))
-    return rollouts
-
-
-def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
-    """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3); a
-    node whose reward reaches `threshold` is solved. greedy (remax): also each group's baseline."""
-    rollouts = sample_groups(agents, groups, size, cfg)
     joint = joint_actions(len(agents), size, cfg.joint)
     outputs, node_examples = [], []
     for k, group in enumerate(groups):
@@ -580,19 +574,11 @@ def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=Fals
     rewards = score_joint(env, node_examples, outputs)
     terminated = [float(r) >= threshold - 1e-9 for r in rewards]
     turn = Turn(groups, size, rollouts, joint, outputs, rewards, terminated)
-    if greedy:
-        turn.baseline = greedy_rewards(agents, env, examples, groups, cfg)
+    if greedy:  # ReMax's baseline: the reward of the agents' greedy joint answer, one per group
+        greedy_cfg = dataclasses.replace(cfg, temperature=0.0, joint="aligned")
+        greedy_turn = sample_turn(agents, env, examples, groups, 1, greedy_cfg, threshold)
+        turn.baseline = [float(r) for r in greedy_turn.rewards]
     return turn
-
-
-def greedy_rewards(agents, env, examples, groups, cfg):
-    """ReMax's baseline (--advantage remax): per group, the reward of the agents' greedy joint answer."""
-    rollouts = sample_groups(agents, groups, 1, dataclasses.replace(cfg, temperature=0.0))
-    answers = []
-    for k in range(len(groups)):
-        answers.append(tuple(rollout.texts[k][0] for rollout in rollouts))
-    rewards = score_joint(env, [examples[group.example] for group in groups], answers)
-    return [float(r) for r in rewards]
 
 
 def expand_nodes(turn, mode):

@@ -431,42 +431,7 @@ def latest_checkpoint(out):
     return None
 
 # -----------------------------------------------------------------------------
-# The command line (train.py and eval.py): the defaults that depend on the run, and the model flags
-
-# Config's own defaults are the paper's (magrpo.py, Sec. 2). The few that depend on the run live in
-# this one table, which train.py and eval.py read through run_defaults.
-DEFAULTS = {
-    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1, test_timeout=10.0),  # the paper's
-    "eval": dict(temperature=0.8, top_p=0.95, test_timeout=10.0),  # the paper's evaluation (Sec. 6)
-    # The tiny model learns from scratch in minutes: a high lr, short outputs, bigger groups.
-    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
-                 test_timeout=3.0),
-    # The authors' training configs, per env (Env.authors_config names its row).
-    "humaneval": dict(temperature=0.7, top_p=0.9),
-    "coophumaneval": dict(temperature=0.8, top_p=0.95),
-    "writing": dict(temperature=0.7, top_p=0.9, learning_rate=5e-6),
-}
-
-
-def run_defaults(tiny, purpose, env_config=None):
-    """The defaults of a run from DEFAULTS. Training: the tiny model's, or the paper's then the env's
-    row (the authors' configs). Evaluating: the paper's sampling; the tiny model's lengths and timeout."""
-    if purpose == "eval":
-        tiny_row = DEFAULTS["tiny"]
-        lengths = {"max_new_tokens": tiny_row["max_new_tokens"], "test_timeout": tiny_row["test_timeout"]}
-        return {**DEFAULTS["eval"], **(lengths if tiny else {})}
-    if tiny:
-        return dict(DEFAULTS["tiny"])
-    return {**DEFAULTS["train"], **DEFAULTS.get(env_config, {})}
-
-
-def fill_defaults(args, defaults):
-    """Each flag of `defaults` the user did not give (still None) takes its default."""
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-
-
+# The command line's model flags (train.py and eval.py)
 
 def add_model_flags(p):
     p.add_argument("--model", action="append", help="hub name or local path; 'tiny' (default) is the "

@@ -62,17 +62,17 @@ def parse_args(argv=None):
 
 
 def resolve_flags(args):
-    """Defaults filled (models.DEFAULTS), the env built, every flag that needs no model checked
+    """Defaults filled (envs.DEFAULTS), the env built, every flag that needs no model checked
     -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
     tiny = all(name == models.TINY for name in models.model_names(args))
     if args.test_timeout is None:  # the env needs it: fill it first
-        args.test_timeout = models.run_defaults(tiny, "train")["test_timeout"]
+        args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
-    models.fill_defaults(args, models.run_defaults(tiny, "train", env.authors_config))
+    envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
     if args.dtype in ("float16", "fp16"):
         raise ValueError("--dtype: float16 training needs loss scaling, which we skip: use bfloat16")
     cfg = magrpo.config_from_flags(args)
-    models.fill_defaults(args, dataclasses.asdict(cfg))  # args.json records every setting
+    envs.fill_defaults(args, dataclasses.asdict(cfg))  # args.json records every setting
     args.world_size = world()[1]
     # G >= 2: a group needs a baseline (Eq. 1); a step has at least a prompt per process.
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
@@ -202,12 +202,12 @@ class Run:
         signals.stop_abandoning()  # from here a signal waits for the step's end
         if not self.agree(signals, abandoned=False):
             return False
-        summary = merge_summaries(gather(episode_summary(turns)))
-        self.scored = {"step": step, **episode_metrics(summary, self.cfg.num_turns)}
+        nodes = [node for process_nodes in gather(episode_summary(turns)) for node in process_nodes]
+        self.scored = {"step": step, **episode_metrics(nodes, self.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
-        bad, total = sandbox + scoring, sum(len(turn["rewards"]) for turn in summary)
+        bad, total = sandbox + scoring, len(nodes)
         why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
-        if bad == total:  # the same on every process: the summary is merged
+        if bad == total:  # the same on every process: every process's nodes are counted
             self.error = (f"train.py: error: step {step}: none of the {total} joint answers could be "
                           f"scored {why}")
             return False
@@ -322,34 +322,18 @@ def completion_rows(step, indices, turns):
 
 
 def episode_summary(turns):
-    """Per turn, plain lists (gathered under torchrun): each node's reward, levels, solved flag; each
-    revised group's gain over its parent."""
-    out = []
-    for t, turn in enumerate(turns):
-        values, rewards = turn.values(), turn.rewards
-        gains = []
-        for k, group in enumerate(turn.groups):
-            if t > 0:
-                gains.append((values[k].mean() - float(turns[t - 1].rewards[group.parent])).item())
-        out.append({"rewards": values.view(-1).tolist(), "gains": gains, "terminated": list(turn.terminated),
-                    "levels": [dict(getattr(r, "levels", None) or {}) for r in rewards],
-                    "sandbox_errors": sum(getattr(r, "sandbox_error", None) is not None for r in rewards),
-                    "score_errors": sum(isinstance(r, magrpo.ScoreError) for r in rewards)})
-    return out
-
-
-def merge_summaries(summaries):
-    """The processes' episode summaries as one: per turn, the lists joined and the counts added (a
-    process whose episodes ended early has fewer turns)."""
-    merged = []
-    for t in range(max(len(summary) for summary in summaries)):
-        turns = [summary[t] for summary in summaries if t < len(summary)]
-        turn = dict(turns[0])
-        for other in turns[1:]:
-            for key, value in other.items():
-                turn[key] = turn[key] + value  # lists join, counts add
-        merged.append(turn)
-    return merged
+    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
+    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
+    nodes = []
+    for t, turn in enumerate(turns, 1):
+        for node, reward in enumerate(turn.rewards):
+            parent = turn.groups[turn.place(node)[0]].parent
+            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.terminated[node],
+                          "levels": dict(getattr(reward, "levels", None) or {}),
+                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
+                          "score_error": isinstance(reward, magrpo.ScoreError)})
+    return nodes
 
 
 def level_means(levels, suffix=""):
@@ -362,25 +346,30 @@ def level_means(levels, suffix=""):
     return means
 
 
-def episode_metrics(summary, num_turns):
-    """A step's row of metrics.jsonl from its (merged) summary; None for a turn no node reached."""
-    first = torch.tensor(summary[0]["rewards"])
-    m = {"reward_mean": first.mean().item(), "reward_std": first.std().item() if len(first) > 1 else 0.0,
-         "reward_max": first.max().item(), **level_means(summary[0]["levels"])}
+def episode_metrics(nodes, num_turns):
+    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
+    first = [node for node in nodes if node["turn"] == 1]
+    rewards = torch.tensor([node["reward"] for node in first])
+    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
+         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
     for t in range(1, num_turns + 1):
         keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
         if t > 1:
             keys.append(f"improvement_turn{t}")
-        if t > len(summary):
+        turn = [node for node in nodes if node["turn"] == t]
+        if not turn:
             m.update(dict.fromkeys(keys))
             continue
-        turn = summary[t - 1]
-        values = torch.tensor(turn["rewards"])
-        m.update(zip(keys, [values.mean().item(), values.max().item(), sum(turn["terminated"]) / len(values),
-                            sum(turn["gains"]) / len(turn["gains"]) if t > 1 else None]))
-        m.update(level_means(turn["levels"], f"_turn{t}"))
-    m["sandbox_errors"] = sum(turn["sandbox_errors"] for turn in summary)
-    m["score_errors"] = sum(turn["score_errors"] for turn in summary)
+        rewards = torch.tensor([node["reward"] for node in turn])
+        solved = sum(node["solved"] for node in turn) / len(turn)
+        values = [rewards.mean().item(), rewards.max().item(), solved]
+        if t > 1:  # how much revising gained over the answers it revised
+            values.append(sum(node["gain"] for node in turn) / len(turn))
+        m.update(zip(keys, values))
+        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
+    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
+    m["score_errors"] = sum(node["score_error"] for node in nodes)
     return m
 
 

@@ -102,7 +102,7 @@ def coop_rows(humaneval, n):
 def test_coophumaneval_json_array_as_the_authors_release_it():
     env = envs.make_env("coding", dataset=str(FIXTURES / "coophumaneval_sample.json"), split=":")
     assert [e["task_id"] for e in env.examples] == ["CoopHumanEval/0", "CoopHumanEval/1", "CoopHumanEval/2"]
-    assert env.coop and models.DEFAULTS[env.authors_config] == {"temperature": 0.8, "top_p": 0.95}
+    assert env.coop and envs.DEFAULTS[env.authors_config] == {"temperature": 0.8, "top_p": 0.95}
     assert "canonical_solution" not in env.examples[0]
 
 
