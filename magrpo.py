@@ -295,7 +295,6 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     keys = row_keys(seed, len(ids), G, device)
     N = len(ids) * G
-
     # Prefill: each prompt runs once, and its G completions share its cache.
     cache = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
@@ -304,15 +303,12 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
     mask = prompt_mask.repeat_interleave(G, dim=0)
     positions = mask.sum(-1)  # a row's next position id: the number of its real tokens so far
-
     completion = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((N, max_new_tokens), device=device)
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
     alive = torch.arange(N, device=device)  # the original row of each running row
     for t in range(max_new_tokens):
-        uniform = None
-        if keys is not None and temperature > 0:
-            uniform = row_uniforms(keys[alive], t)
+        uniform = row_uniforms(keys[alive], t) if keys is not None and temperature > 0 else None
         token = sample_token(logits, temperature, top_p, top_k, uniform)
         completion[alive, t] = token
         if temperature > 0:  # the sampler's own log-prob: log softmax(logits / T), before a top-k/p cut
@@ -327,10 +323,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
-            alive = alive[keep]
-            token = token[keep]
-            mask = mask[keep]
-            positions = positions[keep]
+            alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = decode_step(model, cache, token, mask, positions)
         positions = positions + 1
@@ -553,9 +546,8 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
     """Agent i samples `size` completions of each of its prompts in one generate call (prompt b
     seeded mix_seed(seeds[b], i)): decentralised, it sees nothing of the others."""
     texts = [agent.format(p) for p in prompts]
-    agent_seeds = [mix_seed(s, i) for s in seeds]
     return generate(agent.model, agent.tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature,
-                    cfg.top_p, cfg.top_k, seed=agent_seeds)
+                    cfg.top_p, cfg.top_k, seed=[mix_seed(s, i) for s in seeds])
 
 
 def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
@@ -689,47 +681,8 @@ def episode_advantages(turns, cfg):
     return advantages
 
 # -----------------------------------------------------------------------------
-# Sec. 2 steps 4-6: the update, Eq. 2 for every agent, one AdamW step each
-
-
-class MasterWeightAdamW:
-    """AdamW over fp32 master copies of low-precision (bf16) weights: an update at RL learning rates
-    is below bf16's resolution and would round away; the master copy keeps it."""
-
-    def __init__(self, params, **kwargs):
-        self.params = [p for p in params if p.requires_grad]
-        self.master = [p.detach().float().clone() for p in self.params]
-        self.inner = torch.optim.AdamW(self.master, **kwargs)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        for master, p in zip(self.master, self.params):
-            master.grad = None if p.grad is None else p.grad.float()
-        self.inner.step()
-        for master, p in zip(self.master, self.params):
-            p.copy_(master)
-
-    def state_dict(self):
-        return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
-
-    @torch.no_grad()
-    def load_state_dict(self, state):
-        for master, p, saved in zip(self.master, self.params, state["master"]):
-            master.copy_(saved)
-            p.copy_(saved)
-        self.inner.load_state_dict(state["inner"])
-
-
-def make_optimizer(model, learning_rate, weight_decay=0.0):
-    """AdamW per agent (Sec. 2 step 6) over its trainable parameters; fp32 master weights if low-precision."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if all(p.dtype == torch.float32 for p in params):
-        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
-    return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
+# Sec. 2 steps 4-6: the update, Eq. 2 for every agent, one step of its own optimizer each (AdamW:
+# train.make_optimizer)
 
 
 # Data parallelism (torchrun): each process samples its share of the batch; the loss denominators, then

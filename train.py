@@ -99,11 +99,52 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     for i, (name, device) in enumerate(zip(names, devices)):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
-        agent.optimizer = magrpo.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
+        agent.optimizer = make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         if checkpoint is not None:  # AdamW's moments too: a resumed run steps as the uninterrupted one
             models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
+
+
+class MasterWeightAdamW:
+    """AdamW over fp32 master copies of low-precision (bf16) weights: an update at RL learning rates
+    is below bf16's resolution and would round away; the master copy keeps it."""
+
+    def __init__(self, params, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.master = [p.detach().float().clone() for p in self.params]
+        self.inner = torch.optim.AdamW(self.master, **kwargs)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for master, p in zip(self.master, self.params):
+            master.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for master, p in zip(self.master, self.params):
+            p.copy_(master)
+
+    def state_dict(self):
+        return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        for master, p, saved in zip(self.master, self.params, state["master"]):
+            master.copy_(saved)
+            p.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
+
+def make_optimizer(model, learning_rate, weight_decay=0.0):
+    """Each agent's own AdamW (Sec. 2 step 6) over its trainable parameters; fp32 master weights if
+    they are low-precision (bf16)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if all(p.dtype == torch.float32 for p in params):
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 # -----------------------------------------------------------------------------
 # The run: one loop from the first step to the last, under torchrun on every process

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
 import magrpo  # noqa: E402
 import models  # noqa: E402
+import train  # noqa: E402
 
 
 def per_row_logprobs(model, rollout, temperature=1.0):
@@ -120,7 +121,7 @@ def train_step_seconds(args, G):
             model, tok = load(args)
             if args.lora_r:
                 model = models.add_lora(model, models.LoRAConfig(args.lora_r), seed=i)
-            agents.append(magrpo.Agent(model, tok, magrpo.make_optimizer(model, 1e-5), args.chat_template))
+            agents.append(magrpo.Agent(model, tok, train.make_optimizer(model, 1e-5), args.chat_template))
         real = magrpo.completion_logprobs
         magrpo.completion_logprobs = fn
         try:

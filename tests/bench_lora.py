@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
 import models  # noqa: E402
+import train  # noqa: E402
 
 MB = 2 ** 20
 
@@ -61,7 +62,7 @@ def child(args):
         models = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
     else:
         models = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
-    agents = [magrpo.Agent(m, tok, magrpo.make_optimizer(m, 1e-5)) for m in models]
+    agents = [magrpo.Agent(m, tok, train.make_optimizer(m, 1e-5)) for m in models]
     g = torch.Generator().manual_seed(1)
     rows, P, T = 8, args.prompt_len, args.completion_len
     rollout = magrpo.Rollout(torch.randint(0, args.vocab, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),

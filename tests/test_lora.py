@@ -10,6 +10,7 @@ import torch
 
 import magrpo
 import models
+import train
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox"]
 
@@ -80,7 +81,7 @@ def test_lora_step_changes_only_adapters(tok):
     base = base_model(tok)
     frozen = snapshot(base)
     agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
-    agent.optimizer = magrpo.make_optimizer(agent.model, 1e-2)
+    agent.optimizer = train.make_optimizer(agent.model, 1e-2)
     trainable = [n for n, p in agent.model.named_parameters() if p.requires_grad]
     assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)  # AdamW gets only these
     start = {n: p.detach().clone() for n, p in agent.model.named_parameters() if p.requires_grad}
@@ -151,7 +152,7 @@ def test_lora_bf16_base_keeps_fp32_adapters_and_plain_adamw(tok):
     agent = models.load_agent("tiny", "cpu", "bfloat16", 1, lora=models.LoRAConfig(4))
     dtypes = {n.rsplit(".", 1)[-1]: p.dtype for n, p in agent.model.named_parameters()}
     assert dtypes["lora_A"] == dtypes["lora_B"] == torch.float32 and dtypes["weight"] == torch.bfloat16
-    agent.optimizer = magrpo.make_optimizer(agent.model, 1e-2)
+    agent.optimizer = train.make_optimizer(agent.model, 1e-2)
     assert isinstance(agent.optimizer, torch.optim.AdamW)  # no master copy: the adapter is fp32 already
     assert a_step(agent, tok, 3)["skipped"] == 0
 

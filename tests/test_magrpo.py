@@ -582,12 +582,12 @@ def test_config_turn_weights_need_one_per_turn():
             magrpo.Config(num_turns=2, turn_weights=bad)
 
 # -----------------------------------------------------------------------------
-# The update: update_agent, MasterWeightAdamW
+# The update: update_agent
 
 
 def test_update_agent_skips_a_non_finite_step(tok):
     model = models.tiny_model(tok)
-    agent = magrpo.Agent(model, tok, magrpo.make_optimizer(model, 1e-2))
+    agent = magrpo.Agent(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2))
     r = generate(model, tok, ["a", "b"], num_generations=2, max_new_tokens=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.warns(UserWarning, match="non-finite"):
@@ -616,23 +616,6 @@ def test_update_agent_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     for p, b, q in zip(model.parameters(), before, ref.parameters()):
         assert torch.allclose(b - p, q.grad, atol=1e-5)
     assert sum(q.grad.abs().sum() for q in ref.parameters()) > 0
-
-
-def test_master_weights_keep_updates_bf16_would_round_away():
-    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
-    opt = magrpo.MasterWeightAdamW([w], lr=1e-4)  # 1 - 1e-4 is not representable in bf16
-    for _ in range(50):
-        w.grad = torch.ones_like(w)
-        opt.step()
-    assert opt.master[0].dtype == torch.float32
-    assert opt.master[0][0].item() == pytest.approx(1 - 50 * 1e-4, rel=1e-3)
-    assert w[0].item() < 1.0  # 0.995 rounds to a bf16 value below one; plain bf16 AdamW stays at 1.0
-    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
-    popt = torch.optim.AdamW([plain], lr=1e-4, weight_decay=0.0)
-    for _ in range(50):
-        plain.grad = torch.ones_like(plain)
-        popt.step()
-    assert plain[0].item() == 1.0
 
 
 def test_tiny_model_saves_and_loads_back(tok, tmp_path):

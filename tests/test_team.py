@@ -28,7 +28,7 @@ def team(tok, lr=1e-2, n=2, sgd=False):
     agents = []
     for i in range(n):
         model = models.tiny_model(tok, seed=i, init_std=0.3)
-        opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else magrpo.make_optimizer(model, lr)
+        opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else train.make_optimizer(model, lr)
         agents.append(magrpo.Agent(model, tok, opt))
     return agents
 

@@ -128,7 +128,7 @@ def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     env, cfg = train.resolve_flags(args)
     agents, expert = train.build(args, env)
     assert all(a.model.dtype == torch.bfloat16 for a in agents)
-    assert all(isinstance(a.optimizer, magrpo.MasterWeightAdamW) for a in agents)
+    assert all(isinstance(a.optimizer, train.MasterWeightAdamW) for a in agents)
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["skipped_0"] == 0 for r in rows)
@@ -614,3 +614,20 @@ def test_weights_digest_tells_agents_apart():
     with torch.no_grad():
         next(agents[1].model.parameters())[0, 0] += 1e-3
     assert train.weights_digest([agents[1]]) != a
+
+
+def test_master_weights_keep_updates_bf16_would_round_away():
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = train.MasterWeightAdamW([w], lr=1e-4)  # 1 - 1e-4 is not representable in bf16
+    for _ in range(50):
+        w.grad = torch.ones_like(w)
+        opt.step()
+    assert opt.master[0].dtype == torch.float32
+    assert opt.master[0][0].item() == pytest.approx(1 - 50 * 1e-4, rel=1e-3)
+    assert w[0].item() < 1.0  # 0.995 rounds to a bf16 value below one; plain bf16 AdamW stays at 1.0
+    plain = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    popt = torch.optim.AdamW([plain], lr=1e-4, weight_decay=0.0)
+    for _ in range(50):
+        plain.grad = torch.ones_like(plain)
+        popt.step()
+    assert plain[0].item() == 1.0
