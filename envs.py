@@ -12,7 +12,7 @@ output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole
     env.revision_prompt(ex, i, history)  -> agent i's prompt at a later turn
 
 Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
-"arxiv" (Sec. 5). README: "Environments and data", "Multi-turn". Raw prompts, as the paper.
+"arxiv" (Sec. 5). docs/envs.md, docs/multiturn.md. Raw prompts, as the paper.
 
 Data: a JSON/JSONL file or a hub name; --split names a split (train, eval, test: the paper's for
 HumanEval and CoopHumanEval) or takes a slice (33:133). A single file without named splits is
@@ -391,7 +391,7 @@ SINGLE_HEAD = """\
 
 class CodingEnv(Env):
     """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone;
-    rewards.code_reward, max 4.0 (2.1 alone). Data, splits: README "Environments and data"."""
+    rewards.code_reward, max 4.0 (2.1 alone). Data, splits: docs/envs.md."""
     name = "coding"
     runs_code = True
 

@@ -1,7 +1,8 @@
 """
-Evaluate MAGRPO agents against the paper's baselines (arXiv 2508.04652, Sec. 6): the same problems,
-seeds and sampling for every method, metrics per turn. The methods, the metrics and the JSON report
-are in README.md, "Evaluation: the paper's metrics and baselines".
+How agents are measured. After training: MAGRPO agents against the paper's baselines (arXiv
+2508.04652, Sec. 6), the same problems, seeds and sampling for every method, metrics per turn (the
+methods, metrics and JSON report: docs/eval.md). During training: a step's metrics and the learning
+curve that train.py writes, and its greedy in-training evaluation.
 
 CPU demo, tiny agents on the offline demo env (no downloads):
     python eval.py
@@ -19,6 +20,7 @@ import math
 import os
 import sys
 
+import torch
 from tqdm import tqdm
 
 import envs
@@ -26,6 +28,9 @@ import magrpo
 import models
 
 
+# The paper's methods (Sec. 6): the trained team; one model doing the whole task; the untrained
+# agents side by side (concat), in a pipeline (sequential), after one round of discussion; and the
+# dataset's own solutions (oracle), which checks the harness: its pass@1 must be 1.
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
@@ -46,7 +51,7 @@ def pass_at_k(n, c, k):
     return 1.0 - prod
 
 
-def _number(v):
+def _number(v):  # a finite int or float (bools count: a level may be one); NaN would poison means
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -65,13 +70,15 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
         return rec
     rec["reward"], fields = total, rec["fields"]
     rec["levels"] = {k: float(v) for k, v in getattr(reward, "levels", {}).items() if _number(v)}
+    # Every number the reward carries (tests passed, ratios, ...) goes to the report's details, so
+    # an env's own reward class is measured without eval.py knowing it.
     for f in dataclasses.fields(reward) if dataclasses.is_dataclass(reward) else ():
         v = getattr(reward, f.name)
         if _number(v):
             fields[f.name] = float(v)
         elif isinstance(v, tuple):
             fields.update({f"{f.name}_{i}": float(x) for i, x in enumerate(v) if _number(x)})
-    if "passed" in fields and "n_tests" in fields:
+    if "passed" in fields and "n_tests" in fields:  # a code reward: pass@k and acc@k read these
         rec["tests"] = (int(fields["passed"]), int(fields["n_tests"]))
     if "coop" in fields:
         rec["coop"] = fields["coop"]
@@ -79,7 +86,8 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
 
 
 def all_passed(rec):
-    """Every test of the problem passed (a sample that never reached the tests did not)."""
+    """Every test of the problem passed (a sample that never reached the tests did not): pass@k's
+    "correct", so a program that does not parse counts as a failure, not as missing."""
     p, n = rec.get("tests", (0, 0))
     return n > 0 and p == n
 
@@ -92,7 +100,9 @@ def _mean(xs):
 def test_metrics(problems, ks):
     """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
     best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
-    passed, rates = [], []  # per problem, its samples in sampling order
+    # Per problem, its samples in sampling order: the authors' pass@k reads the first k samples, the
+    # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names.
+    passed, rates = [], []
     for records in problems:
         passed.append([all_passed(r) for r in records])
         rates.append([tests_rate(r) for r in records])
@@ -106,7 +116,7 @@ def test_metrics(problems, ks):
     return metrics
 
 
-def tests_rate(rec):
+def tests_rate(rec):  # acc@k's unit: partial credit, where pass@k is all or nothing
     """The share of the problem's tests a sample passed (0 if it never reached the tests)."""
     passed, total = rec.get("tests", (0, 0))
     return passed / total if total else 0.0
@@ -117,19 +127,25 @@ def aggregate(problems, ks):
     problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
     samples = [r for recs in problems for r in recs]
     metrics = {}
+    # pass@k and the cooperation rate exist only where the reward says so (coding): no metric that
+    # means nothing for the env (a writing task has no tests).
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
     if any("coop" in r for r in samples):
         metrics["coop_rate"] = _mean(r.get("coop", 0.0) > 0 for r in samples)
+    # The shared reward itself, for every env: the number the team was trained on (its std: a
+    # population std over samples, not a standard error).
     rewards = [r["reward"] for r in samples]
     metrics["reward"] = _mean(rewards)
     metrics["reward_std"] = math.sqrt(_mean((x - metrics["reward"]) ** 2 for x in rewards))
     metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
     metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
+    # details: how often each level was earned, and the mean of every other number the rewards carry
+    # (the "reward detail" table): where a method loses its reward, level by level.
+    metrics.update(level_means([r["levels"] for r in samples]))
     details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # reward's order
     for name in levels:
-        metrics[f"level_{name}"] = _mean(r["levels"].get(name, 0.0) for r in samples)
         details[f"earned/{name}"] = _mean(r["levels"].get(name, 0.0) > 0 for r in samples)
     for name in dict.fromkeys(k for r in samples for k in r["fields"] if k not in levels):
         details[name] = _mean(r["fields"][name] for r in samples if name in r["fields"])
@@ -142,13 +158,14 @@ def aggregate(problems, ks):
 
 @dataclasses.dataclass
 class Sample:
+    """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
     outputs: tuple     # one text per agent (one in all for `single`)
     tokens: int        # completion tokens so far: all agents, rounds and turns
     seconds: float     # response time so far: parallel agents' mean, sequential steps and turns added
     reward: object = None  # the env's reward, where the sampler already scored it
 
 
-def problem_seeds(args, start, B):
+def problem_seeds(args, start, B):  # (a problem's seed: the run's seed and its index, nothing else)
     """Problems start..start+B-1's seeds: the same for every method, whatever batch a problem is in."""
     return [magrpo.mix_seed(args.seed, p) for p in range(start, start + B)]
 
@@ -156,6 +173,8 @@ def problem_seeds(args, start, B):
 def sample_cfg(args):
     """N samples per problem, each revised at every later turn unless solved; --authors-rewards with
     no --termination-threshold revises every one, as the authors' evaluation."""
+    # expand all: every unsolved sample is revised (one child each, run_team), not only the best of
+    # a group as in training: each sample is one user's conversation with the team.
     cfg = magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
     if args.authors_rewards and args.termination_threshold is None:
         cfg.termination_threshold = math.inf
@@ -163,7 +182,8 @@ def sample_cfg(args):
 
 
 def per_row(rollout):
-    """Each row's text and token count, and the generate call's seconds per completion."""
+    """Each row's text and token count, and the generate call's seconds per completion: a batch's
+    rows are sampled together, so each is charged its share of the call."""
     texts = [t for group in rollout.texts for t in group]
     return texts, rollout.completion_mask.sum(-1).tolist(), rollout.seconds / len(rollout)
 
@@ -171,6 +191,8 @@ def per_row(rollout):
 def run_team(env, agents, batch, cfg, seeds, expert=None):
     """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
     once. Per turn, every sample as it then stands, costs so far added."""
+    # The training episode with one child per revised node: each sample is a chain of answers, one
+    # per turn, and a solved one stops (unless --authors-rewards: their evaluation revises all).
     turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
     where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
     tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
@@ -191,10 +213,12 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
 def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
     """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
     evaluation: each process sums its share, train.py divides by the count of all)."""
+    # Greedy and one sample per example: the number moves with the agents, not with the sampling.
     greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
     totals = [0.0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
+        # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
         for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
             for sample in samples:
                 totals[t] += float(sample.reward)
@@ -206,6 +230,8 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     their times add up."""
     N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
     for i, agent in enumerate(agents):
+        # The first agent samples N answers per problem; each later one, one answer per sample, after
+        # reading that sample's earlier answers: each sample is its own pipeline.
         if i == 0:
             prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
         else:  # one prompt per sample: it shows that sample's earlier outputs
@@ -223,6 +249,7 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     scored on the revisions, the two rounds' costs added."""
     N, second = cfg.num_generations, []
     first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
+    # Seeds apart from the first round's (N + g): a revision is a new draw, not a replay of it.
     seeds = [magrpo.mix_seed(s, N + g) for s in seeds for g in range(N)]
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
@@ -238,17 +265,21 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
     """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
+    # The paper's single baseline is a larger model (Qwen2.5-Coder-7B against two 3B agents): give it
+    # with --single-model, else the first --model writes alone.
     prompts = [env.single_prompt(ex) for ex in batch]
     texts, toks, sec = per_row(magrpo.sample_agent(agents[0], 0, prompts, cfg.num_generations, cfg, seeds))
     return [[Sample((text,), n, sec) for text, n in zip(texts, toks)]]
 
 
 def run_oracle(env, agents, batch, cfg, seeds, expert=None):
-    """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1)."""
+    """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1). A
+    lower number is a harness bug (a test that needs the prompt's helpers, a sandbox too strict)."""
     return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0) for ex in batch
              for _ in range(cfg.num_generations)]]
 
 
+# magrpo and concat are the same runner: the agents differ (trained, or the untrained --model).
 RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
            "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
 
@@ -257,7 +288,10 @@ def score_batch(env, batch, samples, single=False):
     """A turn's sample records, per problem; unscored samples go through magrpo.score_joint, a
     problem's identical outputs once."""
     N = len(samples) // len(batch)
+    # A problem's identical answers (greedy decoding, a tiny model's favourite output) are scored
+    # once: the reward is a function of (problem, answer), and the sandbox is the slow part.
     unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
+    # The single model's answer holds both parts; the env scores it with its single-agent reward.
     one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
     examples, outputs = [batch[b] for b, _ in unique], [o for _, o in unique]
     scored = dict(zip(unique, magrpo.score_joint(env, examples, outputs, one) if unique else []))
@@ -266,10 +300,137 @@ def score_batch(env, batch, samples, single=False):
     return [recs[b * N:(b + 1) * N] for b in range(len(batch))]
 
 # -----------------------------------------------------------------------------
+# In training: what a step scored (train.py's metrics.jsonl; docs/runs.md lists the keys)
+
+
+def episode_summary(turns):
+    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
+    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
+    nodes = []
+    for t, turn in enumerate(turns, 1):
+        for node, reward in enumerate(turn.rewards):
+            # A revised answer's gain over the one it revises: the mean over a turn is the metric
+            # improvement_turn<t> (every group of a turn has the same number of nodes).
+            parent = turn.groups[turn.place(node)[0]].parent
+            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
+            # A sandbox that failed, or a scoring that raised, says nothing of the agents: counted apart.
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.terminated[node],
+                          "levels": dict(getattr(reward, "levels", None) or {}),
+                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
+                          "score_error": isinstance(reward, magrpo.ScoreError)})
+    return nodes
+
+
+def level_means(levels, suffix=""):
+    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
+    counts 0: it was gated off by a level before it."""
+    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
+    means = {}
+    for name in names:
+        total = sum(float(node_levels.get(name, 0.0)) for node_levels in levels)
+        means[f"level_{name}{suffix}"] = total / len(levels)
+    return means
+
+
+def episode_metrics(nodes, num_turns):
+    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
+    first = [node for node in nodes if node["turn"] == 1]
+    rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
+    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
+         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
+    # Every turn's keys in every row, None for a turn no group reached (all solved before it): the
+    # columns of metrics.jsonl stay the same from the first row to the last.
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
+        if t > 1:
+            keys.append(f"improvement_turn{t}")
+        turn = [node for node in nodes if node["turn"] == t]
+        if not turn:
+            m.update(dict.fromkeys(keys))
+            continue
+        rewards = torch.tensor([node["reward"] for node in turn])
+        solved = sum(node["solved"] for node in turn) / len(turn)
+        values = [rewards.mean().item(), rewards.max().item(), solved]
+        if t > 1:  # how much revising gained over the answers it revised
+            values.append(sum(node["gain"] for node in turn) / len(turn))
+        m.update(zip(keys, values))
+        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
+    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
+    m["score_errors"] = sum(node["score_error"] for node in nodes)
+    return m
+
+
+# -----------------------------------------------------------------------------
+# In training: the learning curve (train.py's OUT/curve.svg)
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def curve_series(rows):
+    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
+    reward when there are several turns, and the in-training eval's reward."""
+    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
+    # Turn 1's reward and its levels: where the reward comes from, and which level the agents learn.
+    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    if last > 1:
+        names.append(f"reward_mean_turn{last}")
+    names.append("eval_reward_mean")
+    series = {}
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+        if points:  # (no eval: no line)
+            series[name] = points
+    return series
+
+
+def running_mean(values, window):  # (the first points average what there is before them)
+    """Each value averaged with the window - 1 before it: a long run's noisy curve becomes readable."""
+    means = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        means.append(sum(recent) / len(recent))
+    return means
+
+
+def curve_svg(rows, width=760, height=400, pad=50, legend=190):
+    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
+    curve_series, smoothed."""
+    # SVG by hand: a plotting library would be one more dependency for one picture.
+    series = curve_series(rows)
+    steps = [step for points in series.values() for step, _ in points]
+    # One y-axis from 0 to the highest value: the levels show what part of the reward each earns.
+    top = max(value for points in series.values() for _, value in points) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right = width - legend  # the plot's right edge; the legend beyond it
+    window = max(1, len(rows) // 30)  # about 30 windows in a run: smooth, and no step hidden
+
+    def at(step, value):  # a point's SVG coordinates
+        x = pad + (step - x0) / (x1 - x0) * (right - pad)
+        return f"{x:.1f},{height - pad - max(0.0, value) / top * (height - 2 * pad):.1f}"
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
+             f'<text x="{pad - 5}" y="{pad + 4}" text-anchor="end">{top:.3g}</text>',
+             f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
+             f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
+             f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        values = running_mean([value for _, value in points], window)
+        line = " ".join(at(step, value) for (step, _), value in zip(points, values))
+        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
+        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
+    return "\n".join(parts + ["</svg>\n"])
+
+
+# -----------------------------------------------------------------------------
 # Command line
 
 
 def parse_args(argv=None):
+    """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
+    the evaluation's own. Flags left None are filled by check_flags."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
@@ -291,7 +452,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def comma_list(text):
+def comma_list(text):  # "a, b,,c" -> ["a", "b", "c"]: a stray comma or space is no error
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
@@ -305,17 +466,21 @@ def check_flags(args):
             saved = json.load(f)
     args.model = args.model or saved.get("model")
     args.chat_template = args.chat_template or bool(saved.get("chat_template"))
+    # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
     tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
     defaults = envs.run_defaults(tiny, "eval")
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
     envs.fill_defaults(args, defaults)
+    # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag}: must be >= {least}, got {value}")
-    cfg = sample_cfg(args)  # checks the sampling flags; args records Config's defaults
+    # Config checks the sampling flags (one line naming the flag); the report records each value used.
+    cfg = sample_cfg(args)
     vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
+    # The paper's k (1, 3, 5, 10), those that --num-samples allows: pass@10 of 5 samples means nothing.
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
                    else sorted({int(k) for k in comma_list(args.k)}))
@@ -323,18 +488,20 @@ def check_flags(args):
         raise ValueError(f"--k: want a comma list of integers, got {args.k!r}") from None
     if not args.ks or args.ks[0] < 1 or args.ks[-1] > args.num_samples:
         raise ValueError(f"--k: every k must be in 1..--num-samples ({args.num_samples}), got {args.k!r}")
-    if args.methods is not None:
+    if args.methods is not None:  # in the order given, each once
         args.methods = list(dict.fromkeys(comma_list(args.methods)))
         unknown = [m for m in args.methods if m not in METHODS]
         if unknown or not args.methods:
             raise ValueError(f"--methods: unknown {', '.join(unknown) or 'empty list'}: "
                              f"use {', '.join(METHODS)}")
+    # Checked now, not after an hour of sampling: a report that can't be written is a lost evaluation.
     if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
         raise ValueError(f"--out: cannot write into the directory of {args.out!r}")
 
 
 def unsupported(env, examples, method):
-    """Why the env cannot run `method` on these problems, or None."""
+    """Why the env cannot run `method` on these problems, or None. Asked before any model loads: by
+    default eval.py runs every method the env can, and a method asked for by name must run."""
     if method == "oracle" and not hasattr(env, "oracle_outputs"):
         return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
     try:
@@ -350,7 +517,8 @@ def unsupported(env, examples, method):
 
 class Team:
     """Every method's agents; a model named twice on one device loads once (a tiny one per seed), LoRA
-    agents on one base and device share it (self.bases)."""
+    agents on one base and device share it (self.bases): a GPU holds each model once, whatever the
+    number of methods that use it."""
 
     def __init__(self, args, names, n):
         self.args, self.cache, self.bases = args, {}, {}
@@ -359,7 +527,7 @@ class Team:
         self.expert = models.load_expert(args, self.devices[0])
 
     def load(self, names, flag):
-        """Agent i: names[i] on device i, seeded --seed + i."""
+        """Agent i: names[i] on device i, seeded --seed + i (a tiny model's random weights)."""
         agents = []
         for i, (name, device) in enumerate(zip(names, self.devices)):
             key = (name, device, self.args.seed + i if name == models.TINY else None)
@@ -368,11 +536,12 @@ class Team:
                                           self.args.chat_template, bases=self.bases)
                 # one-off first-call costs (allocations, kernel choice) stay out of the timings
                 magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
-                self.cache[key] = agent
+                self.cache[key] = agent  # the key has no method: concat's agents are discussion's too
             agents.append(self.cache[key])
         return agents
 
     def for_method(self, method):
+        """The agents a method runs: the trained ones, the single model, or the untrained --model."""
         if method == "magrpo" and self.args.agents:
             return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
         if method == "single":
@@ -384,6 +553,8 @@ def trained_dirs(out, n):
     """A train.py run's final agents (OUT/agent_i, with OUT/final.json), else its latest complete
     checkpoint's (said on stderr)."""
     dirs = [os.path.join(out, f"agent_{i}") for i in range(n)]
+    # final.json is written after the last OUT/agent_i: without it those may be an older run's, or
+    # half-written by a run that was killed, and the newest complete checkpoint is the run's truth.
     if not os.path.isfile(os.path.join(out, "final.json")):
         checkpoint = models.latest_checkpoint(out)
         if checkpoint is not None:
@@ -399,9 +570,10 @@ def trained_dirs(out, n):
 def setup(args):
     """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
     check_flags(args)
+    # Without --split: the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
     args.split = args.split or "test"
-    examples = env.examples[:args.limit]
+    examples = env.examples[:args.limit]  # the first --limit: the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
@@ -410,9 +582,11 @@ def setup(args):
         why = unsupported(env, examples, method)
         if why:  # a method the user asked for that this env cannot run
             raise ValueError(f"--methods: {why}")
+    # Baselines of another model than the agents' base compare apples with pears: say so.
     if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
+    # Every model is loaded now, before any sampling: a bad --agents or --single-model fails at once.
     team = Team(args, models.model_names(args), env.num_agents)
     for m in args.methods:
         team.for_method(m)
@@ -421,6 +595,8 @@ def setup(args):
 
 def problem_row(method, task_id, records, save_outputs):
     """One problem's samples (the last turn's), for finding where two methods differ."""
+    # The report's `problems`: per method and problem, each sample's reward (and tests): where two
+    # methods differ is where to read their outputs (--save-outputs keeps them).
     row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
     if any("tests" in r for r in records):
         row["passed"] = [all_passed(r) for r in records]
@@ -434,7 +610,7 @@ def problem_row(method, task_id, records, save_outputs):
 
 
 def evaluate(args, env, examples, team):
-    """Every method on every problem -> the report without its config (README: the JSON report). A ^C
+    """Every method on every problem -> the report without its config (docs/eval.md: the JSON report). A ^C
     reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
     turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
@@ -443,6 +619,8 @@ def evaluate(args, env, examples, team):
         for method in args.methods:
             bar.set_description(method)
             run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
+            # Problem p's seed is the same for every method and batch: the methods differ in what they
+            # are, not in their luck (discussion's first round is exactly concat's samples).
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
                 by_turn = run(env, agents, batch, cfg, problem_seeds(args, start, len(batch)), team.expert)
@@ -455,12 +633,14 @@ def evaluate(args, env, examples, team):
                 turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
             problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
                          for p, (ex, recs) in enumerate(zip(examples, records[-1]))]
-            if args.latency_problems and method != "oracle":  # response time: batch 1, one sample
+            # The paper's response time (Sec. 6) is a user's wait for one answer: batch 1, one sample,
+            # timed apart from the batched sampling above, whose per-sample time is a throughput.
+            if args.latency_problems and method != "oracle":
                 one = dataclasses.replace(cfg, num_generations=1)
                 times = [run(env, agents, [ex], one, problem_seeds(args, p, 1), team.expert)[-1][0].seconds
                          for p, ex in enumerate(examples[:args.latency_problems])]
                 turns[-1]["methods"][method]["latency_seconds"] = _mean(times)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
     bar.close()
     first, last = turns[0]["methods"], turns[-1]["methods"]
@@ -471,7 +651,8 @@ def evaluate(args, env, examples, team):
 
 
 def cell_text(value):
-    """A table cell: a float to 4 significant digits, "-" for a metric the method lacks."""
+    """A table cell: a float to 4 significant digits, "-" for a metric the method lacks (a writing
+    method has no pass@k; the oracle has no latency)."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -480,7 +661,7 @@ def cell_text(value):
 
 
 def format_table(rows, title):
-    """Methods as rows, metrics as columns."""
+    """Methods as rows, metrics as columns, each column as wide as its name (at least 8)."""
     cols = list(dict.fromkeys(k for metrics in rows.values() for k in metrics))
     if not cols:
         return ""
@@ -500,13 +681,14 @@ def main(argv=None):
     except ValueError as e:  # every bad flag, from any layer: one line, exit 1
         sys.exit(f"eval.py: error: {e}")
     report = evaluate(args, env, examples, team)
+    # The report records every setting used, so that a number in it can be reproduced.
     report["config"] = {**vars(args), "env_name": env.name,
                         "num_problems": len(examples), "models": team.models, "devices": team.devices}
     for t, turn in enumerate(report["turns"], 1):
         print(format_table(turn["methods"], "method" if args.num_turns == 1 else f"turn {t}"))
     if args.num_turns > 1:
         print(format_table(report["improvement"], f"turn {args.num_turns} - turn 1"))
-    print(format_table(report["details"], "reward detail"))
+    print(format_table(report["details"], "reward detail"))  # the last turn's: how each level fared
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -30,7 +30,7 @@ import torch
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
 # -> --num-generations), its help written beside it: declared once, here. The defaults are the
-# paper's (Sec. 2); models.DEFAULTS holds the few that depend on the run (the tiny model, the env).
+# paper's (Sec. 2); envs.DEFAULTS holds the few that depend on the run (the tiny model, the env).
 
 
 def option(default, help):
@@ -692,7 +692,8 @@ def data_parallel():
 
 
 def all_sum(values, device="cpu"):
-    """The element-wise sum of a list of numbers over the processes."""
+    """The element-wise sum of a list of numbers over the processes (float64: a count or a sum of
+    losses loses nothing on the way)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if data_parallel():
         torch.distributed.all_reduce(t)
@@ -754,7 +755,8 @@ def update_agent(agent, parts, cfg):
 
 def micro_batches(num_rows, group_size, micro_batch_size):
     """Row ranges [start, stop) of at most micro_batch_size rows, cut between groups where they can:
-    as many whole groups as fit (a micro-batch runs each group's prompt once), else parts of a group."""
+    as many whole groups as fit (a micro-batch runs each group's prompt once), else parts of a group
+    (each part runs the prompt again: correct, a little slower)."""
     step = micro_batch_size
     if group_size <= micro_batch_size:
         step = micro_batch_size // group_size * group_size

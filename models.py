@@ -7,7 +7,7 @@ magrpo.py never imports this file: the algorithm sees an Agent's model, tokenize
     models.load_agent("Qwen/Qwen2.5-Coder-3B", "cuda:0", "bfloat16", 0, lora=models.LoRAConfig(16))
     models.save_agent(agent, "out/agent_0")                              # HF weights, or a peft adapter
 
-README: "Scale" (LoRA on a shared base), "Runs that survive" (checkpoints). Try: python train.py --lora-r 4
+docs/scale.md (LoRA on a shared base), docs/runs.md (checkpoints). Try: python train.py --lora-r 4
 """
 import copy
 import itertools
@@ -25,6 +25,7 @@ import torch
 from magrpo import Agent
 
 TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
+# The weights' dtype (--dtype). Training in float16 is refused (train.py): it needs a loss scaler.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint: the step, the args, each file's size
@@ -44,6 +45,8 @@ def tiny_tokenizer():
     PreTrainedTokenizerFast, so save_pretrained/from_pretrained work."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    # Bytes, not words: a model learnt from scratch on a CPU writes letters (the demo's task), and
+    # no vocabulary file is needed. A BPE with no merges is the tokenizers library's byte-level model.
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     vocab.update({"<|endoftext|>": len(vocab), "<|pad|>": len(vocab) + 1})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -57,6 +60,8 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
     """A small random-init causal LM (Qwen2, Llama or GPT-2 class), ~0.1M parameters by default.
     Tests use a larger init_std so that greedy outputs are not one repeated token."""
     import transformers as tf
+    # The real architectures' classes, small: every code path a real model takes (caches, position
+    # ids, LoRA targets) runs in the tests on the CPU.
     common = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
                   initializer_range=init_std, tie_word_embeddings=True)
@@ -84,6 +89,8 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
     quiet_transformers()
+    # A path (absolute, ./..., or more than one /) that is no directory is a typo: said at once,
+    # rather than as a failed hub download of a name like "runs/code/agent_0".
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
     if looks_local and not os.path.isdir(name_or_path):
         raise ValueError(f"{name_or_path!r} is not a directory")
@@ -93,13 +100,15 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # no such model, no network, a broken directory: one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load {name_or_path!r} (not a local model directory, and not "
                          f"reachable on the hub: {first})") from None
     finally:
         hub_log.setLevel(level)
-    if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
+    # Many base models ship without a pad token; EOS is the usual stand-in (padding is masked out
+    # everywhere, and generate tells EOS from padding by the completion mask, not by the id).
+    if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model.to(device), tok
 
@@ -109,7 +118,9 @@ def quiet_transformers():  # no progress bar per shard loaded or saved: it would
     hf_logging.disable_progress_bar()
 
 # -----------------------------------------------------------------------------
-# LoRA agents: n adapters on one shared frozen base (--lora-r; README "Scale")
+# LoRA agents: n adapters on one shared frozen base (--lora-r; docs/scale.md). The base's weights are
+# held once, whatever the number of agents: two 3B agents fit one GPU. Each agent trains only its
+# adapter (and its AdamW holds only the adapter's moments).
 
 
 class LoRAError(ValueError):
@@ -124,7 +135,7 @@ class LoRAConfig:
     alpha: float = None
     target_modules: tuple = None
 
-    def __post_init__(self):
+    def __post_init__(self):  # alpha = 2r: the scale most recipes use, and peft's own examples
         self.alpha = float(2 * self.r if self.alpha is None else self.alpha)
 
 
@@ -140,7 +151,9 @@ class LoRALinear(torch.nn.Module):
         self.base, self.r, self.alpha, self.scaling = base, r, alpha, alpha / r
         self.fan_in_fan_out = isinstance(base, Conv1D)
         in_f, out_f = base.weight.shape if self.fan_in_fan_out else base.weight.shape[::-1]
-        a = (torch.rand(r, in_f, generator=generator) * 2 - 1) / math.sqrt(in_f)  # CPU: same on any device
+        # A: kaiming-uniform with a = sqrt(5), peft's draw; from a CPU generator, so an agent's adapter
+        # is the same on any device for the same seed.
+        a = (torch.rand(r, in_f, generator=generator) * 2 - 1) / math.sqrt(in_f)
         self.lora_A = torch.nn.Parameter(a.to(base.weight.device))
         self.lora_B = torch.nn.Parameter(torch.zeros(out_f, r, device=base.weight.device))
 
@@ -151,16 +164,19 @@ class LoRALinear(torch.nn.Module):
         return self.base(x) + (x @ a.T) @ b.T * self.scaling
 
     def delta_weight(self):
-        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it."""
+        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it (GPT-2's Conv1D
+    stores its weight transposed, [in, out])."""
         delta = (self.lora_B @ self.lora_A) * self.scaling
         return delta.T if self.fan_in_fan_out else delta
 
 
-def is_lora(model):
+def is_lora(model):  # (a model with adapters saves as an adapter, and trains them alone)
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def is_adapter(path):  # a directory holding a saved adapter, ours or peft's
+def is_adapter(path):
+    """A directory holding a saved adapter, ours or peft's: --model PATH then loads its base (named in
+    its adapter_config.json) and the adapter on it."""
     return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
@@ -193,6 +209,8 @@ def lora_targets(model, targets):
 
 def shared_copy(model, fresh=()):
     """A structural copy of `model` whose parameters and buffers ARE its tensors, but for `fresh`."""
+    # deepcopy's memo maps an object to its copy: mapping each tensor to itself copies the modules
+    # (so each agent can wrap its own layers) and shares the weights.
     fresh = {id(t) for t in fresh}
     memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
     return copy.deepcopy(model, memo)
@@ -201,7 +219,7 @@ def shared_copy(model, fresh=()):
 def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
     """A new agent: a shared_copy of the frozen `base`, its target layers wrapped in LoRALinear (A from
     `seed`, a generator of its own). model.lora_config: peft's adapter_config.json."""
-    base.requires_grad_(False)
+    base.requires_grad_(False)  # the base never trains: its gradient would be every agent's at once
     model = shared_copy(base)
     names = lora.target_modules or LORA_TARGETS_BY_MODEL_TYPE.get(model.config.model_type, LORA_TARGETS)
     generator = torch.Generator().manual_seed(int(seed))
@@ -209,6 +227,7 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
         parent, _, child = name.rpartition(".")
         module = model.get_submodule(parent)
         setattr(module, child, LoRALinear(getattr(module, child), lora.r, lora.alpha, generator))
+    # peft's adapter_config.json: peft (and vLLM, TGI ...) load a saved agent without us.
     model.lora_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
                          "lora_dropout": 0.0, "bias": "none", "target_modules": list(names),
                          "fan_in_fan_out": any(getattr(m, "fan_in_fan_out", False) for m in model.modules()),
@@ -219,6 +238,7 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
 
 def shared_base(name, device, dtype, seed, bases):
     """(base, tokenizer) of `name`, loaded once per (name, device, dtype, tiny's seed) into `bases`."""
+    # A tiny base is a random model: its seed is part of what it is. A real one is its name.
     key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
     if key not in bases:
         model, tok = load_model(name, device, dtype, seed=seed)
@@ -230,6 +250,7 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
     """(model, tokenizer) of a LoRA agent: an adapter directory (ours or peft's) loads as its base +
     that adapter (`lora`, if given, must match); another name becomes base + a new adapter `lora`."""
     bases = {} if bases is None else bases
+    # A new adapter: on a base that every agent of the team shares (`bases`), drawn from its own seed.
     if not is_adapter(name):
         if name != TINY and os.path.isdir(name):
             name = os.path.abspath(name)  # ./m and m are one base; the adapter's config works elsewhere
@@ -279,13 +300,17 @@ def adapter_config(name):
     return config
 
 
-def adapter_state(model):  # the adapter's tensors under peft's names
+def adapter_state(model):
+    """The adapter's tensors under peft's names (base_model.model.<layer>.lora_A.weight): a file
+    peft writes loads here, and one we write loads in peft."""
     return {f"base_model.model.{name}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
             for name, m in model.named_modules() if isinstance(m, LoRALinear) for ab in "AB"}
 
 
 @torch.no_grad()
 def load_adapter_weights(model, path):
+    """An adapter's saved tensors into `model`'s adapters: every name and shape must match, else
+    one line saying which (a file of another base or rank would load as nonsense)."""
     from safetensors.torch import load_file
     saved, params = load_file(path), adapter_state(model)
     if saved.keys() != params.keys():
@@ -301,6 +326,8 @@ def load_adapter_weights(model, path):
 @torch.no_grad()
 def merged_model(model):
     """A plain HF model equal to base + adapter: W + (alpha / r) B A in fresh tensors (in W's dtype)."""
+    # Fresh copies of the adapted weights only: the merge must not write into the shared base, which
+    # every other agent still reads.
     adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
     merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
     for name, m in list(merged.named_modules()):
@@ -312,7 +339,8 @@ def merged_model(model):
     return merged
 
 # -----------------------------------------------------------------------------
-# Saving, loading, checkpoints
+# Saving, loading, checkpoints. A saved agent is what transformers or peft load without us; a
+# checkpoint adds what only a resumed run needs (optimizer, RNG states, the run's flags).
 
 
 def save_agent(agent, path, merged=False):
@@ -321,7 +349,7 @@ def save_agent(agent, path, merged=False):
     from safetensors.torch import save_file
     quiet_transformers()
     model = agent.model
-    if is_lora(model) and not merged:
+    if is_lora(model) and not merged:  # the adapter alone: megabytes, where the base is gigabytes
         os.makedirs(path, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
                   os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -348,7 +376,7 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
             model, tok = load_model(name, device, dtype, seed=seed)
     except LoRAError:
         raise  # it names its own flag
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError) as e:  # (RuntimeError: weights of the wrong shape or dtype)
         raise ValueError(f"{flag}: {e}") from None
     if chat_template and tok.chat_template is None:
         raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
@@ -359,21 +387,25 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
 # the RNG states and CHECKPOINT_STATE, written last: the step, the run's flags and every file's size,
 # so that a checkpoint a kill or a full disk cut short is recognised (checkpoint_problem) and skipped.
 
+
 def write_checkpoint(path, agents, state):
     """Write a checkpoint into the directory `path`: the agents, their optimizers and the RNG states
     (resuming must sample exactly what the uninterrupted run would), then CHECKPOINT_STATE."""
+    # Each agent saves as a model (or an adapter) that from_pretrained or peft load, so a checkpoint
+    # is also a usable agent; the optimizer's state lies beside it (train.py leaves it out of agent_i).
     for i, agent in enumerate(agents):
         save_agent(agent, os.path.join(path, f"agent_{i}"))
         torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
     torch.save(rng, os.path.join(path, RNG_STATE))
+    # Every file's size, recorded last: what checkpoint_problem checks a checkpoint against.
     files = {}
     for root, _, names in os.walk(path):
         for name in names:
             full = os.path.join(root, name)
             files[os.path.relpath(full, path)] = os.path.getsize(full)
-    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:
+    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
         json.dump({**state, "files": files}, f, indent=1)
 
 
@@ -405,6 +437,8 @@ def checkpoint_problem(path):
         files = checkpoint_state(path)["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    # A kill or a full disk mid-save leaves files missing or short: their sizes tell (the state file is
+    # written last, so its presence says the rest was written; their sizes say whole).
     for rel, size in files.items():
         full = os.path.join(path, rel)
         if not os.path.isfile(full):
@@ -427,11 +461,13 @@ def latest_checkpoint(out):
         problem = checkpoint_problem(path)
         if problem is None:
             return step, path
+        # An older complete checkpoint loses some steps; a broken one would lose the run: say which.
         warnings.warn(f"skipping {path}: {problem}; trying the one before")
     return None
 
 # -----------------------------------------------------------------------------
 # The command line's model flags (train.py and eval.py)
+
 
 def add_model_flags(p):
     p.add_argument("--model", action="append", help="hub name or local path; 'tiny' (default) is the "
@@ -466,12 +502,14 @@ def lora_from_flags(args):
 
 
 def model_names(args):
-    """--model given repeated and/or as comma lists, flattened; the tiny model by default."""
+    """--model given repeated and/or as comma lists, flattened; the tiny model by default (the CPU
+    demo needs no download)."""
     return [m.strip() for spec in (args.model or [TINY]) for m in spec.split(",") if m.strip()]
 
 
 def per_agent(values, n, flag):
-    """A flag given once or as a list -> one value per agent."""
+    """A flag given once or as a list -> one value per agent (given once: every agent the same; a
+    team of different models names one per agent)."""
     if len(values) not in (1, n):
         raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
     return values * (n // len(values))
@@ -483,6 +521,7 @@ def agent_devices(device, n, local_rank=0, local_world=1):
     devices, gpus = [d.strip() for d in device.split(",") if d.strip()], torch.cuda.device_count()
     if devices != ["auto"] or not gpus:
         return per_agent(devices if devices != ["auto"] else ["cpu"], n, "--device")
+    # torchrun: this node's GPUs are split among its processes; process k's agents use its share.
     share = gpus // local_world
     if share < 1:
         raise ValueError(f"--device: {local_world} processes on this node but {gpus} GPUs")
@@ -498,5 +537,6 @@ def load_expert(args, device):
     if not args.feedback_model:
         raise ValueError("--feedback: expert needs --feedback-model NAME_OR_PATH (a local causal LM)")
     expert = load_agent(args.feedback_model, device, args.dtype, seed=12345, flag="--feedback-model")
+    # A reviewer is asked a question, not continued as a file: an instruct model's chat format.
     expert.chat_template = expert.tokenizer.chat_template is not None
     return expert

@@ -8,7 +8,7 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
     sandbox.isolation_level()                                   # "namespaces" or "rlimits"
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
-What it covers (README.md's "The sandbox" states the threat model in full; the program is hostile):
+What it covers (docs/sandbox.md states the threat model in full; the program is hostile):
 - Verdicts: a tester process runs the test, never the program; a program process serves calls of
   its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
   trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.

@@ -9,13 +9,14 @@ Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Se
 
 Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
 (--resume continues from the newest) and OUT/agent_i. Flags are named like TRL's GRPOConfig.
-The loop is train(); one MAGRPO step is magrpo.train_step. README: "Runs that survive", "Scale".
+The loop is train(); one MAGRPO step is magrpo.train_step. docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
 import dataclasses
 import datetime
 import functools
+import importlib.util
 import json
 import os
 import random
@@ -33,12 +34,16 @@ import eval as evaluation
 import magrpo
 import models
 
-# Flags that do not change what a resumed run computes: the rest must match the checkpoint's.
+# Flags that do not change what a resumed run computes: the rest must match the checkpoint's, since
+# a run resumed with another learning rate or G would be neither the old run nor a new one.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
-             "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every"}
+             "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
+             "wandb"}
 
 
 def parse_args(argv=None):
+    """The flags: the env's, the model's, LoRA's, every Config field's (magrpo.py), and the run's.
+    Flags left None are filled by resolve_flags, so a default can depend on the model and the env."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
@@ -58,21 +63,28 @@ def parse_args(argv=None):
     p.add_argument("--eval-split", default="eval", help="the in-training eval split (HumanEval: [:32])")
     p.add_argument("--eval-limit", type=int, default=32, help="at most this many eval examples")
     p.add_argument("--log-completions-every", type=int, default=1, help="OUT/completions.jsonl every N steps")
+    p.add_argument("--wandb", metavar="PROJECT", help="also log the metrics and the completions to Weights & "
+                   "Biases, in this project (pip install wandb; WANDB_MODE=offline writes local files only)")
     return p.parse_args(argv)
 
 
 def resolve_flags(args):
     """Defaults filled (envs.DEFAULTS), the env built, every flag that needs no model checked
     -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
+    # The tiny model learns from scratch: its defaults differ from a real model's (envs.DEFAULTS).
     tiny = all(name == models.TINY for name in models.model_names(args))
     if args.test_timeout is None:  # the env needs it: fill it first
         args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
     envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
+    # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
+    # weights keep its small updates: MasterWeightAdamW).
     if args.dtype in ("float16", "fp16"):
         raise ValueError("--dtype: float16 training needs loss scaling, which we skip: use bfloat16")
+    # Config checks its own fields, each error naming its flag; args.json then records every setting,
+    # so that a run can be read (and resumed) without knowing this version's defaults.
     cfg = magrpo.config_from_flags(args)
-    envs.fill_defaults(args, dataclasses.asdict(cfg))  # args.json records every setting
+    envs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = world()[1]
     # G >= 2: a group needs a baseline (Eq. 1); a step has at least a prompt per process.
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
@@ -82,6 +94,8 @@ def resolve_flags(args):
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= {smallest}, got {getattr(args, flag)}")
     if args.learning_rate <= 0:
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
+    if args.wandb and importlib.util.find_spec("wandb") is None:  # optional: never a requirement
+        raise ValueError("--wandb: the wandb package is not installed: pip install wandb")
     return env, cfg
 
 
@@ -93,6 +107,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
+    # A resumed run loads its agents from the checkpoint: the weights it had reached, not --model's.
     if checkpoint is not None:
         names = [os.path.join(checkpoint[1], f"agent_{i}") for i in range(env.num_agents)]
     agents = []
@@ -113,6 +128,7 @@ class MasterWeightAdamW:
     def __init__(self, params, **kwargs):
         self.params = [p for p in params if p.requires_grad]
         self.master = [p.detach().float().clone() for p in self.params]
+        # AdamW's moments are fp32 too: it steps the masters, never the bf16 weights.
         self.inner = torch.optim.AdamW(self.master, **kwargs)
 
     def zero_grad(self, set_to_none=True):
@@ -121,13 +137,15 @@ class MasterWeightAdamW:
 
     @torch.no_grad()
     def step(self):
+        # The bf16 gradient goes to the master, AdamW steps the master, and the model's weight is the
+        # master rounded to bf16: small updates add up in the master until the rounding shows them.
         for master, p in zip(self.master, self.params):
             master.grad = None if p.grad is None else p.grad.float()
         self.inner.step()
         for master, p in zip(self.master, self.params):
             p.copy_(master)
 
-    def state_dict(self):
+    def state_dict(self):  # the masters too: a resumed run must not restart from the rounded weights
         return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
 
     @torch.no_grad()
@@ -141,8 +159,8 @@ class MasterWeightAdamW:
 def make_optimizer(model, learning_rate, weight_decay=0.0):
     """Each agent's own AdamW (Sec. 2 step 6) over its trainable parameters; fp32 master weights if
     they are low-precision (bf16)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if all(p.dtype == torch.float32 for p in params):
+    params = [p for p in model.parameters() if p.requires_grad]  # a LoRA agent: its adapters only
+    if all(p.dtype == torch.float32 for p in params):  # (LoRA adapters are fp32 on any base)
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
     return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
@@ -157,6 +175,8 @@ def train(args):
         run = Run(args)
     except ValueError as e:  # every bad input, from any layer: one line, exit 1, nothing written
         sys.exit(f"train.py: error: {e}")
+    # The loop: each step samples a batch, runs magrpo.train_step on it, then logs, evaluates and
+    # saves as due (Run.step). It stops early on a signal or on a step nothing of which could be scored.
     signals = Signals()
     try:
         for step in run.bar:
@@ -178,13 +198,21 @@ class Run:
         self.env, self.cfg = resolve_flags(args)
         checkpoint = prepare_out(args)
         self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
+        # The in-training eval's own split: never the training rows (a plain file has none: refused).
         self.eval_env = None
         if args.eval_every:
             self.eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
-        self.start = self.done = 0 if checkpoint is None else checkpoint[0]  # done: steps in the weights
+        # start: the first step to run; done: the steps whose update the weights hold (what a
+        # checkpoint records, and what finish() saves after a signal).
+        self.start = self.done = 0 if checkpoint is None else checkpoint[0]
         gather(None)  # every process has read --out (prepare_out) before process 0 writes into it
         if self.main:
             start_out(args, self.start)
+        self.tracker = None  # Weights & Biases (--wandb), on process 0
+        if self.main and args.wandb:
+            import wandb
+            name = os.path.basename(os.path.abspath(args.out))
+            self.tracker = wandb.init(project=args.wandb, name=name, dir=args.out, config=vars(args))
         # The sampler draws from its own hashed seeds; torch's and Python's RNGs serve the rest (a
         # custom env, dropout in a custom model), and a resumed run restores them.
         torch.manual_seed(args.seed)
@@ -194,10 +222,13 @@ class Run:
             models.restore_rng(checkpoint[1])
         self.log, self.curve, self.completions = (RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
-        self.history = []  # the rows of metrics.jsonl, for the curve
+        # The curve is drawn from every row so far: a resumed run's too (start_out kept those before
+        # the checkpoint's step).
+        self.history = []
         if self.main and self.log.size:
             with open(self.log.path) as f:
                 self.history = [json.loads(line) for line in f]
+        # scored: the step's reward metrics (ready() sets them); signum, error: why the run stops early.
         self.recent, self.scored, self.signum, self.error = [], None, None, None
         self.bar = tqdm(range(self.start, args.steps), desc=f"magrpo {self.env.name}", dynamic_ncols=True,
                         initial=self.start, total=args.steps, disable=not self.main)
@@ -206,6 +237,8 @@ class Run:
         """One step: magrpo.train_step on the step's batch, then its metrics, completions, the eval
         and a checkpoint when due. -> False when the run stops here."""
         args = self.args
+        # The step's batch and a seed per example, from (seed, step) alone: a resumed or a torchrun
+        # run draws and samples exactly what one uninterrupted process would.
         indices = my_share(batch_at(len(self.env.examples), args.seed, step, args.batch_size))
         seeds = my_share([magrpo.mix_seed(args.seed, step, j) for j in range(args.batch_size)])
         batch = [self.env.examples[i] for i in indices]
@@ -216,12 +249,14 @@ class Run:
         with contextlib.suppress(Stop), signals.abandon_on_signal():
             result = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
                                        before_update=functools.partial(self.ready, step, signals))
-        if result is None:  # a signal while this process sampled: the others hear of it in ready()
+        # A signal while this process sampled: its turns are gone, and the others hear of it in ready().
+        if result is None:
             self.agree(signals, abandoned=True)
             return False
         turns, update = result
         if update is None:  # ready() said stop: a signal, or a step nothing of which could be scored
             return False
+        # The row of metrics.jsonl: the rewards (ready), the update's losses and gradient norms, the time.
         metrics = {**self.scored, **update, "seconds": round(time.time() - t0, 4)}
         self.log_completions(step, indices, turns)
         self.done, last = step + 1, step == args.steps - 1
@@ -229,6 +264,7 @@ class Run:
             self.evaluate(step, metrics)
         # A signal during the update waited for it: now every process learns of it and stops here.
         self.signum = next((s for s in gather(signals.received) if s is not None), None)
+        # A periodic checkpoint; the last step's is finish()'s, which also writes the final agents.
         due = args.save_every and self.done % args.save_every == 0
         if due:  # (on every process: it is a collective)
             check_ranks_agree(self.agents)
@@ -241,10 +277,12 @@ class Run:
         (a signal stops them all here, no agent holding half an update), and the step has answers that
         could be scored (if none could, the sandbox or the env is broken, not the agents)."""
         signals.stop_abandoning()  # from here a signal waits for the step's end
-        if not self.agree(signals, abandoned=False):
+        if not self.agree(signals, abandoned=False):  # a signal stopped a process's sampling: all stop
             return False
-        nodes = [node for process_nodes in gather(episode_summary(turns)) for node in process_nodes]
-        self.scored = {"step": step, **episode_metrics(nodes, self.cfg.num_turns)}
+        nodes = []  # every process's nodes: the metrics and the check below are the same everywhere
+        for process_nodes in gather(evaluation.episode_summary(turns)):
+            nodes += process_nodes
+        self.scored = {"step": step, **evaluation.episode_metrics(nodes, self.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
         bad, total = sandbox + scoring, len(nodes)
         why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
@@ -260,6 +298,8 @@ class Run:
     def agree(self, signals, abandoned):
         """The processes stop together or not at all: each tells whether a signal came and whether
         it abandoned its sampling. -> True when no process abandoned its step."""
+        # A collective that every process enters once per step, whatever happened to it: the step's
+        # other collectives (the gradients' sums) then never wait for a process that left.
         votes = gather((signals.received, abandoned))
         self.signum = next((signum for signum, _ in votes if signum is not None), None)
         return not any(gave_up for _, gave_up in votes)
@@ -267,22 +307,29 @@ class Run:
     def log_completions(self, step, indices, turns):
         """OUT/completions.jsonl: every process's joint actions of the step, written once, by process 0."""
         every = self.args.log_completions_every
-        if not every or step % every:
+        if not every or step % every:  # (a long run's every step and joint action is a large file)
             return
         rows = []
         for process_rows in gather(completion_rows(step, indices, turns)):
             rows += process_rows
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
+        if self.tracker is not None:  # the same rows as a table; lists and dicts as JSON text
+            import wandb
+            table = wandb.Table(columns=list(rows[0]))
+            for row in rows:
+                table.add_data(*[json.dumps(v) if isinstance(v, (list, dict)) else v for v in row.values()])
+            self.tracker.log({"completions": table}, step=step)
 
     def evaluate(self, step, metrics):
         """The in-training eval: the greedy joint reward per turn on --eval-limit examples of
         --eval-split. Each process scores its share, so none waits long in a collective for another."""
+        # Sums and a count, added over the processes: the mean is the one a single process computes.
         examples = my_share(self.eval_env.examples[:self.args.eval_limit])
         sums = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg, self.expert)
         counted = magrpo.all_sum(sums + [len(examples)])  # every process's sums, and its example count
         rewards = [total / counted[-1] for total in counted[:-1]]
-        metrics["eval_reward_mean"] = rewards[0]
+        metrics["eval_reward_mean"] = rewards[0]  # turn 1's, the single-turn number; each turn's below
         for t, reward in enumerate(rewards, 1):
             metrics[f"eval_reward_mean_turn{t}"] = reward
         if self.main:
@@ -294,19 +341,25 @@ class Run:
         `save`, the progress bar, and now and then a line with the first joint answer."""
         self.log.append(json.dumps(metrics) + "\n")
         self.history.append(metrics)
+        if self.tracker is not None:  # the row's numbers; W&B draws their curves (None: a turn not reached)
+            numbers = {key: value for key, value in metrics.items() if value is not None and key != "step"}
+            self.tracker.log(numbers, step=step)
+        # The curve is redrawn every 10 steps, not every step: a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(write_curve, self.curve.path, self.history)
+            self.curve.write(write_atomic, self.curve.path, evaluation.curve_svg(self.history))
         if save:
             try:
                 logs = (self.log, self.completions)
                 save_checkpoint(self.args.out, self.done, self.agents, self.args, logs)
             except SaveFailed as e:  # a full disk: the run goes on, and the next save tries again
                 warnings.warn(f"{e}; the run goes on")
-        shown = metrics[f"reward_mean_turn{self.cfg.num_turns}"]  # the last turn's, if a group reached it
+        # The bar shows the mean reward of the last 20 steps (a step's own reward is noisy), at the
+        # last turn when the step's groups reached it: what the team finally answers.
+        shown = metrics[f"reward_mean_turn{self.cfg.num_turns}"]
         self.recent = (self.recent + [metrics["reward_mean"] if shown is None else shown])[-20:]
         self.bar.set_postfix(reward=f"{sum(self.recent) / len(self.recent):.3f}",
                              zero_adv=metrics["zero_adv_groups"])
-        if step % max(1, self.args.steps // 10) == 0 or last:
+        if step % max(1, self.args.steps // 10) == 0 or last:  # ten times a run: what the agents write
             rewards = [metrics[f"reward_mean_turn{t}"] or 0 for t in range(1, self.cfg.num_turns + 1)]
             samples = " | ".join(repr(text[:60]) for text in turns[-1].outputs[0])
             tqdm.write(f"step {step:5d} reward {' -> '.join(f'{r:.3f}' for r in rewards)} | {samples}")
@@ -315,6 +368,8 @@ class Run:
         """The run's end: a checkpoint, and unless a signal or an error stopped it, the final agents
         (OUT/agent_i). A stopped run exits with 128 + the signal, or its error."""
         check_ranks_agree(self.agents)
+        # Always a checkpoint, even after a signal or an error: --resume continues from it. The final
+        # agents only for a run that reached its last step.
         try:
             if self.main:
                 logs = (self.log, self.completions)
@@ -326,6 +381,9 @@ class Run:
         except SaveFailed as e:
             print(f"train.py: error: {e}", file=sys.stderr)  # one line: what failed, how to resume
             self.error = self.error or 1
+        if self.tracker is not None:
+            status = 128 + self.signum if self.signum is not None else int(bool(self.error))
+            self.tracker.finish(exit_code=status)
         gather(None)  # torchrun stops every process when one exits: not before process 0 has saved
         if self.signum is not None:
             sys.exit(128 + self.signum)
@@ -334,7 +392,7 @@ class Run:
         return self.log.path
 
 
-def batch_at(n, seed, step, batch_size):
+def batch_at(n, seed, step, batch_size):  # (the data's position in the run is the step itself)
     """A step's examples, indices among n: shuffled epochs, each epoch's order from (seed, epoch) alone,
     so that a resumed run draws what the uninterrupted one would."""
     indices = []
@@ -345,11 +403,13 @@ def batch_at(n, seed, step, batch_size):
 
 
 def completion_rows(step, indices, turns):
-    """OUT/completions.jsonl's rows: each joint action of the step, its reward, each agent's advantage."""
+    """OUT/completions.jsonl's rows: each joint action of the step, its reward, each agent's advantage.
+    The file to read when a curve puzzles: what the agents wrote and what Eq. 2 made of it."""
     rows = []
     for t, turn in enumerate(turns, 1):
         for node, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
             group, action = turn.place(node)
+            # Each agent's completion in this joint action (its g) and the advantage that row got.
             advantages = []
             for agent_advantages, g in zip(turn.advantages, turn.joint[action]):
                 advantages.append(agent_advantages[turn.row(group, g)].item())
@@ -359,63 +419,8 @@ def completion_rows(step, indices, turns):
     return rows
 
 # -----------------------------------------------------------------------------
-# What a step scored (metrics.jsonl; README "Multi-turn" for the per-turn keys)
-
-
-def episode_summary(turns):
-    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
-    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
-    nodes = []
-    for t, turn in enumerate(turns, 1):
-        for node, reward in enumerate(turn.rewards):
-            parent = turn.groups[turn.place(node)[0]].parent
-            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
-            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.terminated[node],
-                          "levels": dict(getattr(reward, "levels", None) or {}),
-                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
-                          "score_error": isinstance(reward, magrpo.ScoreError)})
-    return nodes
-
-
-def level_means(levels, suffix=""):
-    """The mean of each reward level over the nodes; a level a reward lacks (gated off) counts 0."""
-    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
-    means = {}
-    for name in names:
-        total = sum(float(node_levels.get(name, 0.0)) for node_levels in levels)
-        means[f"level_{name}{suffix}"] = total / len(levels)
-    return means
-
-
-def episode_metrics(nodes, num_turns):
-    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
-    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
-    first = [node for node in nodes if node["turn"] == 1]
-    rewards = torch.tensor([node["reward"] for node in first])
-    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
-         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
-    for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
-        if t > 1:
-            keys.append(f"improvement_turn{t}")
-        turn = [node for node in nodes if node["turn"] == t]
-        if not turn:
-            m.update(dict.fromkeys(keys))
-            continue
-        rewards = torch.tensor([node["reward"] for node in turn])
-        solved = sum(node["solved"] for node in turn) / len(turn)
-        values = [rewards.mean().item(), rewards.max().item(), solved]
-        if t > 1:  # how much revising gained over the answers it revised
-            values.append(sum(node["gain"] for node in turn) / len(turn))
-        m.update(zip(keys, values))
-        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
-    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
-    m["score_errors"] = sum(node["score_error"] for node in nodes)
-    return m
-
-
-# -----------------------------------------------------------------------------
-# The run directory: refuse to clobber a run, resume one, write checkpoints atomically
+# The run directory: refuse to clobber a run, resume one, write checkpoints atomically. A run is
+# hours of compute: a kill, a signal or a full disk at any moment leaves a checkpoint to resume from.
 
 
 def prepare_out(args):
@@ -429,10 +434,11 @@ def prepare_out(args):
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
                                  "pick another --out")
         return None
+    # --resume: what a kill left half done goes, then the newest complete checkpoint is the start.
     for leftover in names:
         if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
             shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
-    checkpoint = models.latest_checkpoint(args.out)
+    checkpoint = models.latest_checkpoint(args.out)  # a broken one (a kill mid-save) is skipped
     if checkpoint is None:
         return None
     saved = models.checkpoint_state(checkpoint[1])["args"]
@@ -441,7 +447,7 @@ def prepare_out(args):
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
                              f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
                              "save/eval/device flags may change)")
-    if args.steps < checkpoint[0]:
+    if args.steps < checkpoint[0]:  # (a larger --steps continues a finished run: allowed)
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
 
@@ -451,6 +457,7 @@ def start_out(args, start):
     later steps again), args.json written."""
     try:
         os.makedirs(args.out, exist_ok=True)
+        # Rows of steps at or after the checkpoint's would be logged twice: the resumed run redoes them.
         for name in ("metrics.jsonl", "completions.jsonl"):
             cut_metrics(os.path.join(args.out, name), start)
         write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
@@ -460,6 +467,7 @@ def start_out(args, start):
 
 def write_atomic(path, text):
     """`text` as the file `path`, whole or not at all: written aside, fsync'd, renamed into place."""
+    # A rename is atomic: a reader (or a resume after a kill) sees the old file or the new one.
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
@@ -508,21 +516,25 @@ def save_checkpoint(out, step, agents, args, logs=()):
     Written aside, fsync'd, renamed: a kill leaves the last complete checkpoint or this one. Keeps the
     newest --save-total-limit."""
     final = os.path.join(out, f"checkpoint-{step}")
-    tmp = os.path.join(out, f".tmp-checkpoint-{step}")
+    tmp = os.path.join(out, f".tmp-checkpoint-{step}")  # a hidden name: never taken for a checkpoint
     if os.path.isdir(final) and models.checkpoint_problem(final) is None:
         return  # saved already (a signal right after a periodic save)
     with saving(out, f"checkpoint-{step}", tmp):
+        # The logs first: a checkpoint of step k must never lack the rows of the steps before k.
         for log in logs:
             log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
         # The data position is the step: batch_at derives step k's examples from (seed, k) alone.
         models.write_checkpoint(tmp, agents, {"step": step, "data_position": step * args.batch_size,
                                               "args": vars(args)})
+        # On disk before the rename, and the rename on disk after it: after a power loss the name
+        # checkpoint-<step> never points at data that was still in the page cache.
         fsync_tree(tmp)
         if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
             os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
         os.rename(tmp, final)
         fsync_tree(out)
+    # Rotation comes only after the new checkpoint is complete: a full disk never costs the old ones.
     complete = [path for _, path in models.checkpoints(out) if models.checkpoint_problem(path) is None]
     keep = complete[:args.save_total_limit]  # the newest complete ones; broken ones go too
     for _, old in models.checkpoints(out):
@@ -538,6 +550,8 @@ def save_final(out, step, agents, merged=False):
     """OUT/agent_i, hard links to checkpoint-<step>'s files where it can, then OUT/final.json;
     `merged`: a LoRA agent also as a full model in OUT/agent_i/merged."""
     tmps = [os.path.join(out, f".tmp-agent_{i}") for i in range(len(agents))]
+    # final.json is written last and removed first: it says that every OUT/agent_i is whole, which
+    # eval.py --agents checks before it trusts them (else it takes the latest checkpoint).
     with saving(out, f"the trained agents in {out}", *tmps):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
@@ -557,6 +571,7 @@ def save_final(out, step, agents, merged=False):
 
 
 def link_or_copy(src, dst):
+    """A hard link (no second copy of a 3B model's weights on the disk), else a copy."""
     try:
         os.link(src, dst)
     except OSError:
@@ -581,6 +596,7 @@ class RunFile:
 
     def __init__(self, path):
         self.path, self.pending, self.warned = path, "", False
+        # The length of what is written whole: a write the disk cut short is truncated back to it.
         self.size = os.path.getsize(path) if os.path.exists(path) else 0
 
     def write(self, writer, *args):
@@ -588,10 +604,11 @@ class RunFile:
             writer(*args)
         except OSError as e:
             if not self.warned:
-                warnings.warn(f"could not write {self.path} ({e}); the run goes on (README: a full disk)")
+                warnings.warn(f"could not write {self.path} ({e}); the run goes on (docs/runs.md)")
             self.warned = True
 
     def append(self, line):
+        # Not fsync'd: a row per step need not cost a disk flush; a checkpoint syncs the log first.
         self.pending += line
         self.write(self.sync, False)
 
@@ -609,8 +626,8 @@ class RunFile:
 # Signals: SIGTERM (a preempted job), SIGHUP, SIGINT (Ctrl-C) end the run with a checkpoint
 
 
-class Stop(Exception):  # the signal handler's, while a step samples
-    pass
+class Stop(Exception):
+    """Raised by the signal handler into a step that samples: its work is thrown away, not saved."""
 
 
 class Signals:
@@ -618,12 +635,16 @@ class Signals:
     half an update); then a checkpoint, exit 128 + the signal."""
 
     def __init__(self):
+        # The first signal counts (a second ^C does not interrupt the checkpoint); the previous
+        # handlers come back at the run's end (restore).
         self.received, self.abandonable = None, False
         self.previous = {}
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             self.previous[signum] = signal.signal(signum, self.handle)
 
     def handle(self, signum, frame):
+        # Python runs a handler between two bytecodes of the main thread: raising Stop here ends the
+        # sampling at once (a sandbox batch included: its runs are killed), never an optimizer step.
         if self.received is None:
             self.received = signum
             tqdm.write(f"{signal.Signals(signum).name}: saving a checkpoint, then exiting", file=sys.stderr)
@@ -633,6 +654,7 @@ class Signals:
 
     @contextlib.contextmanager
     def abandon_on_signal(self):
+        """While the block runs, a signal raises Stop in it (a signal already received: at once)."""
         if self.received is not None:
             raise Stop()
         self.abandonable = True
@@ -641,7 +663,7 @@ class Signals:
         finally:
             self.abandonable = False
 
-    def stop_abandoning(self):
+    def stop_abandoning(self):  # the step's sampling is over: a signal now waits for its update
         self.abandonable = False
 
     def restore(self):
@@ -649,7 +671,9 @@ class Signals:
             signal.signal(signum, handler)
 
 # -----------------------------------------------------------------------------
-# Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs)
+# Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs). Every
+# process runs the same loop on its share of each step's prompts (my_share); magrpo.update_agent sums
+# the gradients, and the collectives here keep the processes in step (gather).
 
 # Process 0 saves while the others wait in a collective; NCCL's default timeout (10 minutes) would
 # kill a run whose save of a large agent and its optimizer state takes longer on a slow disk.
@@ -657,8 +681,10 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 
 
 def start_processes():
-    """Under torchrun, join the process group -> (local rank, local size)."""
+    """Under torchrun, join the process group -> (local rank, local size). Alone (no WORLD_SIZE), no
+    group is made, and every collective below is a no-op: one code path for both."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        # gloo for CPU tensors (gather's pickles), NCCL for the gradients on GPUs
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -673,7 +699,8 @@ def gather(obj):
 
 
 def weights_digest(agents):
-    """Per agent, the sum and the sum of squares of all its weights, in float64."""
+    """Per agent, the sum and the sum of squares of all its weights, in float64: cheap to send, and a
+    weight that differs anywhere changes it."""
     digests = []
     for agent in agents:
         params = list(agent.model.parameters())
@@ -683,14 +710,16 @@ def weights_digest(agents):
 
 
 def check_ranks_agree(agents):
-    """Every process's agents must stay identical: a difference is a bug: stop rather than save."""
+    """Every process's agents must stay identical: a difference is a bug: stop rather than save.
+    Checked before every save, so that no checkpoint holds one process's diverged agents."""
     digests = gather(weights_digest(agents))
     if any(d != digests[0] for d in digests):
         raise RuntimeError(f"the processes' agents differ: {digests}")
 
 
 def world():
-    """(this process's rank, the number of processes); (0, 1) alone."""
+    """(this process's rank, the number of processes); (0, 1) alone. Rank 0 is process 0, the one
+    that writes the run's files."""
     if magrpo.data_parallel():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -698,66 +727,9 @@ def world():
 
 def my_share(items):
     """This process's contiguous share of a step's items (N processes sample what one samples)."""
+    # Contiguous shares keep each prompt's seed with it: sampling does not depend on the split.
     rank, size = world()
     return items[rank * len(items) // size:(rank + 1) * len(items) // size]
-
-# -----------------------------------------------------------------------------
-# The learning curve, OUT/curve.svg
-
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def curve_series(rows):
-    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
-    reward when there are several turns, and the in-training eval's reward."""
-    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
-    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
-    if last > 1:
-        names.append(f"reward_mean_turn{last}")
-    names.append("eval_reward_mean")
-    series = {}
-    for name in names:
-        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
-        if points:  # (no eval: no line)
-            series[name] = points
-    return series
-
-
-def running_mean(values, window):
-    """Each value averaged with the window - 1 before it: a long run's noisy curve becomes readable."""
-    means = []
-    for i in range(len(values)):
-        recent = values[max(0, i - window + 1):i + 1]
-        means.append(sum(recent) / len(recent))
-    return means
-
-
-def write_curve(path, rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve as a small SVG (no plotting library needed): curve_series, smoothed."""
-    series = curve_series(rows)
-    steps = [step for points in series.values() for step, _ in points]
-    top = max(value for points in series.values() for _, value in points) or 1.0
-    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right = width - legend  # the plot's right edge; the legend beyond it
-    window = max(1, len(rows) // 30)
-
-    def at(step, value):  # a point's SVG coordinates
-        x = pad + (step - x0) / (x1 - x0) * (right - pad)
-        return f"{x:.1f},{height - pad - max(0.0, value) / top * (height - 2 * pad):.1f}"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
-             f'<text x="{pad - 5}" y="{pad + 4}" text-anchor="end">{top:.3g}</text>',
-             f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
-             f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
-             f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
-    for n, (name, points) in enumerate(series.items()):
-        color = COLORS[n % len(COLORS)]
-        values = running_mean([value for _, value in points], window)
-        line = " ".join(at(step, value) for (step, _), value in zip(points, values))
-        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
-        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
-    write_atomic(path, "\n".join(parts + ["</svg>\n"]))
 
 
 if __name__ == "__main__":

@@ -123,7 +123,6 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
 
 
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
-    import magrpo
     args = train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)])
     env, cfg = train.resolve_flags(args)
     agents, expert = train.build(args, env)
@@ -631,3 +630,34 @@ def test_master_weights_keep_updates_bf16_would_round_away():
         plain.grad = torch.ones_like(plain)
         popt.step()
     assert plain[0].item() == 1.0
+
+
+def test_wandb_without_the_package_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        train.train(train.parse_args(["--steps", "3", "--out", str(out), "--wandb", "magrpo-test"]))
+    assert stop.value.code == "train.py: error: --wandb: the wandb package is not installed: pip install wandb"
+    assert not out.exists()
+
+
+def test_wandb_logs_every_metrics_row_and_the_completions_offline(tmp_path, monkeypatch):
+    """WANDB_MODE=offline: wandb writes its run under OUT/wandb and sends nothing."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    train.train(train.parse_args(["--steps", "3", "--out", str(out), "--wandb", "magrpo-test"]))
+    (run,) = (out / "wandb").glob("offline-run-*")
+    log = next(run.glob("run-*.wandb")).read_bytes()  # the run's records; numbers as JSON text
+    rows = rows_of(out)
+    assert len(rows) == 3 and b"reward_mean" in log and b"level_variety" in log
+    for row in rows:
+        assert json.dumps(row["reward_mean"]).encode() in log and json.dumps(row["loss_0"]).encode() in log
+    tables = list((run / "files" / "media" / "table").glob("completions_*.table.json"))
+    assert len(tables) == 3  # one table per step, as completions.jsonl's rows
+    logged = [json.loads(t.read_text()) for t in tables]
+    assert all(t["columns"] == list(completions_of(out)[0]) for t in logged)
+    assert sum(len(t["data"]) for t in logged) == len(completions_of(out))
