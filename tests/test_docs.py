@@ -1,0 +1,193 @@
+"""The documentation against the code: docs/flags.md lists exactly the flags of train.py's and
+eval.py's --help, README.md stays short with the paper's equation table near its top, every docs/
+page is linked from it, every link between the pages leads to a file and heading that exist, and
+every train.py or eval.py command the pages show parses. Fast: no model is loaded, nothing is run."""
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import eval as evaluation
+import magrpo
+import train
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+SCRIPTS = {"train.py": train.parse_args, "eval.py": evaluation.parse_args}
+FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")  # -h, --num-generations; not top-p or 1e-5
+
+# -----------------------------------------------------------------------------
+# docs/flags.md against --help
+
+
+def help_flags(parse_args):
+    """The option strings that `--help` prints, read from its options section."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        parse_args(["--help"])
+    assert exit_info.value.code == 0
+    flags = set()
+    for line in out.getvalue().split("options:", 1)[1].split("\n"):
+        # "  -h, --help   show ...", "  --env ENV   one of ...": a help text's next lines are indented more
+        match = re.match(r"  (-[^ ].*?)(?:  |$)", line)
+        if match:
+            for option in match.group(1).split(", "):
+                flags.add(option.split(" ")[0])
+    return flags
+
+
+def flags_section(script):
+    """docs/flags.md's section of `script`: from its heading to the next."""
+    parts = re.split(r"^## ", (DOCS / "flags.md").read_text(), flags=re.MULTILINE)
+    found = [part for part in parts if part.split("\n", 1)[0].strip() == script]
+    assert len(found) == 1, f"docs/flags.md: want one section '## {script}', found {len(found)}"
+    return found[0]
+
+
+def table_flags(section):
+    """The flags named in the first column of the section's table rows, in order."""
+    flags = []
+    for line in section.split("\n"):
+        if line.startswith("| `-"):
+            flags += FLAG.findall(line.split("|")[1])
+    return flags
+
+
+def test_help_flags_are_read():
+    # The reader of the help text must find the flags we know of, or the checks below prove nothing.
+    flags = help_flags(train.parse_args)
+    assert {"-h", "--help", "--env", "--num-generations", "--lora-r", "--resume"} <= flags
+    assert "--agents" in help_flags(evaluation.parse_args) and "--agents" not in flags
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_flags_md_lists_every_flag_of_help(script):
+    documented = table_flags(flags_section(script))
+    actual = help_flags(SCRIPTS[script])
+    assert not actual - set(documented), f"docs/flags.md, {script}: missing {actual - set(documented)}"
+    assert not set(documented) - actual, f"docs/flags.md, {script}: not a flag: {set(documented) - actual}"
+    assert len(documented) == len(set(documented)), f"docs/flags.md, {script}: a flag listed twice"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_flags_md_names_only_real_flags(script):
+    # The help texts and notes too: a flag they name must be one of the script's.
+    unknown = set(FLAG.findall(flags_section(script))) - help_flags(SCRIPTS[script])
+    assert not unknown, f"docs/flags.md, {script}: no such flag {unknown}"
+
+# -----------------------------------------------------------------------------
+# README.md: short, the paper first, every page linked; links between the pages
+
+
+def test_readme_is_short():
+    assert len(README.read_text()) <= 25_000
+
+
+def test_equation_table_in_first_third_of_readme():
+    text = README.read_text()
+    heading = text.find("\n## The paper, equation by equation")
+    assert heading >= 0, "README.md has no section 'The paper, equation by equation'"
+    table = text.find("\n| paper |", heading)
+    assert 0 <= table < len(text) / 3, f"the equation table starts at {table} of {len(text)} characters"
+
+
+def relative_links(page):
+    """The markdown links of `page` that are not URLs -> (file, anchor or ""); a link to a heading
+    of the same page has the page as its file."""
+    links = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        links.append((page.parent / file if file else page, anchor))
+    return links
+
+
+def anchors(page):
+    """The anchors of the page's headings, as GitHub makes them; code blocks skipped."""
+    found, fence = set(), None
+    for line in page.read_text().split("\n"):
+        marks = re.match(r"\s*(`{3,})", line)
+        if marks and fence is None:
+            fence = marks.group(1)
+        elif marks and line.strip() == marks.group(1) and len(marks.group(1)) >= len(fence):
+            fence = None  # (a shorter fence inside a longer one belongs to the block)
+        elif fence is None and re.match(r"#+ ", line):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_every_docs_page_is_linked_from_readme():
+    linked = {file.resolve() for file, _ in relative_links(README)}
+    pages = sorted(DOCS.iterdir())
+    assert pages, "docs/ is empty"
+    unlinked = [page.name for page in pages if page.resolve() not in linked]
+    assert not unlinked, f"docs/ pages not linked from README.md: {unlinked}"
+
+
+def test_every_link_leads_somewhere():
+    for page in PAGES:
+        for file, anchor in relative_links(page):
+            where = f"{page.relative_to(ROOT)}: link to {file.relative_to(ROOT)}#{anchor}"
+            assert file.exists(), f"{where}: no such file"
+            if anchor:
+                assert file.suffix == ".md" and anchor in anchors(file), f"{where}: no such heading"
+
+
+def test_docs_cite_the_paper_not_project_files():
+    for page in PAGES:
+        assert "SPEC.md" not in page.read_text(), f"{page.name} cites SPEC.md"
+
+# -----------------------------------------------------------------------------
+# The commands the pages show
+
+
+def split_at(words, separator):
+    """A list of words cut into the runs between separators."""
+    runs = [[]]
+    for word in words:
+        if word == separator:
+            runs.append([])
+        else:
+            runs[-1].append(word)
+    return runs
+
+
+def commands(page):
+    """(script, its arguments) of each train.py / eval.py command in the page's bash code blocks
+    (`python train.py ...`, `torchrun ... train.py ...`); a line ending in a backslash goes on,
+    `&&` separates commands, `#` starts a comment."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").split("\n"):
+            for command in split_at(shlex.split(line, comments=True), "&&"):
+                for script in SCRIPTS:
+                    if script in command and command[0] in ("python", "torchrun"):
+                        found.append((script, command[command.index(script) + 1:]))
+    return found
+
+
+def test_commands_are_found():
+    found = commands(README)
+    assert ("train.py", []) in found
+    assert ("train.py", ["--num-turns", "2", "--out", "out2"]) in found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_commands_in_the_docs_parse(page):
+    # Each command's flags exist and its step settings are valid (magrpo.Config checks them);
+    # nothing is loaded, so a command for a GPU or a hub model is checked too.
+    for script, argv in commands(page):
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                magrpo.config_from_flags(SCRIPTS[script](argv))
+        except (SystemExit, ValueError) as e:
+            why = err.getvalue().strip() or str(e)
+            pytest.fail(f"{page.name}: python {script} {shlex.join(argv)}: {why}")
