@@ -256,6 +256,8 @@ class Run:
         turns, update = result
         if update is None:  # ready() said stop: a signal, or a step nothing of which could be scored
             return False
+        if step == self.start and self.main and not args.chat_template:
+            note_raw_prompts(self.agents, turns, self.cfg.max_new_tokens)
         # The row of metrics.jsonl: the rewards (ready), the update's losses and gradient norms, the time.
         metrics = {**self.scored, **update, "seconds": round(time.time() - t0, 4)}
         self.log_completions(step, indices, turns)
@@ -390,6 +392,19 @@ class Run:
         if self.error:
             sys.exit(self.error)
         return self.log.path
+
+
+def note_raw_prompts(agents, turns, max_new_tokens):
+    """An instruct model ends its turn with a chat-turn token (<|im_end|>) that raw prompts rarely
+    lead to: its completions then run to the cap. Said once, after the first step, where it shows."""
+    for i, agent in enumerate(agents):
+        lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1) for turn in turns])
+        capped = int((lengths >= max_new_tokens).sum())
+        if agent.tokenizer.chat_template is not None and capped >= 0.9 * len(lengths):
+            tqdm.write(f"note: {capped} of agent {i}'s {len(lengths)} completions ran to --max-new-tokens; "
+                       "its tokenizer has a chat template: an instruct model may stop only at its "
+                       "end-of-turn token, which raw prompts rarely reach (try --chat-template)",
+                       file=sys.stderr)
 
 
 def batch_at(n, seed, step, batch_size):  # (the data's position in the run is the step itself)

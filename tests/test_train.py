@@ -661,3 +661,21 @@ def test_wandb_logs_every_metrics_row_and_the_completions_offline(tmp_path, monk
     logged = [json.loads(t.read_text()) for t in tables]
     assert all(t["columns"] == list(completions_of(out)[0]) for t in logged)
     assert sum(len(t["data"]) for t in logged) == len(completions_of(out))
+
+
+def test_note_raw_prompts_says_when_an_instruct_model_runs_to_the_cap(capsys):
+    """Raw prompts and a tokenizer with a chat template: most completions at --max-new-tokens is an
+    instruct model that never reaches its end-of-turn token; one line says so and names the flag."""
+    from types import SimpleNamespace
+    tok = models.tiny_tokenizer()
+    capped = torch.ones(4, 6, dtype=torch.long)  # four completions of 6 tokens: all at a cap of 6
+    turns = [SimpleNamespace(rollouts=[SimpleNamespace(completion_mask=capped)])]
+    agent = magrpo.Agent(None, tok)
+    train.note_raw_prompts([agent], turns, max_new_tokens=6)
+    assert capsys.readouterr().err == ""  # no chat template: a base model, nothing to say
+    tok.chat_template = "{{ messages }}"
+    train.note_raw_prompts([agent], turns, max_new_tokens=8)
+    assert capsys.readouterr().err == ""  # below the cap
+    train.note_raw_prompts([agent], turns, max_new_tokens=6)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "4 of agent 0's 4 completions" in err and "--chat-template" in err
