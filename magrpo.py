@@ -182,10 +182,8 @@ class Rollout:
         """Rows [start, stop), with the columns that are padding in all of them cut off, so that a
         micro-batch of short rows costs what they need, not what the longest row of the batch needs."""
         prompt_mask, completion_mask = self.prompt_mask[start:stop], self.completion_mask[start:stop]
-        used = (prompt_mask.sum(0) > 0).nonzero()  # prompts are padded on the left
-        first = int(used[0]) if len(used) else prompt_mask.shape[1]
-        used = (completion_mask.sum(0) > 0).nonzero()  # completions on the right
-        end = int(used[-1]) + 1 if len(used) else 0
+        first = prompt_mask.shape[1] - int(prompt_mask.sum(-1).max())  # prompts are padded on the left
+        end = int(completion_mask.sum(-1).max())  # completions on the right
         return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
                        self.completion_ids[start:stop, :end], completion_mask[:, :end],
                        self.logprobs[start:stop, :end], [], self.num_generations)
@@ -315,9 +313,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             scaled = logits / temperature
             logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
+        lengths[alive[done]] = t + 1
         n_done = int(done.sum())  # the loop's one device sync per token
-        if n_done:
-            lengths[alive[done]] = t + 1
         if t == max_new_tokens - 1 or n_done == len(alive):
             break
         if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
@@ -329,7 +326,6 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         positions = positions + 1
 
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
-    completion = completion.masked_fill(completion_mask == 0, pad_id)
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
@@ -710,9 +706,8 @@ def sum_gradients(model):
     has_grad = all_sum([float(p.grad is not None) for p in params], params[0].device)
     for p, processes_with_grad in zip(params, has_grad):
         if processes_with_grad:
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
-            torch.distributed.all_reduce(grad)
-            p.grad = grad
+            p.grad = p.grad if p.grad is not None else torch.zeros_like(p)  # another process has one
+            torch.distributed.all_reduce(p.grad)
 
 
 def update_agent(agent, parts, cfg):
@@ -757,9 +752,7 @@ def micro_batches(num_rows, group_size, micro_batch_size):
     """Row ranges [start, stop) of at most micro_batch_size rows, cut between groups where they can:
     as many whole groups as fit (a micro-batch runs each group's prompt once), else parts of a group
     (each part runs the prompt again: correct, a little slower)."""
-    step = micro_batch_size
-    if group_size <= micro_batch_size:
-        step = micro_batch_size // group_size * group_size
+    step = micro_batch_size // group_size * group_size or micro_batch_size  # 0 whole groups fit: parts
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
@@ -768,10 +761,8 @@ def zero_advantage_groups(turns):
     nothing, and a loss of 0 is then expected, so the share of them is what to watch."""
     count = 0
     for turn in turns:
-        for k in range(len(turn.groups)):
-            rows = slice(turn.row(k, 0), turn.row(k + 1, 0))
-            if not any(advantages[rows].any() for advantages in turn.advantages):
-                count += 1
+        advantages = torch.stack(turn.advantages).view(len(turn.advantages), len(turn.groups), turn.size)
+        count += int((advantages == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
     return int(all_sum([count])[0])
 
 
@@ -800,12 +791,9 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
     for i, agent in enumerate(agents):
-        parts = []
-        for t in range(cfg.num_turns):  # a part per turn on every process, sampled or not (torchrun)
-            if t < len(turns):
-                parts.append((turns[t].rollouts[i], turns[t].advantages[i], weights[t]))
-            else:
-                parts.append((None, None, 0.0))
+        parts = [(turn.rollouts[i], turn.advantages[i], weight) for turn, weight in zip(turns, weights)]
+        # a part per turn on every process, sampled or not (torchrun: the processes' sums line up)
+        parts += [(None, None, 0.0)] * (cfg.num_turns - len(turns))
         for name, value in update_agent(agent, parts, cfg).items():
             metrics[f"{name}_{i}"] = value
         metrics[f"completion_len_{i}"] = mean_completion_length(turns, i)
