@@ -576,11 +576,8 @@ def expand_nodes(turn, mode):
     if mode == "all":
         return [node for node in range(len(turn.outputs)) if not turn.terminated[node]]
     values = turn.values()
-    nodes = []
-    for k in range(len(turn.groups)):
-        if not all(turn.terminated[turn.node(k, 0):turn.node(k + 1, 0)]):
-            nodes.append(turn.node(k, int(values[k].argmax())))
-    return nodes
+    solved = torch.tensor(turn.terminated).view(values.shape).all(-1)  # per group: all its nodes
+    return [turn.node(k, int(values[k].argmax())) for k in range(len(turn.groups)) if not solved[k]]
 
 
 def team_feedback(env, examples, turn, nodes, cfg, expert=None):
