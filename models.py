@@ -19,6 +19,7 @@ import random
 import warnings
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -67,18 +68,12 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
                   initializer_range=init_std, tie_word_embeddings=True)
     if arch == "gpt2":
         config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024, **common)
-        cls = tf.GPT2LMHeadModel
-    else:
-        cfg_cls, cls = {"qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
-                        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM)}[arch]
-        config = cfg_cls(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-                         max_position_embeddings=1024, **common)
+    else:  # qwen2 or llama
+        config = tf.AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=2 * hidden,
+                                         num_hidden_layers=layers, num_attention_heads=heads, **common,
+                                         num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024)
     torch.manual_seed(seed)
-    model = cls(config).eval()  # eval mode throughout: no dropout, in sampling or in the update
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    return tf.AutoModelForCausalLM.from_config(config).eval()  # eval: no dropout, in sampling or update
 
 
 def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
@@ -148,7 +143,7 @@ class LoRALinear(torch.nn.Module):
     def __init__(self, base, r, alpha, generator=None):
         from transformers.pytorch_utils import Conv1D
         super().__init__()
-        self.base, self.r, self.alpha, self.scaling = base, r, alpha, alpha / r
+        self.base, self.scaling = base, alpha / r
         self.fan_in_fan_out = isinstance(base, Conv1D)
         in_f, out_f = base.weight.shape if self.fan_in_fan_out else base.weight.shape[::-1]
         # A: kaiming-uniform with a = sqrt(5), peft's draw; from a CPU generator, so an agent's adapter
@@ -188,15 +183,13 @@ def lora_targets(model, targets):
 
     def hits(name):
         return [t for t in targets if name == t or name.endswith("." + t)]
-    found = set()
-    for name in linear:
-        found.update(hits(name))
+    chosen = [n for n in linear if hits(n)]
+    found = {t for name in chosen for t in hits(name)}
     missing = [t for t in targets if t not in found]  # a target that matches nothing is a typo
     if missing:
         names = sorted({n.rsplit(".", 1)[-1] for n in linear})
         raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this "
                         f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
-    chosen = [n for n in linear if hits(n)]
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding): merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
@@ -400,11 +393,7 @@ def write_checkpoint(path, agents, state):
     rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
     torch.save(rng, os.path.join(path, RNG_STATE))
     # Every file's size, recorded last: what checkpoint_problem checks a checkpoint against.
-    files = {}
-    for root, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(root, name)
-            files[os.path.relpath(full, path)] = os.path.getsize(full)
+    files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
     with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
         json.dump({**state, "files": files}, f, indent=1)
 
