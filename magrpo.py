@@ -345,12 +345,9 @@ def joint_actions(num_agents, num_generations, mode="aligned"):
 def credited_returns(returns, joint, num_agents, num_generations):
     """Per agent, [B, G]: each completion's credit, the mean return of the joint actions it takes
     part in (aligned: its one joint action's). `returns` is [B, len(joint)], in `joint`'s order."""
-    credit = []
-    for i in range(num_agents):
-        member = torch.zeros(len(joint), num_generations)  # member[j, g]: joint action j uses agent i's g
-        member[torch.arange(len(joint)), torch.tensor([action[i] for action in joint])] = 1.0
-        credit.append(returns @ member / member.sum(0))
-    return credit
+    # members[i][j, g] = 1: joint action j uses agent i's g-th completion
+    members = torch.nn.functional.one_hot(torch.tensor(joint).T, num_generations).float()
+    return [returns @ members[i] / members[i].sum(0) for i in range(num_agents)]
 
 
 @dataclass
@@ -714,8 +711,7 @@ def update_agent(agent, parts, cfg):
     model, optimizer, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
     optimizer.zero_grad(set_to_none=True)
-    # Each turn's denominator is counted once over the whole batch, before micro-batching: otherwise
-    # micro-batch losses would not add up to the batch's loss.
+    # Each turn's denominator, counted once over the whole batch: the micro-batches' losses add up to its.
     counts = [float(loss_normalizer(r.completion_mask, cfg.loss_type)) if r is not None else 0.0
               for r, _, _ in parts]  # (None: a turn this process's episodes never reached)
     normalizers = all_sum(counts)

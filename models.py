@@ -392,7 +392,6 @@ def write_checkpoint(path, agents, state):
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
     torch.save(rng, os.path.join(path, RNG_STATE))
-    # Every file's size, recorded last: what checkpoint_problem checks a checkpoint against.
     files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
     with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
         json.dump({**state, "files": files}, f, indent=1)
@@ -426,8 +425,7 @@ def checkpoint_problem(path):
         files = checkpoint_state(path)["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
-    # A kill or a full disk mid-save leaves files missing or short: their sizes tell (the state file is
-    # written last, so its presence says the rest was written; their sizes say whole).
+    # The state file, written last, says the rest was written; the sizes, that none was cut short.
     for rel, size in files.items():
         full = os.path.join(path, rel)
         if not os.path.isfile(full):
