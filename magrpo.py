@@ -313,8 +313,9 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             scaled = logits / temperature
             logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
-        lengths[alive[done]] = t + 1
         n_done = int(done.sum())  # the loop's one device sync per token
+        if n_done:  # (a boolean index would sync too)
+            lengths[alive[done]] = t + 1
         if t == max_new_tokens - 1 or n_done == len(alive):
             break
         if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
