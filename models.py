@@ -233,9 +233,8 @@ def shared_base(name, device, dtype, seed, bases):
     """(base, tokenizer) of `name`, loaded once per (name, device, dtype, tiny's seed) into `bases`."""
     # A tiny base is a random model: its seed is part of what it is. A real one is its name.
     key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
-    if key not in bases:
-        model, tok = load_model(name, device, dtype, seed=seed)
-        bases[key] = (model.requires_grad_(False), tok)
+    if key not in bases:  # (add_lora freezes it)
+        bases[key] = load_model(name, device, dtype, seed=seed)
     return bases[key]
 
 
