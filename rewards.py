@@ -205,9 +205,7 @@ def _aux_usage(main_func, name):
     """(calls aux, is a mere wrapper, discards an aux result) for main function `name`."""
     tree = _parse(main_func)
     mains = [node for node in (tree.body if tree else []) if getattr(node, "name", None) == name]
-    if not mains:
-        return False, False, False
-    nodes = list(ast.walk(mains[0]))
+    nodes = list(ast.walk(mains[0])) if mains else []  # no main function: no call of aux
     # A `def aux` nested in main shadows the helper: its calls are to main's own function.
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
@@ -509,8 +507,7 @@ def arxiv_reward(background, methods):
 # -----------------------------------------------------------------------------
 # Single-agent writing (the GRPO baseline of Sec. 5): one output, cut into the two parts to score
 
-SPLIT_MARK = "[PARAGRAPH_SPLIT]"  # the authors' single-agent delimiter
-_MARK = re.compile(re.escape(SPLIT_MARK))
+_MARK = re.compile(re.escape("[PARAGRAPH_SPLIT]"))  # the authors' single-agent delimiter
 _PARA2 = re.compile(r"Paragraph 2:\s*", re.IGNORECASE)
 _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 
@@ -536,12 +533,9 @@ def split_single_output(text):
 # reproducing the paper's numbers. Code: shady-cs15/LLM_Collab_Code_Generation@ae03036b
 # rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
 # Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
-#
-# Design: an env asks reward_functions(authors) once for the three functions it scores with. Ours
-# above never test a mode; the replica below re-implements only what theirs does differently
-# (extraction, word and connective matching, stopwords, the single-agent cut, the sandbox
-# settings) and shares the rest: _score_code, _judge_tests and _score_writing (the levels' bands,
-# gates and sums), so the arithmetic of the two modes cannot drift apart.
+# Ours above never test a mode; the replica re-implements only what theirs does differently and
+# shares the rest (_score_code, _judge_tests, _score_writing: the levels' bands, gates and sums),
+# so the arithmetic of the two modes cannot drift apart (docs/rewards.md).
 
 
 # The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
@@ -721,8 +715,8 @@ def _authors_judge_text(item):
 
 def _authors_code_reward_many(items, timeout=None):
     """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
-    Each test gets 10 s unless `timeout`, and the tests stop after 3 timeouts, as theirs."""
-    # Their signal.alarm(10) per test; the sandbox gives up after 3 timeouts, as their loop does.
+    Each test gets 10 s unless `timeout` (their signal.alarm(10)), and the tests stop after 3
+    timeouts, as theirs."""
     options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
     return _score_code(items, _authors_judge_text, options)
 
