@@ -575,7 +575,6 @@ def _authors_cleanup(code):
     out, base = [], None  # base: the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
-        # A `def` line at any indentation opens a block, so a nested def ends its outer function's.
         if _AUTHORS_ANY_DEF.match(line):
             if out:
                 out.append("")  # their blocks are joined by a blank line
@@ -634,7 +633,6 @@ def _authors_is_wrapper(func):
             continue
         if stripped and not stripped.startswith(("#", "def ")):
             body.append(stripped)
-    # Their three wrapper shapes: no statement at all, one `return` naming aux, or assign then return.
     if not body:
         return True
     if len(body) == 1:
