@@ -105,11 +105,8 @@ class Env(abc.ABC):
                 "\n\n[revise your answer so the two fit together]\n" + self.prompts(ex)[i])
 
     def single_prompt(self, ex):
-        """One agent does the whole task alone (the single-model baseline)."""
-        raise ValueError(f"the {self.name} env has no single-model baseline")
-
-    def single_reward(self, ex, output):
-        """The shared reward of the single-model baseline's one output."""
+        """One agent does the whole task alone (the single-model baseline); an env that has one also
+        defines single_reward(ex, output), the shared reward of its one output."""
         raise ValueError(f"the {self.name} env has no single-model baseline")
 
 
@@ -277,9 +274,8 @@ def read_rows(path, parse):
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
     # JSONL: one object a line; blank lines are skipped but counted, so that line numbers match.
-    lines = enumerate(text.split("\n"), 1)
-    return [parse_at(parse, loads(line, number), f"{path}:{number}") for number, line in lines
-            if line.strip()]
+    return [parse_at(parse, loads(line, number), f"{path}:{number}")
+            for number, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
 def read_hub(name, split, parse):
@@ -384,9 +380,7 @@ MAIN_HEAD = """\
 # `aux` that is placed above it{seen}; call `aux` where it helps (e.g. `parts = aux(...)`)
 # and do not define `aux` yourself. Write only `{entry}`: no tests, no prints, no prose.
 """
-SINGLE_HEAD = """\
-# Complete the function `{entry}`. Write only that function: no tests, no prints, no prose.
-"""
+SINGLE_HEAD = "# Complete the function `{entry}`. Write only that function: no tests, no prints, no prose.\n"
 
 
 class CodingEnv(Env):
@@ -414,8 +408,7 @@ class CodingEnv(Env):
         # CoopHumanEval is told by its rows' task ids, never by a file's name: its paper splits apply
         # to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
-        if self.coop:
-            named = SPLITS["coophumaneval"]
+        named = SPLITS["coophumaneval"] if self.coop else named
         self.examples = take_split(rows, split, named, dataset, default_split)
         self.authors_config = "coophumaneval" if self.coop else "humaneval"  # their sampling, per dataset
 
@@ -503,17 +496,16 @@ class CodingEnv(Env):
         """Sec. 6 discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
             return self.prompts(ex)[0]
-        entry = ex["entry_point"]
-        main, aux = shown_code(ex, first[1], entry), shown_code(ex, first[0], "aux")
+        entry, aux = ex["entry_point"], shown_code(ex, first[0], "aux")
+        main = as_comment(shown_code(ex, first[1], entry))
         # The helper sees both first answers as comments and rewrites aux for the main function; the
         # main agent sees its own as comments and the partner's aux as code above its stub.
         if i == 0:
-            notes = ("#\n# Your first helper:\n" + as_comment(aux) +
-                     f"\n#\n# Your partner's first `{entry}`:\n" + as_comment(main) +
-                     "\n#\n# Write `aux` again so that it serves the main function well.\n")
+            notes = (f"#\n# Your first helper:\n{as_comment(aux)}\n#\n# Your partner's first `{entry}`:\n"
+                     f"{main}\n#\n# Write `aux` again so that it serves the main function well.\n")
             return self.file_prompt(ex, AUX_HEAD, notes)
-        notes = (f"#\n# Your first `{entry}`:\n" + as_comment(main) +
-                 f"\n#\n# Write `{entry}` again, using your partner's `aux` below where it helps.\n")
+        notes = (f"#\n# Your first `{entry}`:\n{main}\n#\n# Write `{entry}` again, using your partner's "
+                 "`aux` below where it helps.\n")
         return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
     def single_prompt(self, ex):
@@ -815,9 +807,8 @@ def run_defaults(tiny, purpose, env_config=None):
     """The defaults of a run from DEFAULTS. Training: the tiny model's, or the paper's then the env's
     row (the authors' configs). Evaluating: the paper's sampling; the tiny model's lengths and timeout."""
     if purpose == "eval":
-        tiny_row = DEFAULTS["tiny"]
-        lengths = {"max_new_tokens": tiny_row["max_new_tokens"], "test_timeout": tiny_row["test_timeout"]}
-        return {**DEFAULTS["eval"], **(lengths if tiny else {})}
+        lengths = {key: DEFAULTS["tiny"][key] for key in ("max_new_tokens", "test_timeout")} if tiny else {}
+        return {**DEFAULTS["eval"], **lengths}
     if tiny:
         return dict(DEFAULTS["tiny"])
     return {**DEFAULTS["train"], **DEFAULTS.get(env_config, {})}

@@ -123,12 +123,9 @@ def extract_function(text, name, signature=None):
         # A base model continuing the stub writes the body alone: indented, with no `def` line.
         if signature and first.startswith((" ", "\t")) and not pattern.match(first):
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
-        if not pattern.search(candidate):
-            # No `def name(` line: skip parsing, which costs 0.5 s on a megabyte of prose.
-            continue
-        found = _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
-        if found:
-            return found
+        # Only text with a `def name(` line is parsed: parsing costs 0.5 s on a megabyte of prose.
+        if pattern.search(candidate):
+            return _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
     return None
 
 # -----------------------------------------------------------------------------
@@ -208,9 +205,7 @@ def _aux_usage(main_func, name):
     """(calls aux, is a mere wrapper, discards an aux result) for main function `name`."""
     tree = _parse(main_func)
     mains = [node for node in (tree.body if tree else []) if getattr(node, "name", None) == name]
-    if not mains:
-        return False, False, False
-    nodes = list(ast.walk(mains[0]))
+    nodes = list(ast.walk(mains[0])) if mains else []  # no main function: no call of aux
     # A `def aux` nested in main shadows the helper: its calls are to main's own function.
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
@@ -489,9 +484,7 @@ def _score_writing(first, second, spec, measure):
 def _our_measures(first, second, connective_texts):
     """Our words, whole-word connectives (a phrase never spans two texts) and Jaccard."""
     words1, words2 = words(first), words(second)
-    found = set()
-    for text in connective_texts:
-        found |= transition_categories(text)
+    found = set().union(*map(transition_categories, connective_texts))
     return words1, words2, found, jaccard(words1, words2)
 
 
@@ -514,8 +507,7 @@ def arxiv_reward(background, methods):
 # -----------------------------------------------------------------------------
 # Single-agent writing (the GRPO baseline of Sec. 5): one output, cut into the two parts to score
 
-SPLIT_MARK = "[PARAGRAPH_SPLIT]"  # the authors' single-agent delimiter
-_MARK = re.compile(re.escape(SPLIT_MARK))
+_MARK = re.compile(re.escape("[PARAGRAPH_SPLIT]"))  # the authors' single-agent delimiter
 _PARA2 = re.compile(r"Paragraph 2:\s*", re.IGNORECASE)
 _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 
@@ -523,11 +515,8 @@ _DASH_LINE = re.compile(r"\n[ \t]*-{3,}[ \t]*\n")
 def _two_parts(text, markers, cut):
     """text cut at the first of `markers` found (tried in order), else after `cut` characters; the
     "Paragraph 1:" and "Paragraph 2:" labels the prompt asks for are removed."""
-    first, second = text[:cut], text[cut:]
-    for marker in markers:
-        if marker.search(text):
-            first, second = marker.split(text, maxsplit=1)
-            break
+    found = [marker for marker in markers if marker.search(text)]
+    first, second = found[0].split(text, maxsplit=1) if found else (text[:cut], text[cut:])
     return (re.sub(r"^Paragraph 1:\s*", "", first.strip(), flags=re.IGNORECASE),
             re.sub(r"^Paragraph 2:\s*", "", second.strip(), flags=re.IGNORECASE))
 
@@ -544,12 +533,9 @@ def split_single_output(text):
 # reproducing the paper's numbers. Code: shady-cs15/LLM_Collab_Code_Generation@ae03036b
 # rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
 # Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
-#
-# Design: an env asks reward_functions(authors) once for the three functions it scores with. Ours
-# above never test a mode; the replica below re-implements only what theirs does differently
-# (extraction, word and connective matching, stopwords, the single-agent cut, the sandbox
-# settings) and shares the rest: _score_code, _judge_tests and _score_writing (the levels' bands,
-# gates and sums), so the arithmetic of the two modes cannot drift apart.
+# Ours above never test a mode; the replica re-implements only what theirs does differently and
+# shares the rest (_score_code, _judge_tests, _score_writing: the levels' bands, gates and sums),
+# so the arithmetic of the two modes cannot drift apart (docs/rewards.md).
 
 
 # The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
@@ -571,8 +557,6 @@ _AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped 
 _AUTHORS_CODE_MARK = re.compile(r"def |return |if |for |while |=|\(|\)|\[|\]")  # a line with one is code
 _AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
 _QUOTES = ('"""', "'''")
-AUTHORS_TEST_TIMEOUT = 10.0  # seconds per test (their signal.alarm(10)), given up after 3 timeouts
-AUTHORS_MAX_TIMEOUTS = 3
 
 
 def _authors_prompt_imports(prompt):
@@ -591,7 +575,6 @@ def _authors_cleanup(code):
     out, base = [], None  # base: the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
-        # A `def` line at any indentation opens a block, so a nested def ends its outer function's.
         if _AUTHORS_ANY_DEF.match(line):
             if out:
                 out.append("")  # their blocks are joined by a blank line
@@ -599,7 +582,7 @@ def _authors_cleanup(code):
             base = len(line) - len(line.lstrip())
         elif base is not None:
             # Inside a block: blank lines, deeper lines and any tab-indented line belong to it.
-            if not stripped or line.startswith(" " * (base + 1)) or line.startswith("\t"):
+            if not stripped or line.startswith((" " * (base + 1), "\t")):
                 out.append(line)
             elif stripped.startswith(_QUOTES):
                 # A docstring at the def's own indentation is kept whole, up to its closing quotes.
@@ -627,7 +610,7 @@ def _authors_function(code, name):
         if pattern.match(line):
             found, base = [line], len(line) - len(line.lstrip())
         elif found is not None:
-            if line.strip() and not line.startswith(" " * (base + 1)) and not line.startswith("\t"):
+            if line.strip() and not line.startswith((" " * (base + 1), "\t")):
                 break
             found.append(line)
     return "" if found is None else "\n".join(found).strip()
@@ -640,8 +623,6 @@ def _authors_is_wrapper(func):
     body, in_doc = [], False
     for line in func.split("\n"):
         stripped = line.strip()
-        if not stripped:
-            continue
         # A line starting with quotes opens a docstring unless it closes it too; only a later line that
         # holds quotes without starting with them closes it, so `"""` alone skips the rest.
         if stripped.startswith(_QUOTES):
@@ -650,9 +631,8 @@ def _authors_is_wrapper(func):
         if in_doc:
             in_doc = not any(quotes in stripped for quotes in _QUOTES)
             continue
-        if not stripped.startswith(("#", "def ")):
+        if stripped and not stripped.startswith(("#", "def ")):
             body.append(stripped)
-    # Their three wrapper shapes: no statement at all, one `return` naming aux, or assign then return.
     if not body:
         return True
     if len(body) == 1:
@@ -733,9 +713,10 @@ def _authors_judge_text(item):
 
 def _authors_code_reward_many(items, timeout=None):
     """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
-    Each test gets 10 s unless `timeout`, and the tests stop after 3 timeouts, as theirs."""
-    timeout = AUTHORS_TEST_TIMEOUT if timeout is None else timeout
-    return _score_code(items, _authors_judge_text, dict(timeout=timeout, max_timeouts=AUTHORS_MAX_TIMEOUTS))
+    Each test gets 10 s unless `timeout` (their signal.alarm(10)), and the tests stop after 3
+    timeouts, as theirs."""
+    options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
+    return _score_code(items, _authors_judge_text, options)
 
 
 AUTHORS_STOPWORDS = frozenset("""
