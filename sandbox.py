@@ -252,9 +252,8 @@ def _split_check(test, entry_point):
     # HumanEval's test defines check(candidate) and may call it at the top level. The tester runs
     # check's body statement by statement instead (a verdict for each test), so that call is dropped.
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is None:  # MBPP style: the top level is the body
-        preamble, arg, body = "", None, tree.body
-    else:
+    preamble, arg, body = "", None, tree.body  # MBPP style (no check): the top level is the body
+    if check is not None:
         top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg = check.args.args[0].arg if check.args.args else None
@@ -582,17 +581,17 @@ def _supervisor(job):
     try:
         # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
         _libc("prctl", PR_SET_DUMPABLE, 0)
+        # Limits for every process below us: address space, CPU seconds (a loop that would
+        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps.
+        limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
+                  resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
             # Our own pid namespace: _spawn returns to it after each program process's own.
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        # Limits for every process below us: address space, CPU seconds (a loop that would
-        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps. RLIMIT_NPROC
-        # bounds fork floods where it counts per user namespace; outside, all of yours would count.
-        limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
-                  resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
-        if pidns is not None:
+            # RLIMIT_NPROC bounds fork floods where it counts per user namespace, as here; outside
+            # one, all of the caller's processes would count.
             limits[resource.RLIMIT_NPROC] = 256
         for limit, value in limits.items():
             hard = resource.getrlimit(limit)[1]
@@ -892,7 +891,7 @@ def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
     # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
     # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
-    timeouts = 0
+    statuses = []
     for index, group in enumerate(test["groups"]):
         running.update(deadline=time.monotonic() + test["timeout"], failure=None)
         status, text = "passed", ""
@@ -906,9 +905,8 @@ def _check(test, scope, running, report):
             if status != "passed":
                 break
         _say(report, index, status, f"{source[:300]}\n{text}")
-        if status == "timeout":
-            timeouts += 1
-        if timeouts >= test["max_timeouts"]:
+        statuses.append(status)
+        if statuses.count("timeout") >= test["max_timeouts"]:
             break
 
 
