@@ -316,14 +316,12 @@ def _mount_plan(cwd, home):
     # Python's own directories (the interpreter, its standard library, site-packages) stay usable.
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
-    # Covered: HIDDEN (the host's temporary files, sockets, secrets and users' homes), the caller's home
-    # and the top directories of it and of the working directory (the caller's files, whatever they are
-    # called: /work, /data, ...), but for system tops, where Python itself may live.
+    # Covered: HIDDEN, the caller's home and the top directories of it and of the working directory
+    # (the caller's files, whatever they are called: /work, /data, ...), but for system tops, where
+    # Python itself may live; and BENCHMARK_DATA below any import path (the tests' answers).
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
     hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}
-    # Covered too: the benchmark's own data below any import path. The test's answers lie there.
-    for data in BENCHMARK_DATA:
-        hide |= {real(os.path.join(path, data)) for path in (*_SITE, *sys.path) if path}
+    hide |= {real(os.path.join(p, data)) for data in BENCHMARK_DATA for p in (*_SITE, *sys.path) if p}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
     # A cover hides all below it; Python's directories below a cover are bound back on top of it,
     # and a hidden path inside one of those needs a cover of its own, mounted after the bind.
@@ -641,20 +639,15 @@ def _lock_down(mounts):
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
     # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
-    # has no capabilities left (_program).
-    _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
-    _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
+    # has no capabilities left (_program). mount_setattr(2) takes a struct mount_attr: attr_set,
+    # attr_clr, propagation (0: as it is) and userns_fd (for id-mapped mounts), a u64 each.
+    for path, flags, attr_set, attr_clr in ((b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0),
+                                            (b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)):
+        attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
+        _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
     # Our working directory is still the host's /tmp, below the new cover (_first went there before
     # it): move into the cover, or the program would reach the host's /tmp by relative paths.
     os.chdir("/tmp")
-
-
-def _mount_setattr(path, flags, attr_set, attr_clr):
-    """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
-    # Its struct mount_attr: attr_set, attr_clr, propagation and userns_fd, a u64 each in the
-    # machine's byte order; propagation 0 leaves it as it is, userns_fd is for id-mapped mounts.
-    attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
-    _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
 def _relay(job, pidns, asks, answers):
@@ -969,6 +962,5 @@ def _say(fd, *message):
     return 0
 
 
-_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
-           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe,
-           _say)
+_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange, _end,
+           _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe, _say)
