@@ -493,13 +493,13 @@ def _fork_server(job):
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        _fork(_first, fds, *fds)
-        for fd in fds:
-            os.close(fd)
+        _fork(_first, fds, (), *fds)
 
 
-def _fork(body, keep, *args):
-    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args)."""
+def _fork(body, give, share, *args):
+    """Fork a child that keeps only stdio, `give` and `share`, dies with us, exits with body(*args).
+    `give`: descriptors for the child alone, closed here once it has them."""
+    keep = sorted((*give, *share))
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -513,14 +513,17 @@ def _fork(body, keep, *args):
                 # Close every descriptor but stdio and `keep` (the gaps between them): no process
                 # holds a pipe it has no use for, so the program finds no lifeline, report pipe,
                 # fork server socket or other run's pipe to read, write or keep open.
-                for low, high in zip([2, *sorted(keep)], [*sorted(keep), 1 << 20]):
+                for low, high in zip([2, *keep], [*keep, 1 << 20]):
                     os.closerange(low + 1, high)
                 status = body(*args) or 0
         except BaseException as e:
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
-    os.close(parent)
+    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once the
+    # processes that write it have.
+    for fd in (parent, *give):
+        os.close(fd)
     return pid
 
 
@@ -559,9 +562,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != server:
                 return
-        _fork(_supervisor, (report, test_fd), job)
-        os.close(report)
-        os.close(test_fd)
+        _fork(_supervisor, (report, test_fd), (), job)
         # The lifeline: it reads EOF when the caller closes its end, or dies, however it dies.
         while os.read(lifeline, 1 << 16):
             pass
@@ -602,9 +603,7 @@ def _supervisor(job):
         # The tester and the program never share a process: the tester holds the test and the
         # report pipe, the program processes neither; plain data crosses between them, here.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
-        _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
-        for fd in (ask_w, answer_r, job["test_fd"]):
-            os.close(fd)
+        _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
         _relay(job, pidns, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
@@ -681,11 +680,9 @@ def _spawn(job, pidns):
     # setns makes our later children ours again.
     if pidns is not None:
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
+    pid = _fork(_program, (call_r, reply_w), (), job, pidns, call_r, reply_w)
     if pidns is not None:
         _libc("setns", pidns, CLONE_NEWPID)
-    os.close(call_r)
-    os.close(reply_w)
     os.set_blocking(call_w, False)
     return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
