@@ -367,7 +367,8 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out, err = (data[fd][:max_output].decode("utf-8", "replace") for fd in (out_r, err_r))
+    out = data[out_r][:max_output].decode("utf-8", "replace")
+    err = data[err_r][:max_output].decode("utf-8", "replace")
     return reports, out, err, max(len(data[out_r]), len(data[err_r])) > max_output, overdue
 
 
@@ -631,16 +632,20 @@ def _lock_down(mounts):
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
     # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
-    # has no capabilities left (_program). mount_setattr(2) takes a struct mount_attr: attr_set,
-    # attr_clr, propagation (0: as it is) and userns_fd (for id-mapped mounts), a u64 each.
-    for path, flags, attr_set, attr_clr in ((b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0),
-                                            (b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)):
-        attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
-        _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
+    # has no capabilities left (_program).
+    _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
+    _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
     # Our working directory is still the host's /tmp, below the new cover (_first went there before
     # it): move into the cover, or the program would reach the host's /tmp by relative paths.
     os.chdir("/tmp")
 
+
+def _mount_setattr(path, flags, attr_set, attr_clr):
+    """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
+    # Its struct mount_attr: attr_set, attr_clr, propagation (0: as it is) and userns_fd (for
+    # id-mapped mounts), a u64 each in the machine's byte order.
+    attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
+    _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 def _relay(job, pidns, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
@@ -946,5 +951,6 @@ def _say(fd, *message):
     return 0
 
 
-_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _relay, _spawn, _exchange, _end,
-           _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe, _say)
+_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
+           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe,
+           _say)
