@@ -248,7 +248,7 @@ class Run:
         turns = update = None
         with contextlib.suppress(Stop), signals.abandon_on_signal():
             turns, update = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
-                                              before_update=lambda sampled: self.ready(step, signals, sampled))
+                                              before_update=lambda turns: self.ready(step, signals, turns))
         # A signal while this process sampled: its turns are gone, and the others hear of it in ready().
         if turns is None:
             self.agree(signals, abandoned=True)
