@@ -45,10 +45,7 @@ def pass_at_k(n, c, k):
     1 - prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials); 1.0 when n - c < k."""
     if n - c < k:
         return 1.0
-    prod = 1.0
-    for i in range(n - c + 1, n + 1):
-        prod *= 1.0 - k / i
-    return 1.0 - prod
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def _number(v):  # a finite int or float (bools count: a level may be one); NaN would poison means
@@ -80,16 +77,14 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
             fields.update({f"{f.name}_{i}": float(x) for i, x in enumerate(v) if _number(x)})
     if "passed" in fields and "n_tests" in fields:  # a code reward: pass@k and acc@k read these
         rec["tests"] = (int(fields["passed"]), int(fields["n_tests"]))
-    if "coop" in fields:
-        rec["coop"] = fields["coop"]
     return rec
 
 
-def all_passed(rec):
-    """Every test of the problem passed (a sample that never reached the tests did not): pass@k's
-    "correct", so a program that does not parse counts as a failure, not as missing."""
-    p, n = rec.get("tests", (0, 0))
-    return n > 0 and p == n
+def tests_rate(rec):  # acc@k's unit: partial credit, where pass@k is all or nothing (a rate of 1)
+    """The share of the problem's tests a sample passed: 0 if it never reached the tests (a program
+    that does not parse counts as a failure, not as missing)."""
+    passed, total = rec.get("tests", (0, 0))
+    return passed / total if total else 0.0
 
 
 def _mean(xs):
@@ -104,8 +99,8 @@ def test_metrics(problems, ks):
     # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names.
     passed, rates = [], []
     for records in problems:
-        passed.append([all_passed(r) for r in records])
         rates.append([tests_rate(r) for r in records])
+        passed.append([rate == 1 for rate in rates[-1]])  # pass@k's "correct": every test passed
     metrics = {}
     for k in ks:
         metrics[f"pass@{k}"] = _mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
@@ -114,12 +109,6 @@ def test_metrics(problems, ks):
     for k in ks:
         metrics[f"acc@{k}"] = _mean(max(rate[:k]) for rate in rates)
     return metrics
-
-
-def tests_rate(rec):  # acc@k's unit: partial credit, where pass@k is all or nothing
-    """The share of the problem's tests a sample passed (0 if it never reached the tests)."""
-    passed, total = rec.get("tests", (0, 0))
-    return passed / total if total else 0.0
 
 
 def aggregate(problems, ks):
@@ -131,8 +120,8 @@ def aggregate(problems, ks):
     # means nothing for the env (a writing task has no tests).
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
-    if any("coop" in r for r in samples):
-        metrics["coop_rate"] = _mean(r.get("coop", 0.0) > 0 for r in samples)
+    if any("coop" in r["fields"] for r in samples):
+        metrics["coop_rate"] = _mean(r["fields"].get("coop", 0.0) > 0 for r in samples)
     # The shared reward itself, for every env: the number the team was trained on (its std: a
     # population std over samples, not a standard error).
     rewards = [r["reward"] for r in samples]
@@ -163,11 +152,6 @@ class Sample:
     tokens: int        # completion tokens so far: all agents, rounds and turns
     seconds: float     # response time so far: parallel agents' mean, sequential steps and turns added
     reward: object = None  # the env's reward, where the sampler already scored it
-
-
-def problem_seeds(args, start, B):  # (a problem's seed: the run's seed and its index, nothing else)
-    """Problems start..start+B-1's seeds: the same for every method, whatever batch a problem is in."""
-    return [magrpo.mix_seed(args.seed, p) for p in range(start, start + B)]
 
 
 def sample_cfg(args):
@@ -254,13 +238,10 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    seconds = _mean(sec for _, _, sec in second)
-    samples = []
-    for n, sample in enumerate(first):
-        outputs = tuple(texts[n] for texts, _, _ in second)
-        tokens = sample.tokens + sum(toks[n] for _, toks, _ in second)
-        samples.append(Sample(outputs, tokens, sample.seconds + seconds))
-    return [samples]
+    texts, tokens, seconds = zip(*second)  # per agent: its revisions' texts and token counts, its time
+    wait = _mean(seconds)  # the agents revise side by side
+    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + wait)
+             for sample, outputs, toks in zip(first, zip(*texts), zip(*tokens))]]
 
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
@@ -327,8 +308,7 @@ def level_means(levels, suffix=""):
     names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
     means = {}
     for name in names:
-        total = sum(float(node_levels.get(name, 0.0)) for node_levels in levels)
-        means[f"level_{name}{suffix}"] = total / len(levels)
+        means[f"level_{name}{suffix}"] = _mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
     return means
 
 
@@ -350,10 +330,9 @@ def episode_metrics(nodes, num_turns):
             m.update(dict.fromkeys(keys))
             continue
         rewards = torch.tensor([node["reward"] for node in turn])
-        solved = sum(node["solved"] for node in turn) / len(turn)
-        values = [rewards.mean().item(), rewards.max().item(), solved]
+        values = [rewards.mean().item(), rewards.max().item(), _mean(node["solved"] for node in turn)]
         if t > 1:  # how much revising gained over the answers it revised
-            values.append(sum(node["gain"] for node in turn) / len(turn))
+            values.append(_mean(node["gain"] for node in turn))
         m.update(zip(keys, values))
         m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
     m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
@@ -386,11 +365,7 @@ def curve_series(rows):
 
 def running_mean(values, window):  # (the first points average what there is before them)
     """Each value averaged with the window - 1 before it: a long run's noisy curve becomes readable."""
-    means = []
-    for i in range(len(values)):
-        recent = values[max(0, i - window + 1):i + 1]
-        means.append(sum(recent) / len(recent))
-    return means
+    return [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
 
 
 def curve_svg(rows, width=760, height=400, pad=50, legend=190):
@@ -599,7 +574,7 @@ def problem_row(method, task_id, records, save_outputs):
     # methods differ is where to read their outputs (--save-outputs keeps them).
     row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
     if any("tests" in r for r in records):
-        row["passed"] = [all_passed(r) for r in records]
+        row["passed"] = [tests_rate(r) == 1 for r in records]
         row["tests"] = [list(r.get("tests", (0, 0))) for r in records]
     errors = {g: r["error"] for g, r in enumerate(records) if r["error"]}
     if errors:
@@ -614,16 +589,17 @@ def evaluate(args, env, examples, team):
     reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
     turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
+    # Problem p's seed is the same for every method and batch: the methods differ in what they are,
+    # not in their luck (discussion's first round is exactly concat's samples).
+    seeds = [magrpo.mix_seed(args.seed, p) for p in range(len(examples))]
     bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
     try:
         for method in args.methods:
             bar.set_description(method)
             run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
-            # Problem p's seed is the same for every method and batch: the methods differ in what they
-            # are, not in their luck (discussion's first round is exactly concat's samples).
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
-                by_turn = run(env, agents, batch, cfg, problem_seeds(args, start, len(batch)), team.expert)
+                by_turn = run(env, agents, batch, cfg, seeds[start:start + args.batch_size], team.expert)
                 by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods: answer kept
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
@@ -637,7 +613,7 @@ def evaluate(args, env, examples, team):
             # timed apart from the batched sampling above, whose per-sample time is a throughput.
             if args.latency_problems and method != "oracle":
                 one = dataclasses.replace(cfg, num_generations=1)
-                times = [run(env, agents, [ex], one, problem_seeds(args, p, 1), team.expert)[-1][0].seconds
+                times = [run(env, agents, [ex], one, seeds[p:p + 1], team.expert)[-1][0].seconds
                          for p, ex in enumerate(examples[:args.latency_problems])]
                 turns[-1]["methods"][method]["latency_seconds"] = _mean(times)
     except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running

@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
-import functools
 import importlib.util
 import json
 import os
@@ -222,6 +221,7 @@ class Run:
             models.restore_rng(checkpoint[1])
         self.log, self.curve, self.completions = (RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
+        self.logs = (self.log, self.completions)  # what a checkpoint writes out first
         # The curve is drawn from every row so far: a resumed run's too (start_out kept those before
         # the checkpoint's step).
         self.history = []
@@ -245,16 +245,14 @@ class Run:
         t0 = time.time()
         # A signal while the step samples drops it (Stop); the weights are untouched, so the
         # checkpoint finish() saves is the state before this step, which --resume then runs again.
-        result = None
+        turns = update = None
         with contextlib.suppress(Stop), signals.abandon_on_signal():
-            result = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
-                                       before_update=functools.partial(self.ready, step, signals))
+            turns, update = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
+                                              before_update=lambda turns: self.ready(step, signals, turns))
         # A signal while this process sampled: its turns are gone, and the others hear of it in ready().
-        if result is None:
+        if turns is None:
             self.agree(signals, abandoned=True)
-            return False
-        turns, update = result
-        if update is None:  # ready() said stop: a signal, or a step nothing of which could be scored
+        if update is None:  # that, or ready() said stop: a signal, or a step nothing of which could be scored
             return False
         if step == self.start and self.main and not args.chat_template:
             note_raw_prompts(self.agents, turns, self.cfg.max_new_tokens)
@@ -265,7 +263,7 @@ class Run:
         if self.eval_env is not None and (step % args.eval_every == 0 or last):
             self.evaluate(step, metrics)
         # A signal during the update waited for it: now every process learns of it and stops here.
-        self.signum = next((s for s in gather(signals.received) if s is not None), None)
+        self.agree(signals, abandoned=False)
         # A periodic checkpoint; the last step's is finish()'s, which also writes the final agents.
         due = args.save_every and self.done % args.save_every == 0
         if due:  # (on every process: it is a collective)
@@ -278,12 +276,11 @@ class Run:
         """train_step's last check before the update, on every process: the processes agree to go on
         (a signal stops them all here, no agent holding half an update), and the step has answers that
         could be scored (if none could, the sandbox or the env is broken, not the agents)."""
-        signals.stop_abandoning()  # from here a signal waits for the step's end
+        signals.abandonable = False  # the sampling is over: from here a signal waits for the step's end
         if not self.agree(signals, abandoned=False):  # a signal stopped a process's sampling: all stop
             return False
-        nodes = []  # every process's nodes: the metrics and the check below are the same everywhere
-        for process_nodes in gather(evaluation.episode_summary(turns)):
-            nodes += process_nodes
+        # every process's nodes: the metrics and the check below are the same everywhere
+        nodes = [node for share in gather(evaluation.episode_summary(turns)) for node in share]
         self.scored = {"step": step, **evaluation.episode_metrics(nodes, self.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
         bad, total = sandbox + scoring, len(nodes)
@@ -311,9 +308,7 @@ class Run:
         every = self.args.log_completions_every
         if not every or step % every:  # (a long run's every step and joint action is a large file)
             return
-        rows = []
-        for process_rows in gather(completion_rows(step, indices, turns)):
-            rows += process_rows
+        rows = [row for share in gather(completion_rows(step, indices, turns)) for row in share]
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
         if self.tracker is not None:  # the same rows as a table; lists and dicts as JSON text
@@ -332,8 +327,7 @@ class Run:
         counted = magrpo.all_sum(sums + [len(examples)])  # every process's sums, and its example count
         rewards = [total / counted[-1] for total in counted[:-1]]
         metrics["eval_reward_mean"] = rewards[0]  # turn 1's, the single-turn number; each turn's below
-        for t, reward in enumerate(rewards, 1):
-            metrics[f"eval_reward_mean_turn{t}"] = reward
+        metrics.update({f"eval_reward_mean_turn{t}": reward for t, reward in enumerate(rewards, 1)})
         if self.main:
             tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
                        f"({self.eval_env.name}, {self.args.eval_split})")
@@ -351,8 +345,7 @@ class Run:
             self.curve.write(write_atomic, self.curve.path, evaluation.curve_svg(self.history))
         if save:
             try:
-                logs = (self.log, self.completions)
-                save_checkpoint(self.args.out, self.done, self.agents, self.args, logs)
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
             except SaveFailed as e:  # a full disk: the run goes on, and the next save tries again
                 warnings.warn(f"{e}; the run goes on")
         # The bar shows the mean reward of the last 20 steps (a step's own reward is noisy), at the
@@ -374,8 +367,7 @@ class Run:
         # agents only for a run that reached its last step.
         try:
             if self.main:
-                logs = (self.log, self.completions)
-                save_checkpoint(self.args.out, self.done, self.agents, self.args, logs)
+                save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
                 if self.signum is None and self.error is None:
                     save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
                     out = self.args.out
@@ -425,9 +417,8 @@ def completion_rows(step, indices, turns):
         for node, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
             group, action = turn.place(node)
             # Each agent's completion in this joint action (its g) and the advantage that row got.
-            advantages = []
-            for agent_advantages, g in zip(turn.advantages, turn.joint[action]):
-                advantages.append(agent_advantages[turn.row(group, g)].item())
+            advantages = [agent_advantages[turn.row(group, g)].item()
+                          for agent_advantages, g in zip(turn.advantages, turn.joint[action])]
             rows.append({"step": step, "example": indices[turn.groups[group].example], "turn": t,
                          "completions": list(outputs), "reward": float(reward),
                          "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
@@ -493,15 +484,13 @@ def write_atomic(path, text):
 
 def fsync_tree(path):
     """Everything under `path` on disk, directories included (before it is renamed into place)."""
-    paths = [path]
-    for root, dirs, files in os.walk(path):
-        paths += [os.path.join(root, name) for name in files + dirs]
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    for root, _, files in os.walk(path):
+        for name in [os.curdir] + files:  # the directory itself, then its files
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 class SaveFailed(Exception):
@@ -653,9 +642,8 @@ class Signals:
         # The first signal counts (a second ^C does not interrupt the checkpoint); the previous
         # handlers come back at the run's end (restore).
         self.received, self.abandonable = None, False
-        self.previous = {}
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            self.previous[signum] = signal.signal(signum, self.handle)
+        self.previous = {signum: signal.signal(signum, self.handle)
+                         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
 
     def handle(self, signum, frame):
         # Python runs a handler between two bytecodes of the main thread: raising Stop here ends the
@@ -677,9 +665,6 @@ class Signals:
             yield
         finally:
             self.abandonable = False
-
-    def stop_abandoning(self):  # the step's sampling is over: a signal now waits for its update
-        self.abandonable = False
 
     def restore(self):
         for signum, handler in self.previous.items():
@@ -707,7 +692,7 @@ def start_processes():
 
 def gather(obj):
     """obj from every process, in process order ([obj] alone)."""
-    out = [obj] * (torch.distributed.get_world_size() if magrpo.data_parallel() else 1)
+    out = [obj] * world()[1]
     if magrpo.data_parallel():
         torch.distributed.all_gather_object(out, obj)
     return out
