@@ -238,10 +238,13 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    texts, tokens, seconds = zip(*second)  # per agent: its revisions' texts and token counts, its time
-    wait = _mean(seconds)  # the agents revise side by side
-    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + wait)
-             for sample, outputs, toks in zip(first, zip(*texts), zip(*tokens))]]
+    wait = _mean(seconds for _, _, seconds in second)  # the agents revise side by side
+    samples = []
+    for n, sample in enumerate(first):
+        outputs = tuple(texts[n] for texts, _, _ in second)
+        tokens = sample.tokens + sum(agent_tokens[n] for _, agent_tokens, _ in second)
+        samples.append(Sample(outputs, tokens, sample.seconds + wait))
+    return [samples]
 
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):

@@ -746,7 +746,9 @@ def micro_batches(num_rows, group_size, micro_batch_size):
     """Row ranges [start, stop) of at most micro_batch_size rows, cut between groups where they can:
     as many whole groups as fit (a micro-batch runs each group's prompt once), else parts of a group
     (each part runs the prompt again: correct, a little slower)."""
-    step = micro_batch_size // group_size * group_size or micro_batch_size  # 0 whole groups fit: parts
+    step = micro_batch_size
+    if group_size <= micro_batch_size:
+        step = micro_batch_size // group_size * group_size
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -248,7 +249,7 @@ class Run:
         turns = update = None
         with contextlib.suppress(Stop), signals.abandon_on_signal():
             turns, update = magrpo.train_step(self.agents, self.env, batch, self.cfg, seeds, self.expert,
-                                              before_update=lambda turns: self.ready(step, signals, turns))
+                                              before_update=functools.partial(self.ready, step, signals))
         # A signal while this process sampled: its turns are gone, and the others hear of it in ready().
         if turns is None:
             self.agree(signals, abandoned=True)
@@ -279,8 +280,9 @@ class Run:
         signals.abandonable = False  # the sampling is over: from here a signal waits for the step's end
         if not self.agree(signals, abandoned=False):  # a signal stopped a process's sampling: all stop
             return False
-        # every process's nodes: the metrics and the check below are the same everywhere
-        nodes = [node for share in gather(evaluation.episode_summary(turns)) for node in share]
+        nodes = []  # every process's nodes: the metrics and the check below are the same everywhere
+        for process_nodes in gather(evaluation.episode_summary(turns)):
+            nodes += process_nodes
         self.scored = {"step": step, **evaluation.episode_metrics(nodes, self.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
         bad, total = sandbox + scoring, len(nodes)
@@ -308,7 +310,9 @@ class Run:
         every = self.args.log_completions_every
         if not every or step % every:  # (a long run's every step and joint action is a large file)
             return
-        rows = [row for share in gather(completion_rows(step, indices, turns)) for row in share]
+        rows = []
+        for process_rows in gather(completion_rows(step, indices, turns)):
+            rows += process_rows
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
         if self.tracker is not None:  # the same rows as a table; lists and dicts as JSON text
