@@ -647,6 +647,7 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
     attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
+
 def _relay(job, pidns, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
