@@ -762,9 +762,14 @@ def zero_advantage_groups(turns):
     return int(all_sum([count])[0])
 
 
+def completion_lengths(turns, i):
+    """Agent i's completion lengths in tokens (EOS included), every turn's rows of this process."""
+    return torch.cat([turn.rollouts[i].completion_mask.sum(-1).cpu() for turn in turns])
+
+
 def mean_completion_length(turns, i):
-    """Agent i's mean completion length in tokens (EOS included), over all its rows and processes."""
-    lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1).float().cpu() for turn in turns])
+    """Agent i's mean completion length, over all its rows and processes."""
+    lengths = completion_lengths(turns, i).float()
     total, count = all_sum([lengths.sum().item(), len(lengths)])
     return total / count
 

@@ -394,7 +394,7 @@ def note_raw_prompts(agents, turns, max_new_tokens):
     """An instruct model ends its turn with a chat-turn token (<|im_end|>) that raw prompts rarely
     lead to: its completions then run to the cap. Said once, after the first step, where it shows."""
     for i, agent in enumerate(agents):
-        lengths = torch.cat([turn.rollouts[i].completion_mask.sum(-1) for turn in turns])
+        lengths = magrpo.completion_lengths(turns, i)
         capped = int((lengths >= max_new_tokens).sum())
         if agent.tokenizer.chat_template is not None and capped >= 0.9 * len(lengths):
             tqdm.write(f"note: {capped} of agent {i}'s {len(lengths)} completions ran to --max-new-tokens; "
