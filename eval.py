@@ -366,11 +366,6 @@ def curve_series(rows):
     return series
 
 
-def running_mean(values, window):  # (the first points average what there is before them)
-    """Each value averaged with the window - 1 before it: a long run's noisy curve becomes readable."""
-    return [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
-
-
 def curve_svg(rows, width=760, height=400, pad=50, legend=190):
     """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
     curve_series, smoothed."""
@@ -395,7 +390,9 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190):
              f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
     for n, (name, points) in enumerate(series.items()):
         color = COLORS[n % len(COLORS)]
-        values = running_mean([value for _, value in points], window)
+        values = [value for _, value in points]
+        # Each value averaged with the window - 1 before it (the first ones, with what there is).
+        values = [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
         line = " ".join(at(step, value) for (step, _), value in zip(points, values))
         parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
         parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
@@ -634,9 +631,7 @@ def cell_text(value):
     method has no pass@k; the oracle has no latency)."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def format_table(rows, title):
