@@ -203,18 +203,16 @@ SPLITS = {  # each split name's slice of the rows: the paper's (Sec. 4), then fo
     "file": {"train": ":"},
 }
 # Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test).
-# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5); CoopHumanEval is one split of
-# 82 rows on the hub, cut by its task ids like the file.
+# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5).
 HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split: cut by task ids
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
     "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
 }
 
 
 def take_split(rows, split, named, source, default="train"):
-    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty.
-    split None (no flag): `default`, or all the rows where `named` lacks it."""
+    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty."""
     # No split named: the program's own (train.py: train, eval.py: test). A single file has no test
     # split, and eval.py then scores all of it: the file the user gave it to evaluate.
     if split is None:
