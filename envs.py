@@ -1,18 +1,8 @@
 """
 Environments: for one dataset example, one prompt per agent and one shared reward for their joint
-output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). The whole interface:
-
-    env.examples                         the dataset split, a list of dicts (one of them: ex)
-    env.prompts(ex)                      -> [prompt of agent 0, prompt of agent 1, ...]
-    env.reward(ex, outputs)              -> the shared reward (float() of it is the number)
-    env.rewards(examples, outputs)       -> the same for a batch (in parallel where it can)
-    env.max_reward                       the maximum (multi-turn: a node reaching it is solved)
-    env.feedback(ex, outputs, mode, reward=None, reviews=None)   -> one text per agent (Sec. 3)
-    env.expert_prompt(ex, outputs, i)    -> what an expert model is asked about agent i's part
-    env.revision_prompt(ex, i, history)  -> agent i's prompt at a later turn
-
-Built in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and
-"arxiv" (Sec. 5). docs/envs.md, docs/multiturn.md. Raw prompts, as the paper.
+output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). Built in: "demo" (offline,
+learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and "arxiv" (Sec. 5); raw
+prompts, as the paper. The interface (Env), the data and its splits: docs/envs.md; docs/multiturn.md.
 
 Data: a JSON/JSONL file or a hub name; --split names a split (train, eval, test: the paper's for
 HumanEval and CoopHumanEval) or takes a slice (33:133). A single file without named splits is
@@ -35,7 +25,6 @@ from rewards import ARXIV, TLDR, band_score, extract_function, prompt_imports, r
 class Env(abc.ABC):
     """Subclasses set name, num_agents, agent_names, max_reward, examples, define prompts and reward and,
     for multi-turn (Sec. 3), their words: diagnose, revise_note, task_text."""
-    name = "env"
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     authors_config = None  # the row of DEFAULTS with the authors' settings for real models
@@ -214,18 +203,16 @@ SPLITS = {  # each split name's slice of the rows: the paper's (Sec. 4), then fo
     "file": {"train": ":"},
 }
 # Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test).
-# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5); CoopHumanEval is one split of
-# 82 rows on the hub, cut by its task ids like the file.
+# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5).
 HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split: cut by task ids
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
     "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
 }
 
 
 def take_split(rows, split, named, source, default="train"):
-    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty.
-    split None (no flag): `default`, or all the rows where `named` lacks it."""
+    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty."""
     # No split named: the program's own (train.py: train, eval.py: test). A single file has no test
     # split, and eval.py then scores all of it: the file the user gave it to evaluate.
     if split is None:
