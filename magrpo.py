@@ -314,14 +314,13 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
         n_done = int(done.sum())  # the loop's one device sync per token
-        if n_done:  # (a boolean index would sync too)
-            lengths[alive[done]] = t + 1
-        if t == max_new_tokens - 1 or n_done == len(alive):
-            break
         if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
+            lengths[alive[done]] = t + 1  # (guarded: a boolean index would sync too)
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
+        if t == max_new_tokens - 1 or len(alive) == 0:
+            break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = decode_step(model, cache, token, mask, positions)
         positions = positions + 1
