@@ -260,9 +260,8 @@ def decode_step(model, cache, tokens, mask, positions):
     """One step of the decode loop: each running row's newest token, at its position id, goes through
     the model with the KV cache of the row's earlier tokens; the cache grows by that token.
     tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
-    out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                **forward_kwargs(model, cache))
-    return out.logits[:, -1, :].float()
+    return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                 **forward_kwargs(model, cache)).logits[:, -1, :].float()
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
