@@ -750,16 +750,6 @@ def micro_batches(num_rows, group_size, micro_batch_size):
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
-def zero_advantage_groups(turns):
-    """The groups in which every agent's every advantage is 0 (e.g. all rewards equal): they teach
-    nothing, and a loss of 0 is then expected, so the share of them is what to watch."""
-    count = 0
-    for turn in turns:
-        advantages = torch.stack(turn.advantages).view(len(turn.advantages), len(turn.groups), turn.size)
-        count += int((advantages == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
-    return int(all_sum([count])[0])
-
-
 def completion_lengths(turns, i):
     """Agent i's completion lengths in tokens (EOS included), every turn's rows of this process."""
     return torch.cat([turn.rollouts[i].completion_mask.sum(-1).cpu() for turn in turns])
@@ -782,10 +772,15 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
     if before_update is not None and not before_update(turns):
         return turns, None
-    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt.
+    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt. A group
+    # in which every agent's every advantage is 0 (e.g. all rewards equal) teaches nothing, and a loss
+    # of 0 is then expected, so the number of them is what to watch.
+    zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
         turn.advantages = advantages
-    metrics = {"zero_adv_groups": zero_advantage_groups(turns)}
+        per_group = torch.stack(advantages).view(len(advantages), len(turn.groups), turn.size)
+        zero_groups += int((per_group == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
+    metrics = {"zero_adv_groups": int(all_sum([zero_groups])[0])}
     # Eq. 2, steps 5-6: every agent's own policy gradient on the shared reward's advantages, and its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
