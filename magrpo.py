@@ -755,13 +755,6 @@ def completion_lengths(turns, i):
     return torch.cat([turn.rollouts[i].completion_mask.sum(-1).cpu() for turn in turns])
 
 
-def mean_completion_length(turns, i):
-    """Agent i's mean completion length, over all its rows and processes."""
-    lengths = completion_lengths(turns, i).float()
-    total, count = all_sum([lengths.sum().item(), len(lengths)])
-    return total / count
-
-
 def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=None):
     """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1's
     advantages, Eq. 2's update of every agent. -> (turns, metrics of the update); before_update(turns)
@@ -790,5 +783,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
         parts += [(None, None, 0.0)] * (cfg.num_turns - len(turns))
         for name, value in update_agent(agent, parts, cfg).items():
             metrics[f"{name}_{i}"] = value
-        metrics[f"completion_len_{i}"] = mean_completion_length(turns, i)
+        lengths = completion_lengths(turns, i).float()  # the mean length is over every process's rows
+        total, count = all_sum([lengths.sum().item(), len(lengths)])
+        metrics[f"completion_len_{i}"] = total / count
     return turns, metrics
