@@ -618,8 +618,7 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
         threshold = getattr(env, "max_reward", math.inf)
     groups = []
     for b, ex in enumerate(examples):
-        no_history = [[] for _ in agents]
-        groups.append(Group(b, None, list(env.prompts(ex)), no_history, mix_seed(seeds[b], 1)))
+        groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in agents], mix_seed(seeds[b], 1)))
     size = cfg.num_generations
     turns = []
     for t in range(1, cfg.num_turns + 1):
@@ -711,9 +710,8 @@ def update_agent(agent, parts, cfg):
     # Each turn's denominator, counted once over the whole batch: the micro-batches' losses add up to its.
     counts = [float(loss_normalizer(r.completion_mask, cfg.loss_type)) if r is not None else 0.0
               for r, _, _ in parts]  # (None: a turn this process's episodes never reached)
-    normalizers = all_sum(counts)
     total = 0.0
-    for (rollout, advantages, weight), normalizer in zip(parts, normalizers):
+    for (rollout, advantages, weight), normalizer in zip(parts, all_sum(counts)):
         if rollout is None:
             continue
         for start, stop in micro_batches(len(rollout), rollout.num_generations, mbs):
