@@ -260,9 +260,8 @@ def decode_step(model, cache, tokens, mask, positions):
     """One step of the decode loop: each running row's newest token, at its position id, goes through
     the model with the KV cache of the row's earlier tokens; the cache grows by that token.
     tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
-    out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                **forward_kwargs(model, cache))
-    return out.logits[:, -1, :].float()
+    return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                 **forward_kwargs(model, cache)).logits[:, -1, :].float()
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
@@ -314,14 +313,13 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
         done = torch.isin(token, eos)
         n_done = int(done.sum())  # the loop's one device sync per token
-        if n_done:  # (a boolean index would sync too)
-            lengths[alive[done]] = t + 1
-        if t == max_new_tokens - 1 or n_done == len(alive):
-            break
         if n_done:  # finished rows leave the batch and the cache: they cost nothing from here on
+            lengths[alive[done]] = t + 1  # (guarded: a boolean index would sync too)
             keep = (~done).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
+        if t == max_new_tokens - 1 or len(alive) == 0:
+            break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = decode_step(model, cache, token, mask, positions)
         positions = positions + 1
@@ -620,8 +618,7 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
         threshold = getattr(env, "max_reward", math.inf)
     groups = []
     for b, ex in enumerate(examples):
-        no_history = [[] for _ in agents]
-        groups.append(Group(b, None, list(env.prompts(ex)), no_history, mix_seed(seeds[b], 1)))
+        groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in agents], mix_seed(seeds[b], 1)))
     size = cfg.num_generations
     turns = []
     for t in range(1, cfg.num_turns + 1):
@@ -639,7 +636,7 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
 
 def episode_returns(turns, gamma, num_turns):
     """Per turn, each node's return, [groups, J], from the last turn back: node_return of a revised
-    node, solved_return of a solved one (over the turns it skips), else its reward."""
+    node, solved_return of a leaf (over the turns it skips, if solved; else it is at the last turn)."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
@@ -647,10 +644,8 @@ def episode_returns(turns, gamma, num_turns):
             group = turn.children.get(node)
             if group is not None:
                 values.append(node_return(reward, returns[t + 1][group].tolist(), gamma))
-            elif turn.terminated[node]:
+            else:  # with --expand all a leaf is solved or at the last turn, where solved_return is r
                 values.append(solved_return(reward, num_turns - 1 - t, gamma))
-            else:
-                values.append(float(reward))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 
@@ -715,9 +710,8 @@ def update_agent(agent, parts, cfg):
     # Each turn's denominator, counted once over the whole batch: the micro-batches' losses add up to its.
     counts = [float(loss_normalizer(r.completion_mask, cfg.loss_type)) if r is not None else 0.0
               for r, _, _ in parts]  # (None: a turn this process's episodes never reached)
-    normalizers = all_sum(counts)
     total = 0.0
-    for (rollout, advantages, weight), normalizer in zip(parts, normalizers):
+    for (rollout, advantages, weight), normalizer in zip(parts, all_sum(counts)):
         if rollout is None:
             continue
         for start, stop in micro_batches(len(rollout), rollout.num_generations, mbs):
@@ -752,26 +746,9 @@ def micro_batches(num_rows, group_size, micro_batch_size):
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
-def zero_advantage_groups(turns):
-    """The groups in which every agent's every advantage is 0 (e.g. all rewards equal): they teach
-    nothing, and a loss of 0 is then expected, so the share of them is what to watch."""
-    count = 0
-    for turn in turns:
-        advantages = torch.stack(turn.advantages).view(len(turn.advantages), len(turn.groups), turn.size)
-        count += int((advantages == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
-    return int(all_sum([count])[0])
-
-
 def completion_lengths(turns, i):
     """Agent i's completion lengths in tokens (EOS included), every turn's rows of this process."""
     return torch.cat([turn.rollouts[i].completion_mask.sum(-1).cpu() for turn in turns])
-
-
-def mean_completion_length(turns, i):
-    """Agent i's mean completion length, over all its rows and processes."""
-    lengths = completion_lengths(turns, i).float()
-    total, count = all_sum([lengths.sum().item(), len(lengths)])
-    return total / count
 
 
 def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=None):
@@ -784,10 +761,15 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
     if before_update is not None and not before_update(turns):
         return turns, None
-    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt.
+    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt. A group
+    # in which every agent's every advantage is 0 (e.g. all rewards equal) teaches nothing, and a loss
+    # of 0 is then expected, so the number of them is what to watch.
+    zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
         turn.advantages = advantages
-    metrics = {"zero_adv_groups": zero_advantage_groups(turns)}
+        per_group = torch.stack(advantages).view(len(advantages), len(turn.groups), turn.size)
+        zero_groups += int((per_group == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
+    metrics = {"zero_adv_groups": int(all_sum([zero_groups])[0])}
     # Eq. 2, steps 5-6: every agent's own policy gradient on the shared reward's advantages, and its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
@@ -797,5 +779,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
         parts += [(None, None, 0.0)] * (cfg.num_turns - len(turns))
         for name, value in update_agent(agent, parts, cfg).items():
             metrics[f"{name}_{i}"] = value
-        metrics[f"completion_len_{i}"] = mean_completion_length(turns, i)
+        lengths = completion_lengths(turns, i).float()  # the mean length is over every process's rows
+        total, count = all_sum([lengths.sum().item(), len(lengths)])
+        metrics[f"completion_len_{i}"] = total / count
     return turns, metrics
