@@ -255,10 +255,8 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
         raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
                          f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
     # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
-    tiny_seed = seed
-    if os.path.isfile(os.path.join(name, TINY_BASE)):
-        with open(os.path.join(name, TINY_BASE)) as f:
-            tiny_seed = json.load(f)["seed"]
+    tiny_base = Path(name, TINY_BASE)
+    tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
     base_name = config["base_model_name_or_path"]
     base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
     try:
@@ -274,8 +272,7 @@ def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
 def adapter_config(name):
     """An adapter directory's adapter_config.json (peft's format), checked: a plain LoRA adapter, which
     is all this loader rebuilds, on a named base. Anything else is a one-line error, not a wrong model."""
-    with open(os.path.join(name, ADAPTER_CONFIG)) as f:
-        config = json.load(f)
+    config = json.loads(Path(name, ADAPTER_CONFIG).read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
                                "layers_to_transform") if config.get(k)]
     if config.get("bias", "none") != "none":
@@ -398,8 +395,7 @@ def write_checkpoint(path, agents, state):
 
 def checkpoint_state(path):
     """The CHECKPOINT_STATE of checkpoint `path`: its step, the run's flags ("args") and its files."""
-    with open(os.path.join(path, CHECKPOINT_STATE)) as f:
-        return json.load(f)
+    return json.loads(Path(path, CHECKPOINT_STATE).read_text())
 
 
 def load_optimizer_state(agent, agent_path):
