@@ -10,7 +10,6 @@ magrpo.py never imports this file: the algorithm sees an Agent's model, tokenize
 docs/scale.md (LoRA on a shared base), docs/runs.md (checkpoints). Try: python train.py --lora-r 4
 """
 import copy
-import itertools
 import json
 import logging
 import math
@@ -205,7 +204,7 @@ def shared_copy(model, fresh=()):
     # deepcopy's memo maps an object to its copy: mapping each tensor to itself copies the modules
     # (so each agent can wrap its own layers) and shares the weights.
     fresh = {id(t) for t in fresh}
-    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in fresh}
     return copy.deepcopy(model, memo)
 
 
@@ -317,8 +316,7 @@ def merged_model(model):
     """A plain HF model equal to base + adapter: W + (alpha / r) B A in fresh tensors (in W's dtype)."""
     # Fresh copies of the adapted weights only: the merge must not write into the shared base, which
     # every other agent still reads.
-    adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
-    merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
+    merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
     for name, m in list(merged.named_modules()):
         if isinstance(m, LoRALinear):
             m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
@@ -432,9 +430,8 @@ def checkpoint_problem(path):
 
 def checkpoints(out):
     """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
-    names = os.listdir(out) if os.path.isdir(out) else []
-    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
-                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
+    return sorted(((int(p.name[11:]), os.path.join(out, p.name)) for p in Path(out).glob("checkpoint-*")
+                   if p.name[11:].isdigit() and p.is_dir()), reverse=True)
 
 
 def latest_checkpoint(out):
