@@ -179,16 +179,13 @@ def lora_targets(model, targets):
     match, none may share its weight (merging a tied lm_head would change the embeddings)."""
     from transformers.pytorch_utils import Conv1D
     linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
-
-    def hits(name):
-        return [t for t in targets if name == t or name.endswith("." + t)]
-    chosen = [n for n in linear if hits(n)]
-    found = {t for name in chosen for t in hits(name)}
-    missing = [t for t in targets if t not in found]  # a target that matches nothing is a typo
-    if missing:
-        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
-        raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this "
-                        f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
+    suffixes = tuple("." + t for t in targets)
+    chosen = [n for n in linear if n in targets or n.endswith(suffixes)]
+    for target in targets:  # a target that matches nothing is a typo
+        if not any(n == target or n.endswith("." + target) for n in chosen):
+            names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+            raise LoRAError(f"--lora-target-modules: no linear layer named {target!r} in this "
+                            f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding): merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
