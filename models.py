@@ -81,8 +81,8 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if name_or_path == TINY:
         tok = tiny_tokenizer()
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer, logging as hf_logging
+    hf_logging.disable_progress_bar()  # no bar per shard loaded: it would bury the training bar
     # A path (absolute, ./..., or more than one /) that is no directory is a typo: said at once,
     # rather than as a failed hub download of a name like "runs/code/agent_0".
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
@@ -105,11 +105,6 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model.to(device), tok
-
-
-def quiet_transformers():  # no progress bar per shard loaded or saved: it would bury the training bar
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
 
 # -----------------------------------------------------------------------------
 # LoRA agents: n adapters on one shared frozen base (--lora-r; docs/scale.md). The base's weights are
@@ -331,7 +326,8 @@ def save_agent(agent, path, merged=False):
     """An agent as transformers saves a model (from_pretrained or --model PATH load it), or a LoRA agent
     as peft saves an adapter (a tiny base's seed beside it), with the tokenizer. merged: one model."""
     from safetensors.torch import save_file
-    quiet_transformers()
+    from transformers import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no bar per shard saved: it would bury the training bar
     model = agent.model
     if is_lora(model) and not merged:  # the adapter alone: megabytes, where the base is gigabytes
         os.makedirs(path, exist_ok=True)
