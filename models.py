@@ -163,12 +163,6 @@ def is_lora(model):  # (a model with adapters saves as an adapter, and trains th
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def is_adapter(path):
-    """A directory holding a saved adapter, ours or peft's: --model PATH then loads its base (named in
-    its adapter_config.json) and the adapter on it."""
-    return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
-
-
 def lora_targets(model, targets):
     """The linear layers named by `targets` (a name or "." + name suffix: peft's rule); each target must
     match, none may share its weight (merging a tied lm_head would change the embeddings)."""
@@ -229,17 +223,9 @@ def shared_base(name, device, dtype, seed, bases):
     return bases[key]
 
 
-def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
-    """(model, tokenizer) of a LoRA agent: an adapter directory (ours or peft's) loads as its base +
-    that adapter (`lora`, if given, must match); another name becomes base + a new adapter `lora`."""
-    bases = {} if bases is None else bases
-    # A new adapter: on a base that every agent of the team shares (`bases`), drawn from its own seed.
-    if not is_adapter(name):
-        if name != TINY and os.path.isdir(name):
-            name = os.path.abspath(name)  # ./m and m are one base; the adapter's config works elsewhere
-        base_seed = seed if base_seed is None else base_seed
-        base, tok = shared_base(name, device, dtype, base_seed, bases)
-        return add_lora(base, lora, seed, name, base_seed), tok
+def load_adapter(name, device, dtype, seed, lora, bases):
+    """(model, tokenizer) of the adapter directory `name` (ours or peft's): its base (named in its
+    adapter_config.json, shared through `bases`) + the adapter; `lora`, if given, must match it."""
     config = adapter_config(name)
     saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
     if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
@@ -345,13 +331,20 @@ def save_agent(agent, path, merged=False):
 
 def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, lora=None, bases=None,
                base_seed=None):
-    """An Agent (no optimizer yet), plain or LoRA (load_lora); ValueError naming `flag`. `bases`: one
-    dict per team, so its LoRA agents share their base."""
+    """An Agent (no optimizer yet): a saved adapter, a new one `lora` on `name`, or `name` plain;
+    ValueError naming `flag`. `bases`: one dict per team, so its LoRA agents share their base."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
+    bases = {} if bases is None else bases
     try:
-        if lora is not None or is_adapter(name):
-            model, tok = load_lora(name, device, dtype, seed, lora, bases, base_seed)
+        if os.path.isfile(os.path.join(name, ADAPTER_CONFIG)):  # an adapter directory, ours or peft's
+            model, tok = load_adapter(name, device, dtype, seed, lora, bases)
+        elif lora is not None:  # a new adapter, drawn from its own seed, on the team's shared base
+            # ./m and m are one base, and the adapter's config names a path that works from elsewhere.
+            base_name = os.path.abspath(name) if name != TINY and os.path.isdir(name) else name
+            base_seed = seed if base_seed is None else base_seed
+            base, tok = shared_base(base_name, device, dtype, base_seed, bases)
+            model = add_lora(base, lora, seed, base_name, base_seed)
         else:
             model, tok = load_model(name, device, dtype, seed=seed)
     except LoRAError:
