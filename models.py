@@ -369,8 +369,8 @@ def write_checkpoint(path, agents, state):
     for i, agent in enumerate(agents):
         save_agent(agent, os.path.join(path, f"agent_{i}"))
         torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
+    # (without a GPU, CUDA's list of states is empty)
+    rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
     torch.save(rng, os.path.join(path, RNG_STATE))
     files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
     with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
@@ -384,9 +384,8 @@ def checkpoint_state(path):
 
 def load_optimizer_state(agent, agent_path):
     """Agent's optimizer as the checkpoint's agent directory `agent_path` saved it."""
-    state = torch.load(os.path.join(agent_path, OPTIMIZER_STATE), map_location=agent.model.device,
-                       weights_only=True)
-    agent.optimizer.load_state_dict(state)
+    agent.optimizer.load_state_dict(torch.load(os.path.join(agent_path, OPTIMIZER_STATE),
+                                               map_location=agent.model.device, weights_only=True))
 
 
 def restore_rng(path):
