@@ -226,29 +226,7 @@ def shared_base(name, device, dtype, seed, bases):
 def load_adapter(name, device, dtype, seed, lora, bases):
     """(model, tokenizer) of the adapter directory `name` (ours or peft's): its base (named in its
     adapter_config.json, shared through `bases`) + the adapter; `lora`, if given, must match it."""
-    config = adapter_config(name)
-    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
-    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
-        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
-                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
-    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
-    tiny_base = Path(name, TINY_BASE)
-    tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
-    base_name = config["base_model_name_or_path"]
-    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
-    try:
-        model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
-        why = str(e).split(": ", 1)[1]
-        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
-    model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
-    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
-    return model, tok
-
-
-def adapter_config(name):
-    """An adapter directory's adapter_config.json (peft's format), checked: a plain LoRA adapter, which
-    is all this loader rebuilds, on a named base. Anything else is a one-line error, not a wrong model."""
+    # Only a plain LoRA adapter on a named base is rebuilt; anything else is refused, not loaded wrong.
     config = json.loads(Path(name, ADAPTER_CONFIG).read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
                                "layers_to_transform") if config.get(k)]
@@ -263,7 +241,22 @@ def adapter_config(name):
     if not isinstance(base_name, str) or not base_name:
         raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
                          f"{base_name!r}): set it to the base's hub name or path")
-    return config
+    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
+    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
+        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
+                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
+    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
+    tiny_base = Path(name, TINY_BASE)
+    tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
+    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
+    try:
+        model = add_lora(base, saved, seed, base_name, tiny_seed)
+    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+        why = str(e).split(": ", 1)[1]
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
+    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
+    return model, tok
 
 
 def adapter_state(model):
