@@ -349,14 +349,10 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
     return Agent(model, tok, chat_template=chat_template)
 
 
-# A checkpoint directory holds agent_i/ (the agent as save_agent writes it, and its optimizer's state),
-# the RNG states and CHECKPOINT_STATE, written last: the step, the run's flags and every file's size,
-# so that a checkpoint a kill or a full disk cut short is recognised (checkpoint_problem) and skipped.
-
-
 def write_checkpoint(path, agents, state):
-    """Write a checkpoint into the directory `path`: the agents, their optimizers and the RNG states
-    (resuming must sample exactly what the uninterrupted run would), then CHECKPOINT_STATE."""
+    """Write a checkpoint into the directory `path`: agent_i/ (the agent and its optimizer's state), the
+    RNG states (resuming must sample exactly what the uninterrupted run would), then, last, CHECKPOINT_STATE
+    (the step, the run's flags, every file's size: checkpoint_problem tells a checkpoint cut short)."""
     # Each agent saves as a model (or an adapter) that from_pretrained or peft load, so a checkpoint
     # is also a usable agent; the optimizer's state lies beside it (train.py leaves it out of agent_i).
     for i, agent in enumerate(agents):
