@@ -153,8 +153,7 @@ class LoRALinear(torch.nn.Module):
         return self.base(x) + (x @ a.T) @ b.T * self.scaling
 
     def delta_weight(self):
-        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it (GPT-2's Conv1D
-    stores its weight transposed, [in, out])."""
+        """(alpha / r) B A in the base weight's layout (transposed for GPT-2's Conv1D): what merging adds."""
         delta = (self.lora_B @ self.lora_A) * self.scaling
         return delta.T if self.fan_in_fan_out else delta
 
@@ -404,8 +403,9 @@ def checkpoint_problem(path):
 
 def checkpoints(out):
     """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
-    return sorted(((int(p.name[11:]), os.path.join(out, p.name)) for p in Path(out).glob("checkpoint-*")
-                   if p.name[11:].isdigit() and p.is_dir()), reverse=True)
+    names = os.listdir(out) if os.path.isdir(out) else []
+    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
+                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
 
 
 def latest_checkpoint(out):
