@@ -10,7 +10,6 @@ magrpo.py never imports this file: the algorithm sees an Agent's model, tokenize
 docs/scale.md (LoRA on a shared base), docs/runs.md (checkpoints). Try: python train.py --lora-r 4
 """
 import copy
-import itertools
 import json
 import logging
 import math
@@ -82,8 +81,8 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if name_or_path == TINY:
         tok = tiny_tokenizer()
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer, logging as hf_logging
+    hf_logging.disable_progress_bar()  # no bar per shard loaded: it would bury the training bar
     # A path (absolute, ./..., or more than one /) that is no directory is a typo: said at once,
     # rather than as a failed hub download of a name like "runs/code/agent_0".
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
@@ -106,11 +105,6 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model.to(device), tok
-
-
-def quiet_transformers():  # no progress bar per shard loaded or saved: it would bury the training bar
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
 
 # -----------------------------------------------------------------------------
 # LoRA agents: n adapters on one shared frozen base (--lora-r; docs/scale.md). The base's weights are
@@ -159,8 +153,7 @@ class LoRALinear(torch.nn.Module):
         return self.base(x) + (x @ a.T) @ b.T * self.scaling
 
     def delta_weight(self):
-        """(alpha / r) * B A, laid out like the base's weight: what merging adds to it (GPT-2's Conv1D
-    stores its weight transposed, [in, out])."""
+        """(alpha / r) B A in the base weight's layout (transposed for GPT-2's Conv1D): what merging adds."""
         delta = (self.lora_B @ self.lora_A) * self.scaling
         return delta.T if self.fan_in_fan_out else delta
 
@@ -169,27 +162,18 @@ def is_lora(model):  # (a model with adapters saves as an adapter, and trains th
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
-def is_adapter(path):
-    """A directory holding a saved adapter, ours or peft's: --model PATH then loads its base (named in
-    its adapter_config.json) and the adapter on it."""
-    return isinstance(path, str) and os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
-
-
 def lora_targets(model, targets):
     """The linear layers named by `targets` (a name or "." + name suffix: peft's rule); each target must
     match, none may share its weight (merging a tied lm_head would change the embeddings)."""
     from transformers.pytorch_utils import Conv1D
     linear = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
-
-    def hits(name):
-        return [t for t in targets if name == t or name.endswith("." + t)]
-    chosen = [n for n in linear if hits(n)]
-    found = {t for name in chosen for t in hits(name)}
-    missing = [t for t in targets if t not in found]  # a target that matches nothing is a typo
-    if missing:
-        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
-        raise LoRAError(f"--lora-target-modules: no linear layer named {missing[0]!r} in this "
-                        f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
+    suffixes = tuple("." + t for t in targets)
+    chosen = [n for n in linear if n in targets or n.endswith(suffixes)]
+    for target in targets:  # a target that matches nothing is a typo
+        if not any(n == target or n.endswith("." + target) for n in chosen):
+            names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+            raise LoRAError(f"--lora-target-modules: no linear layer named {target!r} in this "
+                            f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding): merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
@@ -205,7 +189,7 @@ def shared_copy(model, fresh=()):
     # deepcopy's memo maps an object to its copy: mapping each tensor to itself copies the modules
     # (so each agent can wrap its own layers) and shares the weights.
     fresh = {id(t) for t in fresh}
-    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers()) if id(t) not in fresh}
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in fresh}
     return copy.deepcopy(model, memo)
 
 
@@ -238,44 +222,11 @@ def shared_base(name, device, dtype, seed, bases):
     return bases[key]
 
 
-def load_lora(name, device, dtype, seed, lora=None, bases=None, base_seed=None):
-    """(model, tokenizer) of a LoRA agent: an adapter directory (ours or peft's) loads as its base +
-    that adapter (`lora`, if given, must match); another name becomes base + a new adapter `lora`."""
-    bases = {} if bases is None else bases
-    # A new adapter: on a base that every agent of the team shares (`bases`), drawn from its own seed.
-    if not is_adapter(name):
-        if name != TINY and os.path.isdir(name):
-            name = os.path.abspath(name)  # ./m and m are one base; the adapter's config works elsewhere
-        base_seed = seed if base_seed is None else base_seed
-        base, tok = shared_base(name, device, dtype, base_seed, bases)
-        return add_lora(base, lora, seed, name, base_seed), tok
-    config = adapter_config(name)
-    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
-    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
-        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
-                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
-    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
-    tiny_seed = seed
-    if os.path.isfile(os.path.join(name, TINY_BASE)):
-        with open(os.path.join(name, TINY_BASE)) as f:
-            tiny_seed = json.load(f)["seed"]
-    base_name = config["base_model_name_or_path"]
-    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
-    try:
-        model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
-        why = str(e).split(": ", 1)[1]
-        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
-    model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
-    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
-    return model, tok
-
-
-def adapter_config(name):
-    """An adapter directory's adapter_config.json (peft's format), checked: a plain LoRA adapter, which
-    is all this loader rebuilds, on a named base. Anything else is a one-line error, not a wrong model."""
-    with open(os.path.join(name, ADAPTER_CONFIG)) as f:
-        config = json.load(f)
+def load_adapter(name, device, dtype, seed, lora, bases):
+    """(model, tokenizer) of the adapter directory `name` (ours or peft's): its base (named in its
+    adapter_config.json, shared through `bases`) + the adapter; `lora`, if given, must match it."""
+    # Only a plain LoRA adapter on a named base is rebuilt; anything else is refused, not loaded wrong.
+    config = json.loads(Path(name, ADAPTER_CONFIG).read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
                                "layers_to_transform") if config.get(k)]
     if config.get("bias", "none") != "none":
@@ -289,7 +240,22 @@ def adapter_config(name):
     if not isinstance(base_name, str) or not base_name:
         raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
                          f"{base_name!r}): set it to the base's hub name or path")
-    return config
+    saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
+    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
+        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
+                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
+    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
+    tiny_base = Path(name, TINY_BASE)
+    tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
+    base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
+    try:
+        model = add_lora(base, saved, seed, base_name, tiny_seed)
+    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+        why = str(e).split(": ", 1)[1]
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
+    load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
+    return model, tok
 
 
 def adapter_state(model):
@@ -320,8 +286,7 @@ def merged_model(model):
     """A plain HF model equal to base + adapter: W + (alpha / r) B A in fresh tensors (in W's dtype)."""
     # Fresh copies of the adapted weights only: the merge must not write into the shared base, which
     # every other agent still reads.
-    adapted = [m for m in model.modules() if isinstance(m, LoRALinear)]
-    merged = shared_copy(model, fresh=[t for m in adapted for t in (m.base.weight, m.lora_A, m.lora_B)])
+    merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
     for name, m in list(merged.named_modules()):
         if isinstance(m, LoRALinear):
             m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
@@ -339,7 +304,8 @@ def save_agent(agent, path, merged=False):
     """An agent as transformers saves a model (from_pretrained or --model PATH load it), or a LoRA agent
     as peft saves an adapter (a tiny base's seed beside it), with the tokenizer. merged: one model."""
     from safetensors.torch import save_file
-    quiet_transformers()
+    from transformers import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no bar per shard saved: it would bury the training bar
     model = agent.model
     if is_lora(model) and not merged:  # the adapter alone: megabytes, where the base is gigabytes
         os.makedirs(path, exist_ok=True)
@@ -357,13 +323,20 @@ def save_agent(agent, path, merged=False):
 
 def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, lora=None, bases=None,
                base_seed=None):
-    """An Agent (no optimizer yet), plain or LoRA (load_lora); ValueError naming `flag`. `bases`: one
-    dict per team, so its LoRA agents share their base."""
+    """An Agent (no optimizer yet): a saved adapter, a new one `lora` on `name`, or `name` plain;
+    ValueError naming `flag`. `bases`: one dict per team, so its LoRA agents share their base."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use one of {', '.join(DTYPES)}")
+    bases = {} if bases is None else bases
     try:
-        if lora is not None or is_adapter(name):
-            model, tok = load_lora(name, device, dtype, seed, lora, bases, base_seed)
+        if os.path.isfile(os.path.join(name, ADAPTER_CONFIG)):  # an adapter directory, ours or peft's
+            model, tok = load_adapter(name, device, dtype, seed, lora, bases)
+        elif lora is not None:  # a new adapter, drawn from its own seed, on the team's shared base
+            # ./m and m are one base, and the adapter's config names a path that works from elsewhere.
+            base_name = os.path.abspath(name) if name != TINY and os.path.isdir(name) else name
+            base_seed = seed if base_seed is None else base_seed
+            base, tok = shared_base(base_name, device, dtype, base_seed, bases)
+            model = add_lora(base, lora, seed, base_name, base_seed)
         else:
             model, tok = load_model(name, device, dtype, seed=seed)
     except LoRAError:
@@ -375,21 +348,17 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
     return Agent(model, tok, chat_template=chat_template)
 
 
-# A checkpoint directory holds agent_i/ (the agent as save_agent writes it, and its optimizer's state),
-# the RNG states and CHECKPOINT_STATE, written last: the step, the run's flags and every file's size,
-# so that a checkpoint a kill or a full disk cut short is recognised (checkpoint_problem) and skipped.
-
-
 def write_checkpoint(path, agents, state):
-    """Write a checkpoint into the directory `path`: the agents, their optimizers and the RNG states
-    (resuming must sample exactly what the uninterrupted run would), then CHECKPOINT_STATE."""
+    """Write a checkpoint into the directory `path`: agent_i/ (the agent and its optimizer's state), the
+    RNG states (resuming must sample exactly what the uninterrupted run would), then, last, CHECKPOINT_STATE
+    (the step, the run's flags, every file's size: checkpoint_problem tells a checkpoint cut short)."""
     # Each agent saves as a model (or an adapter) that from_pretrained or peft load, so a checkpoint
     # is also a usable agent; the optimizer's state lies beside it (train.py leaves it out of agent_i).
     for i, agent in enumerate(agents):
         save_agent(agent, os.path.join(path, f"agent_{i}"))
         torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    rng = {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
+    # (without a GPU, CUDA's list of states is empty)
+    rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
     torch.save(rng, os.path.join(path, RNG_STATE))
     files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
     with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
@@ -398,15 +367,13 @@ def write_checkpoint(path, agents, state):
 
 def checkpoint_state(path):
     """The CHECKPOINT_STATE of checkpoint `path`: its step, the run's flags ("args") and its files."""
-    with open(os.path.join(path, CHECKPOINT_STATE)) as f:
-        return json.load(f)
+    return json.loads(Path(path, CHECKPOINT_STATE).read_text())
 
 
 def load_optimizer_state(agent, agent_path):
     """Agent's optimizer as the checkpoint's agent directory `agent_path` saved it."""
-    state = torch.load(os.path.join(agent_path, OPTIMIZER_STATE), map_location=agent.model.device,
-                       weights_only=True)
-    agent.optimizer.load_state_dict(state)
+    agent.optimizer.load_state_dict(torch.load(os.path.join(agent_path, OPTIMIZER_STATE),
+                                               map_location=agent.model.device, weights_only=True))
 
 
 def restore_rng(path):
