@@ -416,7 +416,9 @@ def completion_logprobs(model, rollout, temperature=1.0):
     cache = DynamicCache()
     out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
-    first = out.logits[prompt_of_row]  # a prompt's last logit predicts its rows' first token
+    # A prompt's last logit predicts its rows' first token (the last position: a model that does
+    # not take logits_to_keep returns every position's logits).
+    first = out.logits[prompt_of_row, -1:]
     # Each row attends to its prompt's cache (repeated by indexing: autograd adds up the rows'
     # gradients of each prompt, so the result equals running every row whole), then runs its tokens.
     cache.batch_select_indices(prompt_of_row)

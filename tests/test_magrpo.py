@@ -287,6 +287,18 @@ def test_completion_logprobs_equal_the_row_by_row_pass(tok, arch, loss_type):
     assert relative(ours, gradients(model, reference, r, advantages, loss_type)) < 1e-4
 
 
+def test_completion_logprobs_of_a_model_without_logits_to_keep(tok, monkeypatch):
+    """A model whose forward has no logits_to_keep returns every prompt position's logits: the
+    log-probs must still read the prompt's last one."""
+    model = models.tiny_model(tok, init_std=0.15, seed=4)
+    r = hand_rollout(model, tok)
+    expected = completion_logprobs(model, r, temperature=0.7)
+    accepted = magrpo._forward_parameters(type(model)) - {"logits_to_keep"}
+    monkeypatch.setattr(magrpo, "_forward_parameters", lambda model_class: accepted)
+    mask = r.completion_mask.bool()
+    assert (completion_logprobs(model, r, temperature=0.7) - expected)[mask].abs().max() < 1e-6
+
+
 def test_completion_logprobs_of_a_micro_batch_that_cuts_a_group(tok):
     """Rows 2-6 of groups of 3 (parts of two groups, padding trimmed): the same values."""
     model = models.tiny_model(tok, init_std=0.15, seed=4)
