@@ -708,7 +708,7 @@ def update_agent(agent, parts, cfg):
     (rows with advantage 0 are not run), then one step, skipped with a warning if not finite."""
     model, optimizer, mbs = agent.model, agent.optimizer, cfg.micro_batch_size
     model.eval()  # dropout off: the gradient must be of the very policy that sampled (as TRL does)
-    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     # Each turn's denominator, counted once over the whole batch: the micro-batches' losses add up to its.
     counts = [float(loss_normalizer(r.completion_mask, cfg.loss_type)) if r is not None else 0.0
               for r, _, _ in parts]  # (None: a turn this process's episodes never reached)
@@ -734,7 +734,7 @@ def update_agent(agent, parts, cfg):
         warnings.warn(f"non-finite loss ({total}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
         optimizer.step()  # parameters without a gradient (all advantages 0) are left alone
-    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     return {"loss": total, "grad_norm": grad_norm, "skipped": int(skipped)}
 
 

@@ -131,10 +131,6 @@ class MasterWeightAdamW:
         # AdamW's moments are fp32 too: it steps the masters, never the bf16 weights.
         self.inner = torch.optim.AdamW(self.master, **kwargs)
 
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
     @torch.no_grad()
     def step(self):
         # The bf16 gradient goes to the master, AdamW steps the master, and the model's weight is the

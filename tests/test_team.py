@@ -95,7 +95,7 @@ def single_turn_reference(agents, env, examples, G, T, seeds):
                              for g in range(G)] for b, ex in enumerate(examples)])
     adv = (rewards - rewards.mean(-1, keepdim=True)).view(-1)
     for a, r in zip(agents, rollouts):
-        a.optimizer.zero_grad()
+        a.model.zero_grad()
         lp = magrpo.completion_logprobs(a.model, r, T)
         (-(adv * (lp * r.completion_mask).sum(-1)).sum() / len(adv)).backward()
         a.optimizer.step()
