@@ -84,9 +84,10 @@ globals().update(_LINUX)  # the same names as globals here: a reader (or a test)
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch): only what marshal carries.
 _BOOT = """\
-import json, marshal, os, select, signal, sys, time
+import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}
+space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket,
+                                  sys, time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -472,7 +473,6 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 def _fork_server(job):
     """Fork a run's first process on the descriptors of each message, till the caller is gone."""
-    import socket
     # Not dumpable: a process of our uid (a run's program at the rlimits level) can't ptrace us or
     # open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
     _libc("prctl", PR_SET_DUMPABLE, 0)
@@ -570,7 +570,6 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
 
 def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
-    import resource
     try:
         # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
         _libc("prctl", PR_SET_DUMPABLE, 0)
@@ -606,7 +605,6 @@ def _supervisor(job):
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
     # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
-    import ctypes
     function = getattr(ctypes.CDLL(None, use_errno=True), name)
     if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
@@ -842,7 +840,6 @@ def _tester(job, ask_w, answer_r):
 
 def _answer(tag, data, timeout):
     """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
-    import builtins
     if tag != "R":  # the relay's word: the call timed out, or the program process ended
         return ("timeout", f"timed out after {timeout:g} s") if tag == "T" else ("failed", data)
     try:
