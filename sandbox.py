@@ -577,11 +577,10 @@ def _supervisor(job):
         # outlast the cap), 16 MiB a file written, 256 open files, no core dumps.
         limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
                   resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
-        pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
             # Our own pid namespace: _spawn returns to it after each program process's own.
-            pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            job["pidns"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
             # RLIMIT_NPROC bounds fork floods where it counts per user namespace, as here; outside
             # one, all of the caller's processes would count.
             limits[resource.RLIMIT_NPROC] = 256
@@ -591,13 +590,13 @@ def _supervisor(job):
             resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
         # run(): the program process execs Python on the program; its exit status is the report.
         if job["mode"] == "run":
-            returncode, late = _end(_spawn(job, pidns), job["timeout"])
+            returncode, late = _end(_spawn(job), job["timeout"])
             return _say(job["report_fd"], "exit", returncode, late)
         # The tester (the test, the report pipe) and the program never share a process: plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
-        _relay(job, pidns, open(ask_r, "rb"), answer_w)
+        _relay(job, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
@@ -646,18 +645,18 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
-def _relay(job, pidns, asks, answers):
+def _relay(job, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
     # still running, a half-done change) reaches the next test.
-    proc = _spawn(job, pidns)  # it loads while the tester reads the test
+    proc = _spawn(job)  # it loads while the tester reads the test
     while True:
         try:
             seconds, call = marshal.load(asks)
         except EOFError:
             return
-        proc = proc or _spawn(job, pidns)
+        proc = proc or _spawn(job)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
@@ -668,17 +667,17 @@ def _relay(job, pidns, asks, answers):
         os.write(answers, marshal.dumps((tag, data)))
 
 
-def _spawn(job, pidns):
+def _spawn(job):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     # A pid namespace for each program process: it sees and signals its own processes only (kill -1
     # too), and _end's kill of its pid 1 kills them all. unshare moves only our next child there;
     # setns makes our later children ours again.
-    if pidns is not None:
+    if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), (), job, pidns, call_r, reply_w)
-    if pidns is not None:
-        _libc("setns", pidns, CLONE_NEWPID)
+    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w)
+    if job["isolation"] == "namespaces":
+        _libc("setns", job["pidns"], CLONE_NEWPID)
     os.set_blocking(call_w, False)
     return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
@@ -726,10 +725,10 @@ def _end(proc, timeout):
     return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, pidns, call_r, reply_w):
+def _program(job, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
     Nothing here can be trusted once the program runs (it may patch it all)."""
-    if pidns is not None:
+    if job["isolation"] == "namespaces":
         # A session of our own: no signal the program sends to its process group reaches the
         # tester or the supervisor. A mount namespace with a /proc of our pid namespace: the program
         # sees its own processes only. Last, a user namespace without uid map: it loses every
