@@ -651,11 +651,7 @@ def _relay(job, asks, answers):
     # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
     # still running, a half-done change) reaches the next test.
     proc = _spawn(job)  # it loads while the tester reads the test
-    while True:
-        try:
-            seconds, call = marshal.load(asks)
-        except EOFError:
-            return
+    for seconds, call in _messages(asks):
         proc = proc or _spawn(job)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
@@ -760,12 +756,7 @@ def _program(job, call_r, reply_w):
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
     # what the program sends back is JSON.
-    calls = open(call_r, "rb")
-    while True:
-        try:
-            call = marshal.load(calls)
-        except EOFError:
-            return 0
+    for call in _messages(open(call_r, "rb")):
         try:
             send("R", function(*call[0], **call[1]) if call else None)
         except BaseException as e:
@@ -930,6 +921,14 @@ def _decode(x, depth):
     return containers[name]([_decode(y, depth + 1) for y in v])
 
 
+def _messages(file):  # -> marshal's values from `file`, one by one, until its end
+    while True:
+        try:
+            yield marshal.load(file)
+        except EOFError:
+            return
+
+
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     fd = os.memfd_create("sandbox")
     os.write(fd, data)
@@ -949,5 +948,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
-           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe,
-           _say)
+           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _messages, _memory_file,
+           _describe, _say)
