@@ -32,6 +32,7 @@ What it does not cover:
 """
 import ast
 import builtins
+import contextlib
 import dataclasses
 import functools
 import marshal
@@ -333,33 +334,30 @@ def _mount_plan(cwd, home):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
-    # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
-    # afterwards; at the namespaces level its /tmp, a tmpfs of its own that ends with it.
-    home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
-            if job["isolation"] == "rlimits" else None)
-    tmp = home.name if home else "/tmp"
-    # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
-    # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
-    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
-               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
-               env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
-                    "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-                    "OPENBLAS_NUM_THREADS": "1", **(env or {})})
     # The lifeline: the run's first process reads its end until we close ours (or die), then kills
     # the whole run. The job and the test go in memory files: the run reads them at its pace.
     (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
-    theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
-              _memory_file(marshal.dumps(test_job))]
-    try:
-        _start_run(theirs)
-    except OSError as e:
-        _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
-    finally:
-        for fd in theirs:  # the run has its own copies
-            os.close(fd)
-    data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
-    if home:  # (it resets permissions the code took away)
-        home.cleanup()
+    # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
+    # afterwards (permissions the code took away reset); at the namespaces level its /tmp, its own tmpfs.
+    with (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+          if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
+        # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
+        # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
+        job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
+                   cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
+                   env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+                        "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                        "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+        theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
+                  _memory_file(marshal.dumps(test_job))]
+        try:
+            _start_run(theirs)
+        except OSError as e:
+            _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
+        finally:
+            for fd in theirs:  # the run has its own copies
+                os.close(fd)
+        data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
     # One report a line, the repr of a tuple (_say): its first item names it, the first of each wins.
     reports = {}
     for line in data[report_r].splitlines():
@@ -368,8 +366,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out = data[out_r][:max_output].decode("utf-8", "replace")
-    err = data[err_r][:max_output].decode("utf-8", "replace")
+    out, err = (data[fd][:max_output].decode("utf-8", "replace") for fd in (out_r, err_r))
     return reports, out, err, max(len(data[out_r]), len(data[err_r])) > max_output, overdue
 
 
