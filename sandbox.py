@@ -194,11 +194,10 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
-        for index in range(len(groups)):
-            if index in reports:
-                rep.outcomes[index], why = reports[index]
-                if rep.outcomes[index] != "passed" and rep.first_failure is None:
-                    rep.first_failure = why
+        for index in range(len(groups)):  # (no verdict: still "skipped")
+            rep.outcomes[index], why = reports.get(index, ("skipped", None))
+            if rep.outcomes[index] != "passed" and rep.first_failure is None:
+                rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
     # No "done": the run ended early. If the program had loaded and the run hit its cap, the test
@@ -585,10 +584,9 @@ def _supervisor(job):
             hard = resource.getrlimit(limit)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
-        # run(): the program process execs Python on the program; its exit status is the report.
+        # run(): the program process execs Python on the program; _end's (exit status, late) is the report.
         if job["mode"] == "run":
-            returncode, late = _end(_spawn(job), job["timeout"])
-            return _say(job["report_fd"], "exit", returncode, late)
+            return _say(job["report_fd"], "exit", *_end(_spawn(job), job["timeout"]))
         # The tester (the test, the report pipe) and the program never share a process: plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
