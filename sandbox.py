@@ -495,9 +495,8 @@ def _fork(body, give, share, *args):
     if pid == 0:
         status = 1
         try:
-            # The kernel kills us when the parent dies: no process of ours outlives the caller. If
-            # the parent died before we asked, no signal will come: its pidfd, readable once it has
-            # ended, tells, and we leave.
+            # The kernel kills us when the parent dies: no process of ours outlives the caller. If it
+            # died before we asked, no signal will come: its pidfd, readable once it has ended, tells.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if not select.select([parent], [], [], 0)[0]:
                 # Close every descriptor but stdio and `keep` (the gaps between them): no process
@@ -510,8 +509,7 @@ def _fork(body, give, share, *args):
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
-    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once the
-    # processes that write it have.
+    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once its writers have.
     for fd in (parent, *give):
         os.close(fd)
     return pid
@@ -538,12 +536,11 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             # overflow uid): the host's files keep their owners, and the code gets no access to
             # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
-            # New namespaces, for all we fork from now on. User: we are root in it, with power over
-            # its own namespaces only, none over the host. Mount: our covers and read-only mounts
-            # are the run's alone; the host's stay as they are. Pid: the supervisor is its pid 1,
-            # sees no host process, and its death kills all in it. Net: no interface but a loopback
-            # that is down, no abstract Unix socket of the host. IPC: no System V IPC or POSIX
-            # message queues of the host.
+            # New namespaces, for all we fork from now on. User: we are root in it, with power over its
+            # own namespaces only, none over the host. Mount: our covers and read-only mounts are the
+            # run's alone; the host's stay as they are. Pid: the supervisor is its pid 1, sees no host
+            # process, and its death kills all in it. Net: no interface but a loopback that is down, no
+            # abstract Unix socket of the host. IPC: no System V IPC or POSIX message queues of the host.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
@@ -553,8 +550,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             if os.getppid() != server:
                 return
         _fork(_supervisor, (report, test_fd), (), job)
-        # The lifeline: it reads EOF when the caller closes its end, or dies, however it dies.
-        while os.read(lifeline, 1 << 16):
+        while os.read(lifeline, 1 << 16):  # (EOF: the caller closed its end, or died, however it died)
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -610,8 +606,7 @@ def _lock_down(mounts):
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
     # A /proc of the new pid namespace: the host's processes are gone from it.
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    # Python's directories to bind back, opened before a cover hides them (the descriptor still
-    # reaches the directory below).
+    # Python's directories to bind back, opened before a cover hides them (a descriptor still reaches them).
     sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
     for path, kind in mounts:
         if kind == "bind":
@@ -622,9 +617,8 @@ def _lock_down(mounts):
         else:  # an empty tmpfs; /tmp's is the program's scratch space, 64 MiB at most
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
-    # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
-    # has no capabilities left (_program).
+    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no code
+    # changes a file of the caller's; then /tmp writable again. No capability is left to undo it (_program).
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
     # Our working directory is still the host's /tmp, below the new cover (_first went there before
@@ -775,8 +769,7 @@ def _tester(job, ask_w, answer_r):
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    # A call and its answer cross to and from the relay (_relay) as marshal's plain data; _answer reads it.
-    def ask(seconds, call):
+    def ask(seconds, call):  # to the relay (_relay) and back, as marshal's plain data; _answer reads it
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
         os.write(ask_w, marshal.dumps((seconds, call)))
