@@ -333,9 +333,6 @@ def _mount_plan(cwd, home):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
-    # The lifeline: the run's first process reads its end until we close ours (or die), then kills
-    # the whole run. The job and the test go in memory files: the run reads them at its pace.
-    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
     # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
     # afterwards (permissions the code took away reset); at the namespaces level its /tmp, its own tmpfs.
     with (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
@@ -347,6 +344,10 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
                    env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                         "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                         "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+        # The lifeline: the run's first process reads its end until we close ours (or die), then kills
+        # the whole run. The job and the test go in memory files: the run reads them at its pace.
+        pipes = [os.pipe() for _ in range(4)]  # (made once the directory is: a failure there leaks none)
+        (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = pipes
         theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
                   _memory_file(marshal.dumps(test_job))]
         try:
