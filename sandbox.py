@@ -32,6 +32,7 @@ What it does not cover:
 """
 import ast
 import builtins
+import contextlib
 import dataclasses
 import functools
 import marshal
@@ -84,9 +85,10 @@ globals().update(_LINUX)  # the same names as globals here: a reader (or a test)
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch): only what marshal carries.
 _BOOT = """\
-import json, marshal, os, select, signal, sys, time
+import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (json, marshal, os, select, signal, sys, time)}
+space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket,
+                                  sys, time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -192,11 +194,10 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
-        for index in range(len(groups)):
-            if index in reports:
-                rep.outcomes[index], why = reports[index]
-                if rep.outcomes[index] != "passed" and rep.first_failure is None:
-                    rep.first_failure = why
+        for index in range(len(groups)):  # (no verdict: still "skipped")
+            rep.outcomes[index], why = reports.get(index, ("skipped", None))
+            if rep.outcomes[index] != "passed" and rep.first_failure is None:
+                rep.first_failure = why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
     # No "done": the run ended early. If the program had loaded and the run hit its cap, the test
@@ -333,32 +334,30 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
     # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
-    # afterwards; at the namespaces level its /tmp, a tmpfs of its own that ends with it.
-    home = (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
-            if job["isolation"] == "rlimits" else None)
-    tmp = home.name if home else "/tmp"
-    # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
-    # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
-    job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
-               cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
-               env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
-                    "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-                    "OPENBLAS_NUM_THREADS": "1", **(env or {})})
-    # The lifeline: the run's first process reads its end until we close ours (or die), then kills
-    # the whole run. The job and the test go in memory files: the run reads them at its pace.
-    (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = [os.pipe() for _ in range(4)]
-    theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
-              _memory_file(marshal.dumps(test_job))]
-    try:
-        _start_run(theirs)
-    except OSError as e:
-        _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
-    finally:
-        for fd in theirs:  # the run has its own copies
-            os.close(fd)
-    data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
-    if home:  # (it resets permissions the code took away)
-        home.cleanup()
+    # afterwards (permissions the code took away reset); at the namespaces level its /tmp, its own tmpfs.
+    with (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
+          if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
+        # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
+        # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
+        job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
+                   cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
+                   env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+                        "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                        "OPENBLAS_NUM_THREADS": "1", **(env or {})})
+        # The lifeline: the run's first process reads its end until we close ours (or die), then kills
+        # the whole run. The job and the test go in memory files: the run reads them at its pace.
+        pipes = [os.pipe() for _ in range(4)]  # (made once the directory is: a failure there leaks none)
+        (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = pipes
+        theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
+                  _memory_file(marshal.dumps(test_job))]
+        try:
+            _start_run(theirs)
+        except OSError as e:
+            _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
+        finally:
+            for fd in theirs:  # the run has its own copies
+                os.close(fd)
+        data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
     # One report a line, the repr of a tuple (_say): its first item names it, the first of each wins.
     reports = {}
     for line in data[report_r].splitlines():
@@ -367,8 +366,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             reports.setdefault(report[0], report[1:])
         except Exception:
             reports.setdefault("infra", (f"a garbled report line: {line[:200]!r}",))
-    out = data[out_r][:max_output].decode("utf-8", "replace")
-    err = data[err_r][:max_output].decode("utf-8", "replace")
+    out, err = (data[fd][:max_output].decode("utf-8", "replace") for fd in (out_r, err_r))
     return reports, out, err, max(len(data[out_r]), len(data[err_r])) > max_output, overdue
 
 
@@ -472,7 +470,6 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 
 def _fork_server(job):
     """Fork a run's first process on the descriptors of each message, till the caller is gone."""
-    import socket
     # Not dumpable: a process of our uid (a run's program at the rlimits level) can't ptrace us or
     # open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
     _libc("prctl", PR_SET_DUMPABLE, 0)
@@ -499,9 +496,8 @@ def _fork(body, give, share, *args):
     if pid == 0:
         status = 1
         try:
-            # The kernel kills us when the parent dies: no process of ours outlives the caller. If
-            # the parent died before we asked, no signal will come: its pidfd, readable once it has
-            # ended, tells, and we leave.
+            # The kernel kills us when the parent dies: no process of ours outlives the caller. If it
+            # died before we asked, no signal will come: its pidfd, readable once it has ended, tells.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if not select.select([parent], [], [], 0)[0]:
                 # Close every descriptor but stdio and `keep` (the gaps between them): no process
@@ -514,8 +510,7 @@ def _fork(body, give, share, *args):
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
-    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once the
-    # processes that write it have.
+    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once its writers have.
     for fd in (parent, *give):
         os.close(fd)
     return pid
@@ -542,12 +537,11 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             # overflow uid): the host's files keep their owners, and the code gets no access to
             # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
-            # New namespaces, for all we fork from now on. User: we are root in it, with power over
-            # its own namespaces only, none over the host. Mount: our covers and read-only mounts
-            # are the run's alone; the host's stay as they are. Pid: the supervisor is its pid 1,
-            # sees no host process, and its death kills all in it. Net: no interface but a loopback
-            # that is down, no abstract Unix socket of the host. IPC: no System V IPC or POSIX
-            # message queues of the host.
+            # New namespaces, for all we fork from now on. User: we are root in it, with power over its
+            # own namespaces only, none over the host. Mount: our covers and read-only mounts are the
+            # run's alone; the host's stay as they are. Pid: the supervisor is its pid 1, sees no host
+            # process, and its death kills all in it. Net: no interface but a loopback that is down, no
+            # abstract Unix socket of the host. IPC: no System V IPC or POSIX message queues of the host.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
@@ -557,8 +551,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             if os.getppid() != server:
                 return
         _fork(_supervisor, (report, test_fd), (), job)
-        # The lifeline: it reads EOF when the caller closes its end, or dies, however it dies.
-        while os.read(lifeline, 1 << 16):
+        while os.read(lifeline, 1 << 16):  # (EOF: the caller closed its end, or died, however it died)
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
@@ -570,7 +563,6 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
 
 def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
-    import resource
     try:
         # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
         _libc("prctl", PR_SET_DUMPABLE, 0)
@@ -578,11 +570,10 @@ def _supervisor(job):
         # outlast the cap), 16 MiB a file written, 256 open files, no core dumps.
         limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
                   resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
-        pidns = None
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
             # Our own pid namespace: _spawn returns to it after each program process's own.
-            pidns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            job["pidns"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
             # RLIMIT_NPROC bounds fork floods where it counts per user namespace, as here; outside
             # one, all of the caller's processes would count.
             limits[resource.RLIMIT_NPROC] = 256
@@ -590,15 +581,14 @@ def _supervisor(job):
             hard = resource.getrlimit(limit)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
-        # run(): the program process execs Python on the program; its exit status is the report.
+        # run(): the program process execs Python on the program; _end's (exit status, late) is the report.
         if job["mode"] == "run":
-            returncode, late = _end(_spawn(job, pidns), job["timeout"])
-            return _say(job["report_fd"], "exit", returncode, late)
+            return _say(job["report_fd"], "exit", *_end(_spawn(job), job["timeout"]))
         # The tester (the test, the report pipe) and the program never share a process: plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
-        _relay(job, pidns, open(ask_r, "rb"), answer_w)
+        _relay(job, open(ask_r, "rb"), answer_w)
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
@@ -606,7 +596,6 @@ def _supervisor(job):
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
     # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
-    import ctypes
     function = getattr(ctypes.CDLL(None, use_errno=True), name)
     if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
@@ -618,8 +607,7 @@ def _lock_down(mounts):
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
     # A /proc of the new pid namespace: the host's processes are gone from it.
     _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    # Python's directories to bind back, opened before a cover hides them (the descriptor still
-    # reaches the directory below).
+    # Python's directories to bind back, opened before a cover hides them (a descriptor still reaches them).
     sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
     for path, kind in mounts:
         if kind == "bind":
@@ -630,9 +618,8 @@ def _lock_down(mounts):
         else:  # an empty tmpfs; /tmp's is the program's scratch space, 64 MiB at most
             options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no
-    # code changes a file of the caller's; then /tmp writable again. The program can't undo it: it
-    # has no capabilities left (_program).
+    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no code
+    # changes a file of the caller's; then /tmp writable again. No capability is left to undo it (_program).
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
     # Our working directory is still the host's /tmp, below the new cover (_first went there before
@@ -648,18 +635,14 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
-def _relay(job, pidns, asks, answers):
+def _relay(job, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
     # still running, a half-done change) reaches the next test.
-    proc = _spawn(job, pidns)  # it loads while the tester reads the test
-    while True:
-        try:
-            seconds, call = marshal.load(asks)
-        except EOFError:
-            return
-        proc = proc or _spawn(job, pidns)
+    proc = _spawn(job)  # it loads while the tester reads the test
+    for seconds, call in _messages(asks):
+        proc = proc or _spawn(job)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
@@ -670,17 +653,17 @@ def _relay(job, pidns, asks, answers):
         os.write(answers, marshal.dumps((tag, data)))
 
 
-def _spawn(job, pidns):
+def _spawn(job):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     # A pid namespace for each program process: it sees and signals its own processes only (kill -1
     # too), and _end's kill of its pid 1 kills them all. unshare moves only our next child there;
     # setns makes our later children ours again.
-    if pidns is not None:
+    if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), (), job, pidns, call_r, reply_w)
-    if pidns is not None:
-        _libc("setns", pidns, CLONE_NEWPID)
+    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w)
+    if job["isolation"] == "namespaces":
+        _libc("setns", job["pidns"], CLONE_NEWPID)
     os.set_blocking(call_w, False)
     return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
@@ -728,10 +711,10 @@ def _end(proc, timeout):
     return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, pidns, call_r, reply_w):
+def _program(job, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
     Nothing here can be trusted once the program runs (it may patch it all)."""
-    if pidns is not None:
+    if job["isolation"] == "namespaces":
         # A session of our own: no signal the program sends to its process group reaches the
         # tester or the supervisor. A mount namespace with a /proc of our pid namespace: the program
         # sees its own processes only. Last, a user namespace without uid map: it loses every
@@ -763,12 +746,7 @@ def _program(job, pidns, call_r, reply_w):
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
     # what the program sends back is JSON.
-    calls = open(call_r, "rb")
-    while True:
-        try:
-            call = marshal.load(calls)
-        except EOFError:
-            return 0
+    for call in _messages(open(call_r, "rb")):
         try:
             send("R", function(*call[0], **call[1]) if call else None)
         except BaseException as e:
@@ -792,8 +770,7 @@ def _tester(job, ask_w, answer_r):
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    # A call and its answer cross to and from the relay (_relay) as marshal's plain data; _answer reads it.
-    def ask(seconds, call):
+    def ask(seconds, call):  # to the relay (_relay) and back, as marshal's plain data; _answer reads it
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
         os.write(ask_w, marshal.dumps((seconds, call)))
@@ -842,7 +819,6 @@ def _tester(job, ask_w, answer_r):
 
 def _answer(tag, data, timeout):
     """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
-    import builtins
     if tag != "R":  # the relay's word: the call timed out, or the program process ended
         return ("timeout", f"timed out after {timeout:g} s") if tag == "T" else ("failed", data)
     try:
@@ -934,6 +910,14 @@ def _decode(x, depth):
     return containers[name]([_decode(y, depth + 1) for y in v])
 
 
+def _messages(file):  # -> marshal's values from `file`, one by one, until its end
+    while True:
+        try:
+            yield marshal.load(file)
+        except EOFError:
+            return
+
+
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     fd = os.memfd_create("sandbox")
     os.write(fd, data)
@@ -953,5 +937,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
-           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _memory_file, _describe,
-           _say)
+           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _messages, _memory_file,
+           _describe, _say)
