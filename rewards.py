@@ -89,20 +89,14 @@ def _body(lines, indent):
         yield line
 
 
-def _function_by_ast(text, name):
-    """A top-level `def name` cut out of text that parses: exact, even with odd docstrings."""
-    tree = _parse(text)
+def _cut_function(text, name, pattern):
+    """A top-level `def name` cut out of text: by the parse tree where text parses (exact, even with
+    odd docstrings), else as the paper cuts, from the outermost `def name(` line (`pattern`) on."""
+    lines, tree = text.split("\n"), _parse(text)
     for node in tree.body if tree else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             # From the `def` line on: decorators would need imports the program does not have.
-            return "\n".join(text.split("\n")[node.lineno - 1:node.end_lineno])
-    return None
-
-
-def _function_by_lines(text, pattern):
-    """The paper's line-based cut, for text that does not parse but has a `def name(` line (pattern):
-    the outermost (then first) such line and the lines after it that are blank or deeper."""
-    lines = text.split("\n")
+            return "\n".join(lines[node.lineno - 1:node.end_lineno])
     # (indentation, line number) of each `def name(` line: the least indented is the real one (a
     # `def name` nested in another function is not), the first of those on a tie.
     starts = [(len(line) - len(line.lstrip(" \t")), number) for number, line in enumerate(lines)
@@ -125,7 +119,7 @@ def extract_function(text, name, signature=None):
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         # Only text with a `def name(` line is parsed: parsing costs 0.5 s on a megabyte of prose.
         if pattern.search(candidate):
-            return _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
+            return _cut_function(candidate, name, pattern)
     return None
 
 # -----------------------------------------------------------------------------
@@ -246,26 +240,22 @@ def _judge_text(item):
     return reward, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
 
 
-def _judge_tests(reward, report):
-    """L3 tests and the cooperation bonus from the sandbox's report, for ours and the authors'."""
-    # L3: the share of the problem's assertions that pass, each run on its own.
-    reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
-    # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
-    reward.sandbox_error = getattr(report, "infra_error", None)
-    reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
-    reward.coop = float(sum(reward.bonus_steps()))
-
-
 def _score_code(items, judge, sandbox_options):
-    """The text levels of every item by `judge`, then one sandbox.run_tests_many call for all the
-    programs that reach the tests: the trainer's G x batch joint actions run in parallel."""
+    """Every item's text levels by `judge`, one sandbox.run_tests_many call for all the programs that
+    reach the tests (G x batch joint actions in parallel), then L3 and the bonus; ours and theirs."""
     judged = [judge(item) for item in items]  # (reward, the test to run or None) per item
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
         import sandbox  # here: the writing rewards need no sandbox
         jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
         for i, report in zip(todo, sandbox.run_tests_many(jobs, **sandbox_options)):
-            _judge_tests(judged[i][0], report)
+            reward = judged[i][0]
+            # L3: the share of the problem's assertions that pass, each run on its own.
+            reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
+            # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
+            reward.sandbox_error = getattr(report, "infra_error", None)
+            reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
+            reward.coop = float(sum(reward.bonus_steps()))
     return [reward for reward, _ in judged]
 
 
@@ -534,7 +524,7 @@ def split_single_output(text):
 # rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
 # Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
 # Ours above never test a mode; the replica re-implements only what theirs does differently and
-# shares the rest (_score_code, _judge_tests, _score_writing: the levels' bands, gates and sums),
+# shares the rest (_score_code, _score_writing: the levels' bands, gates and sums),
 # so the arithmetic of the two modes cannot drift apart (docs/rewards.md).
 
 
