@@ -344,19 +344,16 @@ this those through to too under until up very was we were what when where which 
 why will with would you your yours yourself yourselves
 """.split())
 
-_WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
-
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward; a band is (zero_lo, one_lo, one_hi, zero_hi)."""
+    """The numbers of one leveled writing reward (its levels weigh 0.5, 1.0, 0.5 and 1.0 in both tasks:
+    3.0 in all); a band is (zero_lo, one_lo, one_hi, zero_hi)."""
     tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
     length_band: tuple     # L2: character-length ratio c2 / c1
     unique_band: tuple     # L3: unique-word ratio u2 / u1
     jaccard_cap: float     # L4: Jaccard at or above the cap scores 1
     transitions_in: str    # L4: connectives counted in the "second" output or in "both"
-    weights: tuple = (0.5, 1.0, 0.5, 1.0)  # L1..L4 maxima: 3.0 in all
-    style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
 # The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
@@ -391,8 +388,8 @@ class WritingReward:
 
 
 def words(text):
-    """The lowercased words of text; inner apostrophes are kept ("don't")."""
-    return _WORD_RE.findall(text.lower())
+    """The lowercased words of text: runs of letters and digits, inner apostrophes kept ("don't")."""
+    return re.findall(r"[^\W_]+(?:'[^\W_]+)*", text.lower())
 
 
 def _categories_in(text, pad):
@@ -453,21 +450,19 @@ def _score_writing(first, second, spec, measure):
     words1, words2, found, reward.jaccard = measure(first, second, connective_texts)
     reward.unique_ratio = len(set(words2)) / len(set(words1)) if words1 else 0.0
     reward.categories, reward.transition = len(found), transition_score(len(found))
-    weight_tokens, weight_length, weight_words, weight_style = spec.weights
-    reward.levels["structure"] = weight_tokens
+    reward.levels["structure"] = 0.5
     # L2 coordination (the second text's length relative to the first's), then L3 vocabulary (how
     # many more distinct words it uses): a ratio outside its band's zero points ends the reward.
-    for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, weight_length),
-                                       ("vocabulary", reward.unique_ratio, spec.unique_band, weight_words)):
+    for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, 1.0),
+                                       ("vocabulary", reward.unique_ratio, spec.unique_band, 0.5)):
         score = band_score(ratio, band)
         if score is None:
             return reward
         reward.levels[level] = weight * score
-    # L4 style: connectives, and shared words, capped: a little overlap shows that the two texts are
-    # about the same thing and earns it all, so copying the partner earns nothing more.
+    # L4 style, 0.4 T + 0.6 J: connectives, and shared words, capped: a little overlap shows that the
+    # two texts are about the same thing and earns it all, so copying the partner earns nothing more.
     capped = min(reward.jaccard, spec.jaccard_cap) / spec.jaccard_cap
-    weight_transition, weight_jaccard = spec.style
-    reward.levels["style"] = weight_style * (weight_transition * reward.transition + weight_jaccard * capped)
+    reward.levels["style"] = 0.4 * reward.transition + 0.6 * capped
     return reward
 
 
@@ -542,10 +537,8 @@ def reward_functions(authors=False):
 
 
 _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
-_AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
 _AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
 _AUTHORS_CODE_MARK = re.compile(r"def |return |if |for |while |=|\(|\)|\[|\]")  # a line with one is code
-_AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
 _QUOTES = ('"""', "'''")
 
 
@@ -565,7 +558,7 @@ def _authors_cleanup(code):
     out, base = [], None  # base: the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
-        if _AUTHORS_ANY_DEF.match(line):
+        if re.match(r"\s*def\s+\w+\s*\(", line):
             if out:
                 out.append("")  # their blocks are joined by a blank line
             out.append(line)
@@ -667,7 +660,7 @@ def _authors_check(test, entry_point):
     for case in cases:
         case = case.replace("candidate", entry_point)
         # `assert f(args) == expected`: the two sides their loop evaluates again for its log line
-        match = _AUTHORS_CALL.search(case)
+        match = re.search(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)", case)
         call = (f"{match.group(1)}({match.group(2)})", match.group(3)) if match else None
         out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
     return "".join(out)
@@ -717,8 +710,6 @@ right same shall should so some such than that the their them then there these t
 too us very was we were what when where which who why will with would you your
 """.split())
 
-_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
-
 
 def _authors_transition_categories(text):
     """Theirs: a phrase counts anywhere in the lowercased text, even inside a word ("so" in "also")."""
@@ -727,7 +718,7 @@ def _authors_transition_categories(text):
 
 def _authors_measures(first, second, connective_texts):
     """Their words (\\b\\w+\\b), substring connectives and Jaccard (1.0 when no word is left)."""
-    words1, words2 = _AUTHORS_WORD_RE.findall(first.lower()), _AUTHORS_WORD_RE.findall(second.lower())
+    words1, words2 = (re.findall(r"\b\w+\b", text.lower()) for text in (first, second))
     # One string for both texts: a phrase may match across the seam ("qzth" + "enqz": "then").
     found = _authors_transition_categories("".join(connective_texts))
     return words1, words2, found, jaccard(words1, words2, AUTHORS_STOPWORDS, if_empty=1.0)
