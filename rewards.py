@@ -13,13 +13,10 @@ Model code runs only in sandbox.py; the text levels never raise on model output 
 broken unicode, NUL bytes, megabytes). The last section replicates the authors' first release
 exactly; reward_functions(authors) is the one switch between ours and theirs (--authors-rewards).
 
-Try it:
-    python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
-        'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
-    python -m pytest tests/test_rewards.py -q
+Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
+    'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
-import math
 import re
 import textwrap
 from collections import namedtuple
@@ -359,7 +356,7 @@ class WritingLevels:
 # The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
 # long, with at least twice the distinct words; a little shared vocabulary (3%) is enough.
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
-                     unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
+                     unique_band=(1.3, 2.0, float("inf"), float("inf")), transitions_in="second")
 # The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
 ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5), jaccard_cap=0.23,
                       unique_band=(0.5, 0.7, 1.3, 1.7), transitions_in="both")
@@ -514,14 +511,10 @@ def split_single_output(text):
     return _two_parts(text, (_MARK, _DASH_LINE, _PARA2), cut=len(text))
 
 # -----------------------------------------------------------------------------
-# The switch (--authors-rewards), then the authors' rewards exactly: their first release, for
-# reproducing the paper's numbers. Code: shady-cs15/LLM_Collab_Code_Generation@ae03036b
-# rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
-# Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
-# Ours above never test a mode; the replica re-implements only what theirs does differently and
-# shares the rest (_score_code, _score_writing: the levels' bands, gates and sums),
-# so the arithmetic of the two modes cannot drift apart (docs/rewards.md).
-
+# The switch (--authors-rewards), then the authors' first release replicated exactly, to reproduce the
+# paper's numbers (their sources: docs/rewards.md). Ours above never test a mode; the replica
+# re-implements only what theirs does differently and shares _score_code and _score_writing (the
+# levels' bands, gates and sums), so the arithmetic of the two modes cannot drift apart.
 
 # The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
 # writing_reward) and split_single (as split_single_output).
@@ -540,6 +533,13 @@ _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]
 _AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
 _AUTHORS_CODE_MARK = re.compile(r"def |return |if |for |while |=|\(|\)|\[|\]")  # a line with one is code
 _QUOTES = ('"""', "'''")
+AUTHORS_STOPWORDS = frozenset("""
+a all also an and any are as at bad be been being both but by can could did do does each few first
+for from good great had has have he her here him his how i if in is it its just last left little
+long low many may me might more most much must my new no not now of old on only or other our own
+right same shall should so some such than that the their them then there these they this those to
+too us very was we were what when where which who why will with would you your
+""".split())
 
 
 def _authors_prompt_imports(prompt):
@@ -700,15 +700,6 @@ def _authors_code_reward_many(items, timeout=None):
     timeouts, as theirs."""
     options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
     return _score_code(items, _authors_judge_text, options)
-
-
-AUTHORS_STOPWORDS = frozenset("""
-a all also an and any are as at bad be been being both but by can could did do does each few first
-for from good great had has have he her here him his how i if in is it its just last left little
-long low many may me might more most much must my new no not now of old on only or other our own
-right same shall should so some such than that the their them then there these they this those to
-too us very was we were what when where which who why will with would you your
-""".split())
 
 
 def _authors_transition_categories(text):
