@@ -131,7 +131,6 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
-    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -150,7 +149,6 @@ class CodeReward:
         # that fails every test earns nothing for its teamwork.
         if self.passed == 0 or not self.has_aux or not self.calls_aux:
             return []
-        # +0.5 for calling aux; +1.0 unless main merely wraps it; -0.5 if main throws a result away.
         return [0.5] + ([] if self.wrapper else [1.0]) + ([-0.5] if self.discards_aux else [])
 
     @property
@@ -180,9 +178,8 @@ def _is_aux_call(node):
 
 
 def _is_wrapper(function):
-    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
-    the main agent handed the whole job to the helper."""
-    # A docstring is no work of main's own: the shape is read from the statements after it.
+    """Only `return aux(...)`, or `v = aux(...)` then `return v`, after any docstring (no work of
+    main's own): the main agent handed the whole job to the helper."""
     has_docstring = ast.get_docstring(function, clean=False) is not None
     match function.body[1:] if has_docstring else function.body:
         case [ast.Return(value=call)]:
@@ -516,8 +513,7 @@ def split_single_output(text):
 # re-implements only what theirs does differently and shares _score_code and _score_writing (the
 # levels' bands, gates and sums), so the arithmetic of the two modes cannot drift apart.
 
-# The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
-# writing_reward) and split_single (as split_single_output).
+# The functions an env scores with, ours or the authors' (reward_functions, the one switch).
 RewardFunctions = namedtuple("RewardFunctions", "code_many writing split_single")
 
 
@@ -600,9 +596,8 @@ def _authors_function(code, name):
 
 
 def _authors_is_wrapper(func):
-    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
-    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
-    `return ...aux...`, or `v = aux(...)` then `return v`."""
+    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings skipped,
+    a wrapper is nothing, one line `return ...aux...`, or `v = aux(...)` then `return v`."""
     body, in_doc = [], False
     for line in func.split("\n"):
         stripped = line.strip()
@@ -695,9 +690,8 @@ def _authors_judge_text(item):
 
 
 def _authors_code_reward_many(items, timeout=None):
-    """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
-    Each test gets 10 s unless `timeout` (their signal.alarm(10)), and the tests stop after 3
-    timeouts, as theirs."""
+    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): 10 s
+    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs."""
     options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
     return _score_code(items, _authors_judge_text, options)
 
