@@ -13,13 +13,10 @@ Model code runs only in sandbox.py; the text levels never raise on model output 
 broken unicode, NUL bytes, megabytes). The last section replicates the authors' first release
 exactly; reward_functions(authors) is the one switch between ours and theirs (--authors-rewards).
 
-Try it:
-    python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
-        'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
-    python -m pytest tests/test_rewards.py -q
+Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): return 2 * x',
+    'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
-import math
 import re
 import textwrap
 from collections import namedtuple
@@ -89,20 +86,14 @@ def _body(lines, indent):
         yield line
 
 
-def _function_by_ast(text, name):
-    """A top-level `def name` cut out of text that parses: exact, even with odd docstrings."""
-    tree = _parse(text)
+def _cut_function(text, name, pattern):
+    """A top-level `def name` cut out of text: by the parse tree where text parses (exact, even with
+    odd docstrings), else as the paper cuts, from the outermost `def name(` line (`pattern`) on."""
+    lines, tree = text.split("\n"), _parse(text)
     for node in tree.body if tree else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             # From the `def` line on: decorators would need imports the program does not have.
-            return "\n".join(text.split("\n")[node.lineno - 1:node.end_lineno])
-    return None
-
-
-def _function_by_lines(text, pattern):
-    """The paper's line-based cut, for text that does not parse but has a `def name(` line (pattern):
-    the outermost (then first) such line and the lines after it that are blank or deeper."""
-    lines = text.split("\n")
+            return "\n".join(lines[node.lineno - 1:node.end_lineno])
     # (indentation, line number) of each `def name(` line: the least indented is the real one (a
     # `def name` nested in another function is not), the first of those on a tie.
     starts = [(len(line) - len(line.lstrip(" \t")), number) for number, line in enumerate(lines)
@@ -125,7 +116,7 @@ def extract_function(text, name, signature=None):
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
         # Only text with a `def name(` line is parsed: parsing costs 0.5 s on a megabyte of prose.
         if pattern.search(candidate):
-            return _function_by_ast(candidate, name) or _function_by_lines(candidate, pattern)
+            return _cut_function(candidate, name, pattern)
     return None
 
 # -----------------------------------------------------------------------------
@@ -140,7 +131,6 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
-    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -159,7 +149,6 @@ class CodeReward:
         # that fails every test earns nothing for its teamwork.
         if self.passed == 0 or not self.has_aux or not self.calls_aux:
             return []
-        # +0.5 for calling aux; +1.0 unless main merely wraps it; -0.5 if main throws a result away.
         return [0.5] + ([] if self.wrapper else [1.0]) + ([-0.5] if self.discards_aux else [])
 
     @property
@@ -189,9 +178,8 @@ def _is_aux_call(node):
 
 
 def _is_wrapper(function):
-    """Only `return aux(...)`, or `v = aux(...)` then `return v` (a docstring before them aside):
-    the main agent handed the whole job to the helper."""
-    # A docstring is no work of main's own: the shape is read from the statements after it.
+    """Only `return aux(...)`, or `v = aux(...)` then `return v`, after any docstring (no work of
+    main's own): the main agent handed the whole job to the helper."""
     has_docstring = ast.get_docstring(function, clean=False) is not None
     match function.body[1:] if has_docstring else function.body:
         case [ast.Return(value=call)]:
@@ -246,26 +234,22 @@ def _judge_text(item):
     return reward, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
 
 
-def _judge_tests(reward, report):
-    """L3 tests and the cooperation bonus from the sandbox's report, for ours and the authors'."""
-    # L3: the share of the problem's assertions that pass, each run on its own.
-    reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
-    # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
-    reward.sandbox_error = getattr(report, "infra_error", None)
-    reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
-    reward.coop = float(sum(reward.bonus_steps()))
-
-
 def _score_code(items, judge, sandbox_options):
-    """The text levels of every item by `judge`, then one sandbox.run_tests_many call for all the
-    programs that reach the tests: the trainer's G x batch joint actions run in parallel."""
+    """Every item's text levels by `judge`, one sandbox.run_tests_many call for all the programs that
+    reach the tests (G x batch joint actions in parallel), then L3 and the bonus; ours and theirs."""
     judged = [judge(item) for item in items]  # (reward, the test to run or None) per item
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
         import sandbox  # here: the writing rewards need no sandbox
         jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
         for i, report in zip(todo, sandbox.run_tests_many(jobs, **sandbox_options)):
-            _judge_tests(judged[i][0], report)
+            reward = judged[i][0]
+            # L3: the share of the problem's assertions that pass, each run on its own.
+            reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
+            # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
+            reward.sandbox_error = getattr(report, "infra_error", None)
+            reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
+            reward.coop = float(sum(reward.bonus_steps()))
     return [reward for reward, _ in judged]
 
 
@@ -354,25 +338,22 @@ this those through to too under until up very was we were what when where which 
 why will with would you your yours yourself yourselves
 """.split())
 
-_WORD_RE = re.compile(r"[^\W_]+(?:'[^\W_]+)*")  # letters/digits, inner apostrophes kept: "don't"
-
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward; a band is (zero_lo, one_lo, one_hi, zero_hi)."""
+    """The numbers of one leveled writing reward (its levels weigh 0.5, 1.0, 0.5 and 1.0 in both tasks:
+    3.0 in all); a band is (zero_lo, one_lo, one_hi, zero_hi)."""
     tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
     length_band: tuple     # L2: character-length ratio c2 / c1
     unique_band: tuple     # L3: unique-word ratio u2 / u1
     jaccard_cap: float     # L4: Jaccard at or above the cap scores 1
     transitions_in: str    # L4: connectives counted in the "second" output or in "both"
-    weights: tuple = (0.5, 1.0, 0.5, 1.0)  # L1..L4 maxima: 3.0 in all
-    style: tuple = (0.4, 0.6)              # L4 = weights[3] * (0.4 * T + 0.6 * J)
 
 
 # The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
 # long, with at least twice the distinct words; a little shared vocabulary (3%) is enough.
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
-                     unique_band=(1.3, 2.0, math.inf, math.inf), transitions_in="second")
+                     unique_band=(1.3, 2.0, float("inf"), float("inf")), transitions_in="second")
 # The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
 ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5), jaccard_cap=0.23,
                       unique_band=(0.5, 0.7, 1.3, 1.7), transitions_in="both")
@@ -401,8 +382,8 @@ class WritingReward:
 
 
 def words(text):
-    """The lowercased words of text; inner apostrophes are kept ("don't")."""
-    return _WORD_RE.findall(text.lower())
+    """The lowercased words of text: runs of letters and digits, inner apostrophes kept ("don't")."""
+    return re.findall(r"[^\W_]+(?:'[^\W_]+)*", text.lower())
 
 
 def _categories_in(text, pad):
@@ -463,21 +444,19 @@ def _score_writing(first, second, spec, measure):
     words1, words2, found, reward.jaccard = measure(first, second, connective_texts)
     reward.unique_ratio = len(set(words2)) / len(set(words1)) if words1 else 0.0
     reward.categories, reward.transition = len(found), transition_score(len(found))
-    weight_tokens, weight_length, weight_words, weight_style = spec.weights
-    reward.levels["structure"] = weight_tokens
+    reward.levels["structure"] = 0.5
     # L2 coordination (the second text's length relative to the first's), then L3 vocabulary (how
     # many more distinct words it uses): a ratio outside its band's zero points ends the reward.
-    for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, weight_length),
-                                       ("vocabulary", reward.unique_ratio, spec.unique_band, weight_words)):
+    for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, 1.0),
+                                       ("vocabulary", reward.unique_ratio, spec.unique_band, 0.5)):
         score = band_score(ratio, band)
         if score is None:
             return reward
         reward.levels[level] = weight * score
-    # L4 style: connectives, and shared words, capped: a little overlap shows that the two texts are
-    # about the same thing and earns it all, so copying the partner earns nothing more.
+    # L4 style, 0.4 T + 0.6 J: connectives, and shared words, capped: a little overlap shows that the
+    # two texts are about the same thing and earns it all, so copying the partner earns nothing more.
     capped = min(reward.jaccard, spec.jaccard_cap) / spec.jaccard_cap
-    weight_transition, weight_jaccard = spec.style
-    reward.levels["style"] = weight_style * (weight_transition * reward.transition + weight_jaccard * capped)
+    reward.levels["style"] = 0.4 * reward.transition + 0.6 * capped
     return reward
 
 
@@ -529,17 +508,12 @@ def split_single_output(text):
     return _two_parts(text, (_MARK, _DASH_LINE, _PARA2), cut=len(text))
 
 # -----------------------------------------------------------------------------
-# The switch (--authors-rewards), then the authors' rewards exactly: their first release, for
-# reproducing the paper's numbers. Code: shady-cs15/LLM_Collab_Code_Generation@ae03036b
-# rewards/code_rewards.py + code_utils.py, re-implemented (their tests run in our sandbox).
-# Writing: OpenMLRL/LLM_Collab_Writing rewards/{tldr,arxiv}_rewards.py and train_grpo.py.
-# Ours above never test a mode; the replica re-implements only what theirs does differently and
-# shares the rest (_score_code, _judge_tests, _score_writing: the levels' bands, gates and sums),
-# so the arithmetic of the two modes cannot drift apart (docs/rewards.md).
+# The switch (--authors-rewards), then the authors' first release replicated exactly, to reproduce the
+# paper's numbers (their sources: docs/rewards.md). Ours above never test a mode; the replica
+# re-implements only what theirs does differently and shares _score_code and _score_writing (the
+# levels' bands, gates and sums), so the arithmetic of the two modes cannot drift apart.
 
-
-# The functions an env scores with, ours or the authors': code_many (as code_reward_many), writing (as
-# writing_reward) and split_single (as split_single_output).
+# The functions an env scores with, ours or the authors' (reward_functions, the one switch).
 RewardFunctions = namedtuple("RewardFunctions", "code_many writing split_single")
 
 
@@ -552,11 +526,16 @@ def reward_functions(authors=False):
 
 
 _AUTHORS_IMPORT_RE = re.compile(r"from\s+[\w.]+\s+import\s+.*$|import\s+[\w.,\s]+$")
-_AUTHORS_ANY_DEF = re.compile(r"\s*def\s+\w+\s*\(")
 _AUTHORS_PROSE = re.compile(r"[A-Z][a-z].*[.!?:]$")  # a sentence line, dropped from functions
 _AUTHORS_CODE_MARK = re.compile(r"def |return |if |for |while |=|\(|\)|\[|\]")  # a line with one is code
-_AUTHORS_CALL = re.compile(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)")
 _QUOTES = ('"""', "'''")
+AUTHORS_STOPWORDS = frozenset("""
+a all also an and any are as at bad be been being both but by can could did do does each few first
+for from good great had has have he her here him his how i if in is it its just last left little
+long low many may me might more most much must my new no not now of old on only or other our own
+right same shall should so some such than that the their them then there these they this those to
+too us very was we were what when where which who why will with would you your
+""".split())
 
 
 def _authors_prompt_imports(prompt):
@@ -575,7 +554,7 @@ def _authors_cleanup(code):
     out, base = [], None  # base: the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
-        if _AUTHORS_ANY_DEF.match(line):
+        if re.match(r"\s*def\s+\w+\s*\(", line):
             if out:
                 out.append("")  # their blocks are joined by a blank line
             out.append(line)
@@ -617,9 +596,8 @@ def _authors_function(code, name):
 
 
 def _authors_is_wrapper(func):
-    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings
-    skipped (quotes alone on a line open one that never closes), a wrapper is nothing, one line
-    `return ...aux...`, or `v = aux(...)` then `return v`."""
+    """Their is_wrapper_function, on lines: with blanks, comments, `def ` lines and docstrings skipped,
+    a wrapper is nothing, one line `return ...aux...`, or `v = aux(...)` then `return v`."""
     body, in_doc = [], False
     for line in func.split("\n"):
         stripped = line.strip()
@@ -677,7 +655,7 @@ def _authors_check(test, entry_point):
     for case in cases:
         case = case.replace("candidate", entry_point)
         # `assert f(args) == expected`: the two sides their loop evaluates again for its log line
-        match = _AUTHORS_CALL.search(case)
+        match = re.search(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)", case)
         call = (f"{match.group(1)}({match.group(2)})", match.group(3)) if match else None
         out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
     return "".join(out)
@@ -712,22 +690,10 @@ def _authors_judge_text(item):
 
 
 def _authors_code_reward_many(items, timeout=None):
-    """Their code reward for a batch, as code_reward_many; item["prompt"] is the problem's prompt.
-    Each test gets 10 s unless `timeout` (their signal.alarm(10)), and the tests stop after 3
-    timeouts, as theirs."""
+    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): 10 s
+    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs."""
     options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
     return _score_code(items, _authors_judge_text, options)
-
-
-AUTHORS_STOPWORDS = frozenset("""
-a all also an and any are as at bad be been being both but by can could did do does each few first
-for from good great had has have he her here him his how i if in is it its just last left little
-long low many may me might more most much must my new no not now of old on only or other our own
-right same shall should so some such than that the their them then there these they this those to
-too us very was we were what when where which who why will with would you your
-""".split())
-
-_AUTHORS_WORD_RE = re.compile(r"\b\w+\b")
 
 
 def _authors_transition_categories(text):
@@ -737,7 +703,7 @@ def _authors_transition_categories(text):
 
 def _authors_measures(first, second, connective_texts):
     """Their words (\\b\\w+\\b), substring connectives and Jaccard (1.0 when no word is left)."""
-    words1, words2 = _AUTHORS_WORD_RE.findall(first.lower()), _AUTHORS_WORD_RE.findall(second.lower())
+    words1, words2 = (re.findall(r"\b\w+\b", text.lower()) for text in (first, second))
     # One string for both texts: a phrase may match across the seam ("qzth" + "enqz": "then").
     found = _authors_transition_categories("".join(connective_texts))
     return words1, words2, found, jaccard(words1, words2, AUTHORS_STOPWORDS, if_empty=1.0)
