@@ -131,6 +131,7 @@ class CodeReward:
     syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
     tests: float = 0.0         # L3: passed / n_tests
     coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
+    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
