@@ -638,7 +638,7 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
 
 def episode_returns(turns, gamma, num_turns):
     """Per turn, each node's return, [groups, J], from the last turn back: node_return of a revised
-    node, solved_return of a leaf (over the turns it skips, if solved; else it is at the last turn)."""
+    node, solved_return of a solved one (over the turns it skips), else its reward."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
@@ -646,8 +646,10 @@ def episode_returns(turns, gamma, num_turns):
             group = turn.children.get(node)
             if group is not None:
                 values.append(node_return(reward, returns[t + 1][group].tolist(), gamma))
-            else:  # with --expand all a leaf is solved or at the last turn, where solved_return is r
+            elif turn.terminated[node]:
                 values.append(solved_return(reward, num_turns - 1 - t, gamma))
+            else:  # a leaf not solved: the last turn's (or, with --expand best, one not revised)
+                values.append(float(reward))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 

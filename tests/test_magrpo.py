@@ -513,6 +513,17 @@ def test_episode_advantages_all_never_punish_a_solved_answer_by_hand():
     assert a1.tolist() == pytest.approx([1.5, 0.5, -0.5, -1.5]) and a2.tolist() == [0.0] * 12
 
 
+def test_episode_returns_of_a_leaf_neither_solved_nor_at_the_last_turn_is_its_reward():
+    """An --expand best tree: turn 1 [1, 3], only node 1 revised (into [2, 4]); node 0 is neither solved
+    nor at the last turn, and its return is its reward, 1, not a solved answer's 1 + 0.5 * 1."""
+    t1 = scripted_turn([[1.0, 3.0]], [None], threshold=5.0)
+    assert magrpo.expand_nodes(t1, "best") == [1]
+    t1.children = {1: 0}
+    t2 = scripted_turn([[2.0, 4.0]], [1], threshold=5.0)
+    r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.5, num_turns=2)
+    assert r1.tolist() == [[1.0, 3.0 + 0.5 * 3.0]] and r2.tolist() == [[2.0, 4.0]]
+
+
 def test_episode_advantages_all_with_early_termination_at_turn_two_of_three_by_hand():
     """G = 2, 3 turns, expand all, threshold 4, gamma 0.5. Turn 1 [4, 1]: node 0 solved, node 1
     revised into turn 2's [4, 2]: its node 0 solved, node 1 revised into turn 3's [3, 1].
