@@ -535,6 +535,11 @@ class Turn:
         """The rewards as numbers, [groups, J]."""
         return torch.tensor([float(r) for r in self.rewards]).view(len(self.groups), len(self.joint))
 
+    def zero_advantage_groups(self):
+        """How many groups have every agent's every advantage 0 (their rows, as `row` numbers them)."""
+        per_group = torch.stack(self.advantages).view(len(self.advantages), len(self.groups), self.size)
+        return int((per_group == 0).all(-1).all(0).sum())
+
 
 def sample_agent(agent, i, prompts, size, cfg, seeds):
     """Agent i samples `size` completions of each of its prompts in one generate call (prompt b
@@ -771,8 +776,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, before_update=Non
     zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
         turn.advantages = advantages
-        per_group = torch.stack(advantages).view(len(advantages), len(turn.groups), turn.size)
-        zero_groups += int((per_group == 0).all(-1).all(0).sum())  # over a group's rows, of every agent
+        zero_groups += turn.zero_advantage_groups()
     metrics = {"zero_adv_groups": int(all_sum([zero_groups])[0])}
     # Eq. 2, steps 5-6: every agent's own policy gradient on the shared reward's advantages, and its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).

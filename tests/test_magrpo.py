@@ -461,6 +461,17 @@ def scripted_turn(rewards, groups_parents, size=2, joint=None, num_agents=2, thr
     return magrpo.Turn(groups, size, [None] * num_agents, joint, [("", "")] * len(flat), flat, solved)
 
 
+def test_turn_zero_advantage_groups_counts_groups_where_every_agent_learns_nothing():
+    """Three groups of 2 rows: group 0 all zero for both agents, group 1 zero for agent 0 only, group
+    2 with a signal for both: one group teaches nothing."""
+    turn = scripted_turn([[1.0, 1.0], [1.0, 2.0], [0.0, 3.0]], [None, None, None])
+    turn.advantages = [torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0, 1.0]),
+                       torch.tensor([0.0, 0.0, -0.5, 0.5, -1.0, 1.0])]
+    assert turn.zero_advantage_groups() == 1
+    turn.advantages[1][2:4] = 0.0  # now group 1 teaches nothing either
+    assert turn.zero_advantage_groups() == 2
+
+
 def test_expand_nodes_best_all_and_termination():
     def turn(threshold):
         return scripted_turn([[1.0, 3.0], [2.0, 2.0]], [None, None], threshold=threshold)
