@@ -26,6 +26,8 @@ from tqdm import tqdm
 import envs
 import magrpo
 import models
+import runs
+import sampler
 
 
 # The paper's methods (Sec. 6): the trained team; one model doing the whole task; the untrained
@@ -159,7 +161,7 @@ def sample_cfg(args):
     no --termination-threshold revises every one, as the authors' evaluation."""
     # expand all: every unsolved sample is revised (one child each, run_team), not only the best of
     # a group as in training: each sample is one user's conversation with the team.
-    cfg = magrpo.config_from_flags(args, num_generations=args.num_samples, expand="all")
+    cfg = runs.config_from_flags(args, num_generations=args.num_samples, expand="all")
     if args.authors_rewards and args.termination_threshold is None:
         cfg.termination_threshold = math.inf
     return cfg
@@ -197,8 +199,9 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
 def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
     """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
     evaluation: each process sums its share, train.py divides by the count of all)."""
-    # Greedy and one sample per example: the number moves with the agents, not with the sampling.
-    greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all")
+    # Greedy and one sample per example, so the number moves with the agents, not with the sampling.
+    # The advantage is reset too: remax would decode the same greedy turn a second time for its baseline.
+    greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all", advantage="mean")
     totals = [0.0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
@@ -220,7 +223,7 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
             prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
         else:  # one prompt per sample: it shows that sample's earlier outputs
             prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
-            size, seeds_i = 1, [magrpo.mix_seed(s, g) for s in seeds for g in range(N)]
+            size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
         text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
         texts.append(text)
         tokens.append(toks)
@@ -234,7 +237,7 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     N, second = cfg.num_generations, []
     first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
     # Seeds apart from the first round's (N + g): a revision is a new draw, not a replay of it.
-    seeds = [magrpo.mix_seed(s, N + g) for s in seeds for g in range(N)]
+    seeds = [sampler.mix_seed(s, N + g) for s in seeds for g in range(N)]
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
@@ -298,7 +301,7 @@ def episode_summary(turns):
             parent = turn.groups[turn.place(node)[0]].parent
             gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
             # A sandbox that failed, or a scoring that raised, says nothing of the agents: counted apart.
-            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.terminated[node],
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
                           "levels": dict(getattr(reward, "levels", None) or {}),
                           "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
                           "score_error": isinstance(reward, magrpo.ScoreError)})
@@ -410,7 +413,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     models.add_model_flags(p)
-    magrpo.add_config_flags(p, SAMPLING_FIELDS)
+    runs.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
     p.add_argument("--agents", help="a train.py --out directory holding agent_0, agent_1, ... "
@@ -510,7 +513,7 @@ class Team:
                 agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
                                           self.args.chat_template, bases=self.bases)
                 # one-off first-call costs (allocations, kernel choice) stay out of the timings
-                magrpo.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
+                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
                 self.cache[key] = agent  # the key has no method: concat's agents are discussion's too
             agents.append(self.cache[key])
         return agents
@@ -591,7 +594,7 @@ def evaluate(args, env, examples, team):
     turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
     # Problem p's seed is the same for every method and batch: the methods differ in what they are,
     # not in their luck (discussion's first round is exactly concat's samples).
-    seeds = [magrpo.mix_seed(args.seed, p) for p in range(len(examples))]
+    seeds = [sampler.mix_seed(args.seed, p) for p in range(len(examples))]
     bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
     try:
         for method in args.methods:

@@ -1,6 +1,7 @@
 """
 The agents' weights: the built-in tiny model, loading by hub name or local path, LoRA adapters on one
-shared frozen base, saving (HF and peft formats), checkpoints on disk, and where each agent runs.
+shared frozen base, each agent's optimizer, saving (HF and peft formats), checkpoints on disk, and
+where each agent runs.
 magrpo.py never imports this file: the algorithm sees an Agent's model, tokenizer and optimizer.
 
     models.load_agent("tiny", "cpu", "float32", seed=0)                 # an Agent (no optimizer yet)
@@ -294,6 +295,49 @@ def merged_model(model):
             setattr(merged.get_submodule(parent), child, m.base)
     del merged.lora_config
     return merged
+
+# -----------------------------------------------------------------------------
+# Each agent's own optimizer (Sec. 2 step 6).
+
+
+class MasterWeightAdamW:
+    """AdamW over fp32 master copies of low-precision (bf16) weights: an update at RL learning rates
+    is below bf16's resolution and would round away; the master copy keeps it."""
+
+    def __init__(self, params, **kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        self.master = [p.detach().float().clone() for p in self.params]
+        # AdamW's moments are fp32 too: it steps the masters, never the bf16 weights.
+        self.inner = torch.optim.AdamW(self.master, **kwargs)
+
+    @torch.no_grad()
+    def step(self):
+        # The bf16 gradient goes to the master, AdamW steps the master, and the model's weight is the
+        # master rounded to bf16: small updates add up in the master until the rounding shows them.
+        for master, p in zip(self.master, self.params):
+            master.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for master, p in zip(self.master, self.params):
+            p.copy_(master)
+
+    def state_dict(self):  # the masters too: a resumed run must not restart from the rounded weights
+        return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        for master, p, saved in zip(self.master, self.params, state["master"]):
+            master.copy_(saved)
+            p.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
+
+def make_optimizer(model, learning_rate, weight_decay=0.0):
+    """Each agent's own AdamW (Sec. 2 step 6) over its trainable parameters; fp32 master weights if
+    they are low-precision (bf16)."""
+    params = [p for p in model.parameters() if p.requires_grad]  # a LoRA agent: its adapters only
+    if all(p.dtype == torch.float32 for p in params):  # (LoRA adapters are fp32 on any base)
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 # -----------------------------------------------------------------------------
 # Saving, loading, checkpoints. A saved agent is what transformers or peft load without us; a

@@ -1,5 +1,5 @@
 """
-Sampler throughput: magrpo.generate against transformers' model.generate, same prompts, same
+Sampler throughput: sampler.generate against transformers' model.generate, same prompts, same
 sampling settings, tokens per second (the best of a few repeats, the two alternating). Not a test.
 
     python tests/bench_generate.py                                   # a random ~100M Qwen2, CPU
@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
+import sampler  # noqa: E402
 import models  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def main():
         else dict(do_sample=False)
 
     def ours():
-        return magrpo.generate(model, tok, prompts, G, T, temperature=args.temperature, seed=0)
+        return sampler.generate(model, tok, prompts, G, T, temperature=args.temperature, seed=0)
 
     @torch.no_grad()
     def theirs():
@@ -94,23 +95,23 @@ def main():
                               pad_token_id=tok.pad_token_id)
 
     def tokens_of(name, out):
-        if name == "magrpo.generate":
+        if name == "sampler.generate":
             return int(out.completion_mask.sum())
         gen = out[:, enc["input_ids"].shape[1]:]  # up to and including the first EOS of each row, as ours
-        eos = torch.isin(gen, torch.tensor(magrpo.eos_token_ids(model, tok), device=gen.device)).long()
+        eos = torch.isin(gen, torch.tensor(sampler.eos_token_ids(model, tok), device=gen.device)).long()
         return int((eos.cumsum(-1) - eos == 0).sum())
 
     ours(), theirs()  # warm-up
-    best = {"magrpo.generate": 0.0, "model.generate": 0.0}
+    best = {"sampler.generate": 0.0, "model.generate": 0.0}
     for _ in range(args.repeats):  # alternating, so that a busy machine slows both alike
-        for name, fn in (("magrpo.generate", ours), ("model.generate", theirs)):
+        for name, fn in (("sampler.generate", ours), ("model.generate", theirs)):
             out, secs = timed(fn, args.device)
             best[name] = max(best[name], tokens_of(name, out) / secs)
     print(f"model={args.model} lengths={args.lengths} device={args.device} dtype={args.dtype} "
           f"prompts={args.prompts} G={G} max_new_tokens={T} temperature={args.temperature}")
     for name, tps in best.items():
         print(f"{name:16s} {tps:10.1f} tokens/s (best of {args.repeats})")
-    print(f"ratio magrpo/model.generate: {best['magrpo.generate'] / best['model.generate']:.2f}")
+    print(f"ratio magrpo/model.generate: {best['sampler.generate'] / best['model.generate']:.2f}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import envs  # noqa: E402
 import magrpo  # noqa: E402
+import sampler  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
 
@@ -36,8 +37,8 @@ def per_row_logprobs(model, rollout, temperature=1.0):
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
     L = rollout.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=magrpo.positions_from_mask(mask),
-                   **magrpo.forward_kwargs(model, last=L + 1)).logits
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=sampler.positions_from_mask(mask),
+                   **sampler.forward_kwargs(model, last=L + 1)).logits
     logits = logits[:, -(L + 1):-1, :].float() / T
     token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
     return token_logits - torch.logsumexp(logits, dim=-1)
@@ -61,7 +62,7 @@ def random_rollout(vocab, prompt_length, G, completion_tokens, device):
     prompt = torch.randint(0, vocab, (1, prompt_length), device=device).repeat(G, 1)
     completion = torch.randint(0, vocab, (G, completion_tokens), device=device)
     ones = torch.ones_like(completion)
-    return magrpo.Rollout(prompt, torch.ones_like(prompt), completion, ones, ones.float(), [], G)
+    return sampler.Rollout(prompt, torch.ones_like(prompt), completion, ones, ones.float(), [], G)
 
 
 def forward_backward(model, fn, rollout):
@@ -121,7 +122,7 @@ def train_step_seconds(args, G):
             model, tok = load(args)
             if args.lora_r:
                 model = models.add_lora(model, models.LoRAConfig(args.lora_r), seed=i)
-            agents.append(magrpo.Agent(model, tok, train.make_optimizer(model, 1e-5), args.chat_template))
+            agents.append(magrpo.Agent(model, tok, models.make_optimizer(model, 1e-5), args.chat_template))
         real = magrpo.completion_logprobs
         magrpo.completion_logprobs = fn
         try:

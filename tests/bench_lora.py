@@ -7,7 +7,7 @@ agents. Not a test (pytest does not collect bench_*.py).
     python tests/bench_lora.py --estimate-3b           # and two Qwen2.5-Coder-3B agents on one GPU
 
 Each configuration runs in a fresh subprocess (so peaks do not mix): it builds the agents, then
-every agent takes one MAGRPO update (update_agent: the log-prob pass, Eq. 2's backward and one AdamW
+every agent takes one MAGRPO update (train_step's: the log-prob pass, Eq. 2's backward and one AdamW
 step) on a synthetic rollout of 8 rows. It reports
   - resident:  the bytes of every distinct tensor storage the agents hold after the step (weights,
                AdamW moments: what stays in memory from step to step), counted from the tensors;
@@ -27,8 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
+import sampler  # noqa: E402
 import models  # noqa: E402
 import train  # noqa: E402
+from conftest import update_on  # noqa: E402
 
 MB = 2 ** 20
 
@@ -62,17 +64,17 @@ def child(args):
         models = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
     else:
         models = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
-    agents = [magrpo.Agent(m, tok, train.make_optimizer(m, 1e-5)) for m in models]
+    agents = [magrpo.Agent(m, tok, models.make_optimizer(m, 1e-5)) for m in models]
     g = torch.Generator().manual_seed(1)
     rows, P, T = 8, args.prompt_len, args.completion_len
-    rollout = magrpo.Rollout(torch.randint(0, args.vocab, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
+    rollout = sampler.Rollout(torch.randint(0, args.vocab, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
                              torch.randint(0, args.vocab, (rows, T), generator=g), torch.ones(rows, T, dtype=torch.long),
                              torch.zeros(rows, T), [], 4)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
     cfg = magrpo.Config(micro_batch_size=4)
     t0 = time.perf_counter()
     for agent in agents:
-        out = magrpo.update_agent(agent, [(rollout, adv, 1.0)], cfg)
+        out = update_on(agent, [(rollout, adv)], cfg)
         assert out["skipped"] == 0
     seconds = (time.perf_counter() - t0) / len(agents)
     params = sum(p.numel() for p in models[0].parameters())
@@ -114,7 +116,7 @@ def estimate_3b(args):
     k = sum(p.numel() for p in models.add_lora(full, models.LoRAConfig(args.r)).parameters() if p.requires_grad)
     rows, P, T = 2, 64, 64
     g = torch.Generator().manual_seed(0)
-    rollout = magrpo.Rollout(torch.randint(0, 150000, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
+    rollout = sampler.Rollout(torch.randint(0, 150000, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
                              torch.randint(0, 150000, (rows, T), generator=g), torch.ones(rows, T, dtype=torch.long),
                              torch.zeros(rows, T), [], 2)
     saved = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import magrpo  # noqa: E402
+import sampler  # noqa: E402
 import train  # noqa: E402
 
 
@@ -24,7 +25,7 @@ def seconds_per_step(num_turns, steps, expand):
     for step in range(steps):
         batch = [env.examples[i] for i in train.batch_at(len(env.examples), args.seed, step, args.batch_size)]
         t0 = time.perf_counter()
-        magrpo.train_step(agents, env, batch, cfg, [magrpo.mix_seed(args.seed, step, j) for j in range(len(batch))])
+        magrpo.train_step(agents, env, batch, cfg, [sampler.mix_seed(args.seed, step, j) for j in range(len(batch))])
         times.append(time.perf_counter() - t0)
     return sum(times[1:]) / (len(times) - 1)  # the first step pays one-off costs
 

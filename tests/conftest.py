@@ -9,26 +9,42 @@ sampled text): rewards differ within each group and the update can be checked.
 The suite runs in the code's dependency order: the unit tests of each function first, end-to-end
 runs last, so when a course blanks a function the first failures name it."""
 import os
+from unittest import mock
 
 import pytest
 import torch
 
 import magrpo
+import sampler
 
 
 def scripted_rollout(agent, prompts, size, texts_of):
-    """A Rollout as magrpo.generate returns it, with texts_of(prompt index, g) as the completions."""
+    """A Rollout as sampler.generate returns it, with texts_of(prompt index, g) as the completions."""
     tok = agent.tokenizer
     eos = tok.eos_token_id
     prompt_rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(size)]
     texts = [[texts_of(b, g) for g in range(size)] for b in range(len(prompts))]
     completions = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for row in texts for t in row]
-    prompt_ids, prompt_mask = magrpo.left_pad(prompt_rows, eos, "cpu")
+    prompt_ids, prompt_mask = sampler.left_pad(prompt_rows, eos, "cpu")
     width = max(len(c) for c in completions)
     completion_ids = torch.tensor([c + [eos] * (width - len(c)) for c in completions])
     completion_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions])
-    return magrpo.Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask,
+    return sampler.Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask,
                           torch.zeros(completion_ids.shape), texts, size)
+
+
+def update_on(agent, parts, cfg):
+    """magrpo.train_step's update of one agent on given turns, parts = [(rollout, advantages)] per
+    turn: the sampling and Eq. 1 are replaced by them. -> the agent's metrics (loss, grad_norm, ...)."""
+    turns = []
+    for rollout, _ in parts:
+        groups = [None] * (len(rollout) // rollout.num_generations)
+        turns.append(magrpo.Turn(groups, rollout.num_generations, [rollout], [], [], [], []))
+    given = [[advantages] for _, advantages in parts]
+    with mock.patch.object(magrpo, "rollout_team", lambda *args, **kwargs: turns), \
+            mock.patch.object(magrpo, "episode_advantages", lambda turns, cfg: given):
+        _, metrics = magrpo.train_step([agent], None, [], cfg, [])
+    return {name[:-2]: value for name, value in metrics.items() if name.endswith("_0")}
 
 
 @pytest.fixture
@@ -63,7 +79,7 @@ def broken_fork_server(monkeypatch):
 # Unit tests by module, in the dependency order of the code (sandbox <- rewards <- envs, magrpo
 # before what uses it): a blanked function fails first in its own module's tests, not in a later
 # module's test that happens to call it.
-FILE_ORDER = ["test_sandbox.py", "test_rewards.py", "test_magrpo.py", "test_envs.py", "test_eval.py",
+FILE_ORDER = ["test_sandbox.py", "test_rewards.py", "test_sampler.py", "test_magrpo.py", "test_envs.py", "test_eval.py",
               "test_team.py", "test_lora.py", "test_train.py"]
 
 

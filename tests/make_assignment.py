@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # The functions a course can blank: where each lives, what of the paper it is, and the `pytest -k`
 # expression that selects its tests (their names say which function they check): words joined by "or".
 TEACHABLE = {
-    "sample_token": ("magrpo.py", "Sec. 2 step 1: a token from softmax(logits / T), top-k, top-p",
+    "sample_token": ("sampler.py", "Sec. 2 step 1: a token from softmax(logits / T), top-k, top-p",
                      "sample_token"),
-    "decode_step": ("magrpo.py", "Sec. 2 step 1: one step of KV-cache decoding", "decode_step"),
+    "decode_step": ("sampler.py", "Sec. 2 step 1: one step of KV-cache decoding", "decode_step"),
     "completion_logprobs": ("magrpo.py", "Eq. 2: log pi_theta(a_t | h, a_<t) of each completion token",
                             "completion_logprobs"),
     "group_advantages": ("magrpo.py", "Eq. 1: A^(g) = R^(g) - mean_g' R^(g')", "group_advantages"),

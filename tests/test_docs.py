@@ -1,7 +1,8 @@
 """The documentation against the code: docs/flags.md lists exactly the flags of train.py's and
 eval.py's --help, README.md stays short with the paper's equation table near its top, every docs/
 page is linked from it, every link between the pages leads to a file and heading that exist, and
-every train.py or eval.py command the pages show parses. Fast: no model is loaded, nothing is run."""
+every train.py or eval.py command the pages show parses, and the README lists the course kit's
+functions. Fast: no model is loaded, nothing is run."""
 import contextlib
 import io
 import re
@@ -12,6 +13,7 @@ import pytest
 
 import eval as evaluation
 import magrpo
+import runs
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,13 +152,13 @@ def test_docs_cite_the_paper_not_project_files():
 
 def split_at(words, separator):
     """A list of words cut into the runs between separators."""
-    runs = [[]]
+    pieces = [[]]
     for word in words:
         if word == separator:
-            runs.append([])
+            pieces.append([])
         else:
-            runs[-1].append(word)
-    return runs
+            pieces[-1].append(word)
+    return pieces
 
 
 def commands(page):
@@ -187,7 +189,22 @@ def test_commands_in_the_docs_parse(page):
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
-                magrpo.config_from_flags(SCRIPTS[script](argv))
+                runs.config_from_flags(SCRIPTS[script](argv))
         except (SystemExit, ValueError) as e:
             why = err.getvalue().strip() or str(e)
             pytest.fail(f"{page.name}: python {script} {shlex.join(argv)}: {why}")
+
+# -----------------------------------------------------------------------------
+# The course's functions: one list, the kit's
+
+
+def test_the_readme_lists_the_kits_blankable_functions_and_where_they_live():
+    import make_assignment
+    text = " ".join(README.read_text().split())
+    listed = text.split("course kit's list (`python tests/make_assignment.py --list`):", 1)[1]
+    listed = listed.split(". The suite", 1)[0]
+    named = {}
+    for names, module in re.findall(r"((?:`\w+`,? )+)\((\w+\.py)\)", listed):
+        for name in re.findall(r"`(\w+)`", names):
+            named[name] = module
+    assert named == {name: spec[0] for name, spec in make_assignment.TEACHABLE.items()}

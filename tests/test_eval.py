@@ -17,6 +17,7 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import sampler
 import rewards
 
 FAST = ["--num-samples", "2", "--max-new-tokens", "16", "--k", "1,2", "--limit", "2"]
@@ -151,7 +152,7 @@ class FakeAgent:
 
 
 def fake_generate(seen):
-    """A scripted magrpo.generate: output "<agent><prompt index>.<g>", plus the end of its prompt when
+    """A scripted sampler.generate: output "<agent><prompt index>.<g>", plus the end of its prompt when
     it was sampled once (a prompt that shows one sample's partners); 3 tokens each."""
     def generate(model, tokenizer, prompts, G, *args, seed=None, **kwargs):
         agent = model
@@ -160,7 +161,7 @@ def fake_generate(seen):
                  for b, p in enumerate(prompts)]
         N = len(prompts) * G
         ones = torch.ones(N, 3, dtype=torch.long)
-        return magrpo.Rollout(None, None, ones, ones, None, texts, G, seconds=agent.seconds * N)
+        return sampler.Rollout(None, None, ones, ones, None, texts, G, seconds=agent.seconds * N)
     return generate
 
 

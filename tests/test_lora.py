@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import magrpo
+import sampler
 import models
 import train
+from conftest import update_on
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox"]
 
@@ -25,9 +27,9 @@ def base_model(tok, arch="qwen2", seed=0):
 
 
 def logits(model, tok, prompts=PROMPTS):
-    ids, mask = magrpo.left_pad(tok(prompts, add_special_tokens=False)["input_ids"], tok.pad_token_id, "cpu")
+    ids, mask = sampler.left_pad(tok(prompts, add_special_tokens=False)["input_ids"], tok.pad_token_id, "cpu")
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask, position_ids=magrpo.positions_from_mask(mask)).logits
+        return model(input_ids=ids, attention_mask=mask, position_ids=sampler.positions_from_mask(mask)).logits
 
 
 def adapters(model):
@@ -56,13 +58,13 @@ def storage_bytes(*models):
 
 
 def a_step(agent, tok, seed, sgd_lr=None):
-    """One update_agent step on a sampled rollout with fixed non-zero advantages."""
+    """One update (train_step's, conftest.update_on) on a sampled rollout with fixed non-zero advantages."""
     cfg = magrpo.Config(num_generations=4, max_new_tokens=6, micro_batch_size=3)
     if sgd_lr is not None:
         agent.optimizer = torch.optim.SGD([p for p in agent.model.parameters() if p.requires_grad], lr=sgd_lr)
-    rollout = magrpo.generate(agent.model, tok, PROMPTS[:2], 4, 6, seed=seed)
+    rollout = sampler.generate(agent.model, tok, PROMPTS[:2], 4, 6, seed=seed)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
-    return magrpo.update_agent(agent, [(rollout, adv, 1.0)], cfg)
+    return update_on(agent, [(rollout, adv)], cfg)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
@@ -81,7 +83,7 @@ def test_lora_step_changes_only_adapters(tok):
     base = base_model(tok)
     frozen = snapshot(base)
     agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
-    agent.optimizer = train.make_optimizer(agent.model, 1e-2)
+    agent.optimizer = models.make_optimizer(agent.model, 1e-2)
     trainable = [n for n, p in agent.model.named_parameters() if p.requires_grad]
     assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)  # AdamW gets only these
     start = {n: p.detach().clone() for n, p in agent.model.named_parameters() if p.requires_grad}
@@ -98,7 +100,7 @@ def test_lora_sampler_and_logprob_pass_run_base_plus_adapter(tok):
     base = base_model(tok)
     model = models.add_lora(base, models.LoRAConfig(4), seed=1)
     randomize_adapters(model)
-    out = magrpo.generate(model, tok, PROMPTS, 3, 8, seed=7)
+    out = sampler.generate(model, tok, PROMPTS, 3, 8, seed=7)
     with torch.no_grad():
         lp = magrpo.completion_logprobs(model, out)
         lp_base = magrpo.completion_logprobs(base, out)
@@ -152,7 +154,7 @@ def test_lora_bf16_base_keeps_fp32_adapters_and_plain_adamw(tok):
     agent = models.load_agent("tiny", "cpu", "bfloat16", 1, lora=models.LoRAConfig(4))
     dtypes = {n.rsplit(".", 1)[-1]: p.dtype for n, p in agent.model.named_parameters()}
     assert dtypes["lora_A"] == dtypes["lora_B"] == torch.float32 and dtypes["weight"] == torch.bfloat16
-    agent.optimizer = train.make_optimizer(agent.model, 1e-2)
+    agent.optimizer = models.make_optimizer(agent.model, 1e-2)
     assert isinstance(agent.optimizer, torch.optim.AdamW)  # no master copy: the adapter is fp32 already
     assert a_step(agent, tok, 3)["skipped"] == 0
 

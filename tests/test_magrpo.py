@@ -1,16 +1,18 @@
 """Tests of the algorithm in magrpo.py, one function at a time, each against an independent reference:
-transformers' own generate, a plain forward pass with log_softmax, hand-computed Eq. 1, Eq. 2 and
-multi-turn returns. `pytest -k NAME` runs a function's tests (sample_token, generate,
-completion_logprobs, group_advantages, policy_loss, node_return, ...). CPU, tiny random models."""
+a plain forward pass with log_softmax, hand-computed Eq. 1, Eq. 2 and multi-turn returns. `pytest -k
+NAME` runs a function's tests (completion_logprobs, group_advantages, policy_loss, node_return, ...).
+The sampler's are in test_sampler.py. CPU, tiny random models."""
 import math
 
 import pytest
 import torch
 
 import magrpo
+import sampler
 import models
-from conftest import logprobs_row_by_row, scripted_rollout
-from magrpo import completion_logprobs, generate, group_advantages, node_return, policy_loss, sample_token
+from conftest import logprobs_row_by_row, scripted_rollout, update_on
+from magrpo import completion_logprobs, group_advantages, node_return, policy_loss
+from sampler import generate
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
 
@@ -24,218 +26,6 @@ def build(tok, arch, seed=0):
     # A wide init makes logits spread out, so greedy decoding is not one repeated token.
     return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
 
-
-def hf_greedy(model, tok, prompts, max_new_tokens):
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    return out[:, enc["input_ids"].shape[1]:]
-
-
-def total_variation(freq, probs):
-    return 0.5 * (freq - probs).abs().sum().item()
-
-# -----------------------------------------------------------------------------
-# sample_token and the seeded uniforms
-
-
-def test_sample_token_inverse_cdf_by_hand():
-    """The first token whose cumulative probability exceeds u: probs (0.5, 0.3, 0.2)."""
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(5, 1)
-    u = torch.tensor([0.0, 0.49, 0.51, 0.79, 0.81], dtype=torch.float64)
-    assert sample_token(logits, 1.0, uniform=u).tolist() == [0, 0, 1, 1, 2]
-
-
-def test_sample_token_follows_softmax_at_the_temperature():
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
-    torch.manual_seed(0)
-    for T in (1.5, 0.5):
-        freq = torch.bincount(sample_token(logits, T), minlength=6).float() / 40000
-        assert total_variation(freq, torch.softmax(logits[0] / T, -1)) < 0.01, T
-    assert total_variation(freq, torch.softmax(logits[0], -1)) > 0.05  # T = 0.5 is not T = 1
-
-
-def test_sample_token_top_p_keeps_the_nucleus():
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
-    p = torch.softmax(logits[0], -1)  # [0.61, 0.22, 0.14, 0.08, ...] roughly
-    top_p = float(p[0] + p[1]) + 1e-3  # the smallest prefix reaching it needs the 3rd token too
-    torch.manual_seed(1)
-    s = sample_token(logits, 1.0, top_p)
-    assert set(s.tolist()) == {0, 1, 2}
-    kept = p[:3] / p[:3].sum()
-    assert torch.allclose(torch.bincount(s, minlength=6)[:3].float() / 40000, kept, atol=0.01)
-    assert set(sample_token(logits, 1.0, 0.3).tolist()) == {0}
-
-
-def test_sample_token_top_k_and_greedy():
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(20000, 1)
-    torch.manual_seed(2)
-    s = sample_token(logits, 1.0, top_k=2)
-    assert set(s.tolist()) == {1, 3}
-    want = torch.softmax(torch.tensor([3.0, 2.0]), -1)
-    assert torch.allclose(torch.bincount(s, minlength=4)[[1, 3]].float() / 20000, want, atol=0.01)
-    assert sample_token(logits[:2], 0).tolist() == [1, 1]
-
-
-def test_row_uniforms_are_uniform_and_keyed():
-    keys = torch.arange(20000)
-    u = magrpo.row_uniforms(keys, 3)
-    assert 0 < u.min() and u.max() < 1
-    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
-    hist = torch.histc(u.float(), 10, 0, 1) / 20000
-    assert (hist - 0.1).abs().max() < 0.01
-    assert torch.equal(magrpo.row_uniforms(keys[[5, 7]], 3), u[[5, 7]])  # a row's number is its own
-    assert not torch.equal(magrpo.row_uniforms(keys, 4), u)
-
-
-def test_mix_seed_is_a_deterministic_hash():
-    assert magrpo.mix_seed(1, 2, 3) == magrpo.mix_seed(1, 2, 3)
-    seen = {magrpo.mix_seed(a, b) for a in range(30) for b in range(30)}
-    assert len(seen) == 900 and all(0 <= s < 2 ** 63 for s in seen)
-    assert magrpo.mix_seed(1, 2) != magrpo.mix_seed(2, 1)
-
-# -----------------------------------------------------------------------------
-# generate
-
-
-# -----------------------------------------------------------------------------
-# decode_step: one token for every running row, from the cache, against a plain forward pass
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-def test_decode_step_matches_a_plain_forward_pass(tok, arch):
-    """Ragged prompts prefilled into a cache, then three decode steps with chosen tokens: each row's
-    next-token logits equal a plain forward pass over that row alone, unpadded."""
-    from transformers import DynamicCache
-    model = build(tok, arch, seed=2)
-    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    ids, mask = magrpo.left_pad(rows, tok.pad_token_id, "cpu")
-    cache = DynamicCache()
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=magrpo.positions_from_mask(mask),
-              **magrpo.forward_kwargs(model, cache))
-        positions = mask.sum(-1)
-        for step, text in enumerate(["ab", "c ", "d!"]):
-            tokens = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:1] * len(rows))
-            tokens = tokens + torch.arange(len(rows))  # a different token per row
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = magrpo.decode_step(model, cache, tokens, mask, positions)
-            positions = positions + 1
-            for r in range(len(rows)):
-                rows[r] = rows[r] + [int(tokens[r])]
-                ref = model(input_ids=torch.tensor([rows[r]])).logits[0, -1].float()
-                assert torch.allclose(logits[r], ref, atol=1e-4), (arch, step, r)
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-def test_generate_greedy_matches_model_generate(tok, arch):
-    model = build(tok, arch)
-    ours = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=0)
-    ref = hf_greedy(model, tok, PROMPTS, 20)
-    T = ref.shape[1]
-    assert torch.equal(ours.completion_ids[:, :T], ref)
-    assert (ours.completion_ids[:, T:] == tok.pad_token_id).all()
-    assert len(set(ours.completion_ids[0].tolist())) > 3, "degenerate greedy output: test is too weak"
-
-
-def test_generate_without_a_pad_token(tok):
-    model = build(tok, "llama", seed=7)
-    ref = generate(model, tok, PROMPTS, max_new_tokens=6, temperature=0)
-    bare = models.tiny_tokenizer()
-    bare.pad_token = None
-    bare.padding_side = "right"
-    r = generate(model, bare, PROMPTS, max_new_tokens=6, temperature=0)
-    assert r.texts == ref.texts and bare.padding_side == "right"
-    assert (r.prompt_ids[r.prompt_mask == 0] == tok.eos_token_id).all()  # EOS stands in for padding
-
-
-@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_generate_batched_equals_unbatched(tok, arch):
-    model = build(tok, arch, seed=1)
-    batched = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=16, temperature=0)
-    for b, prompt in enumerate(PROMPTS):
-        alone = generate(model, tok, [prompt], max_new_tokens=16, temperature=0)
-        for g in range(3):  # prompt-major order: row b * G + g
-            assert torch.equal(batched.completion_ids[b * 3 + g], alone.completion_ids[0])
-            assert batched.texts[b][g] == alone.texts[0][0]
-
-
-def test_generate_stops_a_row_at_eos_and_masks_after_it(tok):
-    model = build(tok, "qwen2", seed=2)
-    free = generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0)
-    # Declare the 5th greedy token of row 0 an EOS: row 0 must stop there (EOS counted, pad after).
-    stop_id = int(free.completion_ids[0, 4])
-    model.generation_config.eos_token_id = [tok.eos_token_id, stop_id]
-    r = generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0)
-    first = int((r.completion_ids[0] == stop_id).nonzero()[0])
-    assert first <= 4
-    assert r.completion_mask[0].tolist() == [1] * (first + 1) + [0] * (11 - first)
-    assert (r.completion_ids[0, first + 1:] == tok.pad_token_id).all()
-    assert torch.equal(r.completion_ids[0, :first + 1], free.completion_ids[0, :first + 1])
-    assert r.texts[0][0] == tok.decode(free.completion_ids[0, :first].tolist())
-    for row in range(1, len(PROMPTS)):  # the other rows decode as before until they emit stop_id
-        ids = free.completion_ids[row].tolist()
-        n = ids.index(stop_id) + 1 if stop_id in ids else 12
-        assert torch.equal(r.completion_ids[row, :n], free.completion_ids[row, :n])
-
-
-def test_generate_first_tokens_follow_softmax_at_the_temperature(tok):
-    model = build(tok, "qwen2", seed=3)
-    T, n = 0.7, 20000
-    r = generate(model, tok, ["abc"], num_generations=n, max_new_tokens=1, temperature=T, seed=0)
-    with torch.no_grad():
-        enc = tok(["abc"], return_tensors="pt", add_special_tokens=False)
-        logits = model(**enc).logits[0, -1]
-    freq = torch.bincount(r.completion_ids[:, 0], minlength=logits.numel()).float() / n
-    tv = total_variation(freq, torch.softmax(logits / T, -1))
-    assert tv < 0.06, tv
-    assert total_variation(freq, torch.softmax(logits, -1)) > 2 * tv  # the check tells temperatures apart
-
-
-def test_generate_top_p_never_leaves_the_nucleus(tok):
-    model = build(tok, "llama", seed=4)
-    r = generate(model, tok, ["q"], num_generations=3000, max_new_tokens=1, temperature=1.0, top_p=0.5, seed=1)
-    with torch.no_grad():
-        enc = tok(["q"], return_tensors="pt", add_special_tokens=False)
-        p = torch.softmax(model(**enc).logits[0, -1], -1)
-    sp, order = p.sort(descending=True)
-    size = int((sp.cumsum(0) < 0.5).sum()) + 1
-    nucleus = set(order[:size].tolist())
-    assert set(r.completion_ids[:, 0].tolist()) <= nucleus
-    assert len(set(r.completion_ids[:, 0].tolist())) == len(nucleus) or len(nucleus) > 20
-
-
-def test_generate_seed_reproduces_and_varies(tok):
-    model = build(tok, "qwen2", seed=5)
-    a = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
-    b = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
-    c = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=8)
-    assert torch.equal(a.completion_ids, b.completion_ids)
-    assert not torch.equal(a.completion_ids, c.completion_ids)
-    assert len({t for texts in a.texts for t in texts}) > len(PROMPTS)  # the G rows of a prompt differ
-
-
-def test_generate_seeded_prompt_does_not_depend_on_its_batch(tok):
-    """A prompt's completions depend on its own seed only: not on the other prompts of the call, on
-    how many rows there are, or on how a batch is split into calls (data parallelism needs this)."""
-    model = build(tok, "qwen2", seed=6)
-    seeds = [11, 22, 33, 44]
-    whole = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=0.9, seed=seeds)
-    for b in range(len(PROMPTS)):
-        alone = generate(model, tok, [PROMPTS[b]], num_generations=3, max_new_tokens=10, temperature=0.9, seed=[seeds[b]])
-        assert alone.texts[0] == whole.texts[b]
-    fewer = generate(model, tok, PROMPTS[2:], num_generations=2, max_new_tokens=10, temperature=0.9, seed=seeds[2:])
-    assert [t[:2] for t in whole.texts[2:]] == fewer.texts
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_generate_on_cuda_matches_cpu(tok):
-    model = build(tok, "qwen2")
-    cpu = generate(model, tok, PROMPTS, max_new_tokens=16, temperature=0)
-    gpu = generate(model.cuda(), tok, PROMPTS, max_new_tokens=16, temperature=0)
-    assert gpu.completion_ids.is_cuda
-    assert cpu.texts == gpu.texts
 
 # -----------------------------------------------------------------------------
 # completion_logprobs: against a plain forward pass of each row alone
@@ -293,8 +83,8 @@ def test_completion_logprobs_of_a_model_without_logits_to_keep(tok, monkeypatch)
     model = models.tiny_model(tok, init_std=0.15, seed=4)
     r = hand_rollout(model, tok)
     expected = completion_logprobs(model, r, temperature=0.7)
-    accepted = magrpo._forward_parameters(type(model)) - {"logits_to_keep"}
-    monkeypatch.setattr(magrpo, "_forward_parameters", lambda model_class: accepted)
+    accepted = sampler._forward_parameters(type(model)) - {"logits_to_keep"}
+    monkeypatch.setattr(sampler, "_forward_parameters", lambda model_class: accepted)
     mask = r.completion_mask.bool()
     assert (completion_logprobs(model, r, temperature=0.7) - expected)[mask].abs().max() < 1e-6
 
@@ -353,17 +143,6 @@ def test_micro_batches_hold_whole_groups_where_they_can():
     assert magrpo.micro_batches(9, 3, 2) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9)]  # a group over 2
     assert magrpo.micro_batches(5, 1, 8) == [(0, 5)]
 
-
-def test_generate_records_the_logprob_of_each_sampled_token(tok):
-    """Rollout.logprobs: log softmax(logits / T) of each drawn token, from the sampler itself."""
-    model = build(tok, "qwen2", seed=6)
-    T = 0.7
-    r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
-    for row in range(len(r)):
-        n = int(r.completion_mask[row].sum())
-        ref = reference_logprobs(model, tok, PROMPTS[row // 2], r.completion_ids[row, :n].tolist(), T)
-        assert torch.allclose(r.logprobs[row, :n], ref, atol=1e-4), row
-    assert (r.logprobs * (1 - r.completion_mask) == 0).all()
 
 # -----------------------------------------------------------------------------
 # Eq. 1, Eq. 2, the multi-turn return
@@ -478,20 +257,19 @@ def test_expand_nodes_best_all_and_termination():
     assert magrpo.expand_nodes(turn(4.0), "best") == [1, 2]  # group 1's tie goes to the first
     assert magrpo.expand_nodes(turn(4.0), "all") == [0, 1, 2, 3]
     assert magrpo.expand_nodes(turn(3.0), "best") == [1, 2]  # best: solved, its group is not
-    assert turn(3.0).terminated == [False, True, False, False]
+    assert turn(3.0).solved == [False, True, False, False]
     assert magrpo.expand_nodes(turn(3.0), "all") == [0, 2, 3]  # all: a solved node is not revised
     assert magrpo.expand_nodes(turn(2.0), "best") == [1]  # group 1 is all solved: done
     assert magrpo.expand_nodes(turn(2.0), "all") == [0]
 
 
 def test_turn_names_the_tree():
-    """Node n of a turn is group n // J's joint action n % J; row g of group k is k * size + g."""
+    """Node n of a turn is group n // J's joint action n % J, and place() is node()'s inverse."""
     t = scripted_turn([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [None, None], size=3)
     assert [t.node(k, j) for k in range(2) for j in range(3)] == list(range(6))
     assert [t.place(n) for n in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert t.row(1, 2) == 5 and t.row(0, 0) == 0
     cross = scripted_turn([[0.0] * 4], [None], joint=magrpo.joint_actions(2, 2, "cross"))
-    assert cross.node(0, 3) == 3 and cross.row(0, 1) == 1 and cross.place(3) == (0, 3)
+    assert cross.node(0, 3) == 3 and cross.place(3) == (0, 3)
 
 
 def test_episode_advantages_best_compares_each_turns_rewards_by_hand():
@@ -514,7 +292,7 @@ def test_episode_advantages_all_never_punish_a_solved_answer_by_hand():
     every child of nodes 1-3 scores 4, gamma 0.9. Returns [4 + 0.9 * 4, 3 + 3.6, 2 + 3.6, 1 + 3.6]:
     the solved answer covers the same two turns as its revised siblings, and leads them."""
     t1 = scripted_turn([[4.0, 3.0, 2.0, 1.0]], [None], size=4)
-    assert magrpo.expand_nodes(t1, "all") == [1, 2, 3] and t1.terminated[0]
+    assert magrpo.expand_nodes(t1, "all") == [1, 2, 3] and t1.solved[0]
     t1.children = {1: 0, 2: 1, 3: 2}
     t2 = scripted_turn([[4.0] * 4] * 3, [1, 2, 3], size=4)
     r1, r2 = magrpo.episode_returns([t1, t2], gamma=0.9, num_turns=2)
@@ -580,7 +358,7 @@ def test_episode_advantages_a_solved_answer_never_trails_a_revised_sibling():
             cfg = magrpo.Config(num_generations=3, num_turns=3, expand=expand, discount=0.9)
             for turn, (adv, _) in zip(turns, magrpo.episode_advantages(turns, cfg)):
                 for k, (a, r) in enumerate(zip(adv.view(-1, 3), turn.values())):
-                    solved = [j for j in range(3) if turn.terminated[k * 3 + j]]
+                    solved = [j for j in range(3) if turn.solved[k * 3 + j]]
                     if expand == "all":
                         assert all(a[j] >= a.max() - 1e-5 for j in solved), (turn.values(), a)
                     else:
@@ -616,21 +394,21 @@ def test_config_turn_weights_need_one_per_turn():
             magrpo.Config(num_turns=2, turn_weights=bad)
 
 # -----------------------------------------------------------------------------
-# The update: update_agent
+# The update: train_step on given turns (conftest.update_on)
 
 
-def test_update_agent_skips_a_non_finite_step(tok):
+def test_train_step_update_skips_a_non_finite_step(tok):
     model = models.tiny_model(tok)
     agent = magrpo.Agent(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2))
     r = generate(model, tok, ["a", "b"], num_generations=2, max_new_tokens=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.warns(UserWarning, match="non-finite"):
-        out = magrpo.update_agent(agent, [(r, torch.tensor([1.0, float("nan"), -1.0, 0.0]), 1.0)], magrpo.Config())
+        out = update_on(agent, [(r, torch.tensor([1.0, float("nan"), -1.0, 0.0]))], magrpo.Config())
     assert out["skipped"] == 1
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
-def test_update_agent_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
+def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     """Two turns with weights and micro-batches: with SGD (lr 1) the step is minus the gradient of
     sum_t w_t * policy_loss(turn t), written out here on the whole batch."""
     torch.manual_seed(0)
@@ -642,7 +420,7 @@ def test_update_agent_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     a1, a2 = torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([2.0, 0.0, -2.0])
     cfg = magrpo.Config(micro_batch_size=2, num_turns=2, turn_weights=(1.2, 0.8), loss_type="token_mean")
     agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
-    out = magrpo.update_agent(agent, [(r1, a1, 1.2), (r2, a2, 0.8)], cfg)
+    out = update_on(agent, [(r1, a1), (r2, a2)], cfg)
     loss = sum(w * policy_loss(completion_logprobs(ref, r, 1.0), r.completion_mask, a, "token_mean")
                for r, a, w in ((r1, a1, 1.2), (r2, a2, 0.8)))
     loss.backward()
@@ -670,11 +448,11 @@ def test_sampling_and_logprobs_print_no_deprecation_warning():
     import subprocess
     import sys
     code = """if True:
-        import magrpo, models
+        import magrpo, models, sampler
         tok = models.tiny_tokenizer()
         for arch in ("qwen2", "llama", "gpt2"):
             model = models.tiny_model(tok, arch=arch)
-            rollout = magrpo.generate(model, tok, ["ab", "c"], 2, 4, seed=0)
+            rollout = sampler.generate(model, tok, ["ab", "c"], 2, 4, seed=0)
             magrpo.completion_logprobs(model, rollout).sum().backward()
         """
     root = __import__("pathlib").Path(__file__).resolve().parent.parent

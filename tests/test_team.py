@@ -7,6 +7,7 @@ import torch
 import envs
 import eval as evaluation
 import magrpo
+import sampler
 import models
 import train
 
@@ -29,7 +30,7 @@ def team(tok, lr=1e-2, n=2, sgd=False):
     agents = []
     for i in range(n):
         model = models.tiny_model(tok, seed=i, init_std=0.3)
-        opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else train.make_optimizer(model, lr)
+        opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else models.make_optimizer(model, lr)
         agents.append(magrpo.Agent(model, tok, opt))
     return agents
 
@@ -59,7 +60,7 @@ def test_rollout_team_turn_two_prompts_hold_own_history_and_feedback(tok):
 
 def test_rollout_team_one_generate_call_per_agent_per_turn(tok, monkeypatch):
     calls = []
-    real = magrpo.generate
+    real = sampler.generate
 
     def counting(model, tokenizer, prompts, *args, **kwargs):
         calls.append(len(prompts))
@@ -81,15 +82,15 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     assert sorted(t1.children) == [k * 4 + int(values[k].argmax()) for k in range(2)]
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
-    assert len(turns) == 1 and all(turns[0].terminated)
+    assert len(turns) == 1 and all(turns[0].solved)
     m = evaluation.episode_metrics(evaluation.episode_summary(turns), 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
 def single_turn_reference(agents, env, examples, G, T, seeds):
     """One single-turn MAGRPO step from the primitives: generate, shared reward, Eq. 1, Eq. 2, AdamW."""
-    rollouts = [magrpo.generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], G, 8, T,
-                                seed=[magrpo.mix_seed(magrpo.mix_seed(s, 1), i) for s in seeds])
+    rollouts = [sampler.generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], G, 8, T,
+                                seed=[sampler.mix_seed(sampler.mix_seed(s, 1), i) for s in seeds])
                 for i, a in enumerate(agents)]
     rewards = torch.tensor([[float(env.reward(ex, (rollouts[0].texts[b][g], rollouts[1].texts[b][g])))
                              for g in range(G)] for b, ex in enumerate(examples)])
@@ -150,7 +151,7 @@ def test_rollout_team_remax_baseline_is_the_greedy_joint_answers_reward(tok):
                         termination_threshold=99, feedback="plain")
     t1, t2 = magrpo.rollout_team(agents, env, env.examples[:2], cfg, seeds=[3, 4])
     for k, ex in enumerate(env.examples[:2]):
-        greedy = [magrpo.generate(a.model, tok, [env.prompts(ex)[i]], 1, 6, temperature=0).texts[0][0]
+        greedy = [sampler.generate(a.model, tok, [env.prompts(ex)[i]], 1, 6, temperature=0).texts[0][0]
                   for i, a in enumerate(agents)]
         assert t1.baseline[k] == env.reward(ex, tuple(greedy))
     assert t2.baseline is None
@@ -189,7 +190,7 @@ def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
 
     def fake_generate(model, tokenizer, prompts, *args, **kwargs):
         seen.append(list(prompts))
-        return magrpo.Rollout(*[None] * 5, [[f"review {k}"] for k in range(len(prompts))], 1)
+        return sampler.Rollout(*[None] * 5, [[f"review {k}"] for k in range(len(prompts))], 1)
     monkeypatch.setattr(magrpo, "generate", fake_generate)
     expert = magrpo.Agent(None, tok)
     turn = magrpo.Turn([magrpo.Group(0, None, [], [[], []], 0)], 2, [None, None], [(0, 0), (1, 1)],

@@ -15,7 +15,9 @@ import torch
 
 import eval as evaluation
 import magrpo
+import sampler
 import models
+import runs
 import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +111,7 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
     got = [total / 5 for total in evaluation.team_reward_sums(agents, env, env.examples[:5], cfg, batch_size=2)]
-    outs = [magrpo.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
+    outs = [sampler.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
             for i, a in enumerate(agents)]
     joint = [(outs[0][b][0], outs[1][b][0]) for b in range(5)]
     first = [float(env.reward(ex, j)) for ex, j in zip(env.examples[:5], joint)]
@@ -117,9 +119,27 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     revised = []  # turn 2 by hand: each agent greedily revises its own answer after its feedback
     for ex, j in zip(env.examples[:5], joint):
         notes = env.feedback(ex, j)
-        revised.append(tuple(magrpo.generate(a.model, tok, [env.revision_prompt(ex, i, [(j[i], notes[i])])], 1, 10, 0).texts[0][0]
+        revised.append(tuple(sampler.generate(a.model, tok, [env.revision_prompt(ex, i, [(j[i], notes[i])])], 1, 10, 0).texts[0][0]
                              for i, a in enumerate(agents)))
     assert got[1] == pytest.approx(sum(float(env.reward(ex, r)) for ex, r in zip(env.examples[:5], revised)) / 5)
+
+
+def test_eval_rewards_under_remax_decode_each_turn_once(monkeypatch):
+    """--advantage remax samples a greedy baseline in training; the greedy eval must not decode its
+    greedy turn twice (and score it twice, in the sandbox on coding)."""
+    import envs
+    import magrpo
+    env = envs.DemoEnv(split="eval")
+    tok = models.tiny_tokenizer()
+    agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    calls, real = [], magrpo.sample_agent
+    monkeypatch.setattr(magrpo, "sample_agent", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for advantage in ("mean", "remax"):
+        calls.clear()
+        cfg = magrpo.Config(max_new_tokens=6, advantage=advantage)
+        sums = evaluation.team_reward_sums(agents, env, env.examples[:3], cfg, batch_size=3)
+        assert len(calls) == 2, (advantage, len(calls))  # one generate call per agent for the one turn
+        assert len(sums) == 1
 
 
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
@@ -127,7 +147,7 @@ def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     env, cfg = train.resolve_flags(args)
     agents, expert = train.build(args, env)
     assert all(a.model.dtype == torch.bfloat16 for a in agents)
-    assert all(isinstance(a.optimizer, train.MasterWeightAdamW) for a in agents)
+    assert all(isinstance(a.optimizer, models.MasterWeightAdamW) for a in agents)
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["skipped_0"] == 0 for r in rows)
@@ -313,7 +333,7 @@ class FullDisk:
         tokenizer_json = lambda tok, d, *a, **k: Path(d) / "tokenizer.json"  # noqa: E731
         monkeypatch.setattr(tokenizers, "save_pretrained",
                             failing("tokenizer", tokenizers.save_pretrained, tokenizer_json))
-        monkeypatch.setattr(train, "open", open_, raising=False)
+        monkeypatch.setattr(runs, "open", open_, raising=False)
         monkeypatch.setattr(models, "open", open_, raising=False)  # where the checkpoint's state is written
 
     def from_update(self, monkeypatch, k):
@@ -337,15 +357,15 @@ def test_save_checkpoint_fails_whole_whatever_writer_fails(tmp_path, monkeypatch
     out = str(tmp_path / "run")
     args = train.parse_args(QUICK + ["--out", out])
     agents, _ = train.build(args, train.resolve_flags(args)[0])
-    train.save_checkpoint(out, 1, agents, args)
+    runs.save_checkpoint(out, 1, agents, args)
     disk = FullDisk(monkeypatch, writers=(writer,))
     disk.full = True
     newest = f"{out}/checkpoint-1 is the newest complete checkpoint \\(--resume continues from it\\)"
-    with pytest.raises(train.SaveFailed, match=f"could not save checkpoint-2 \\({cause}.*; {newest}"):
-        train.save_checkpoint(out, 2, agents, args)
+    with pytest.raises(runs.SaveFailed, match=f"could not save checkpoint-2 \\({cause}.*; {newest}"):
+        runs.save_checkpoint(out, 2, agents, args)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
     disk.full = False
-    train.save_checkpoint(out, 2, agents, args)
+    runs.save_checkpoint(out, 2, agents, args)
     assert [c[0] for c in models.checkpoints(out)] == [2, 1]
     assert models.checkpoint_problem(out + "/checkpoint-2") is None
 
@@ -383,12 +403,12 @@ def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tm
 def test_save_final_that_fails_names_the_last_checkpoint_and_resume_finishes(tmp_path, monkeypatch, capsys):
     """The disk fills while the trained agents are written (final.json cannot be): exit 1, one line
     naming checkpoint-2; --resume (nothing left to train) writes them again, then final.json."""
-    disk, real = FullDisk(monkeypatch, writers=("open",)), train.save_final
+    disk, real = FullDisk(monkeypatch, writers=("open",)), runs.save_final
 
     def save_final_on_a_full_disk(*a, **k):
         disk.full = True
         return real(*a, **k)
-    monkeypatch.setattr(train, "save_final", save_final_on_a_full_disk)
+    monkeypatch.setattr(runs, "save_final", save_final_on_a_full_disk)
     out = tmp_path / "run"
     flags = ["--steps", "2", "--num-generations", "2", "--max-new-tokens", "4", "--out", str(out)]
     with pytest.raises(SystemExit) as stop:
@@ -476,22 +496,22 @@ def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_p
 def test_cut_metrics_keeps_the_rows_before_the_step_and_drops_a_line_cut_short(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
-    train.cut_metrics(str(path), 2)
+    runs.cut_metrics(str(path), 2)
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
     path.write_text('{"step": 0}\n{"step": 1}')  # a last row whole but for its newline
-    train.cut_metrics(str(path), 5)
+    runs.cut_metrics(str(path), 5)
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
 
 
 def test_runfile_warns_once_and_catches_up_when_the_disk_has_room(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    log, disk = train.RunFile(str(path)), FullDisk(monkeypatch)
+    log, disk = runs.RunFile(str(path)), FullDisk(monkeypatch)
     log.append('{"step": 0}\n')
     disk.full = True
     with pytest.warns(UserWarning, match="could not write .*metrics.jsonl .*No space left") as warned:
         log.append('{"step": 1}\n')
         log.append('{"step": 2}\n')
-        log.write(train.write_atomic, str(path), "a whole file")
+        log.write(runs.write_atomic, str(path), "a whole file")
     assert len(warned) == 1
     assert path.read_text() == '{"step": 0}\n{"step": 1}\n{"'  # the last try, cut short
     with pytest.raises(OSError):
@@ -608,16 +628,16 @@ def test_torchrun_two_processes_train_as_one(tmp_path, lora):
 
 def test_weights_digest_tells_agents_apart():
     agents = [magrpo.Agent(models.tiny_model(models.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
-    a, b, c = (train.weights_digest([x]) for x in agents)
+    a, b, c = (runs.weights_digest([x]) for x in agents)
     assert a == b and a != c
     with torch.no_grad():
         next(agents[1].model.parameters())[0, 0] += 1e-3
-    assert train.weights_digest([agents[1]]) != a
+    assert runs.weights_digest([agents[1]]) != a
 
 
 def test_master_weights_keep_updates_bf16_would_round_away():
     w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
-    opt = train.MasterWeightAdamW([w], lr=1e-4)  # 1 - 1e-4 is not representable in bf16
+    opt = models.MasterWeightAdamW([w], lr=1e-4)  # 1 - 1e-4 is not representable in bf16
     for _ in range(50):
         w.grad = torch.ones_like(w)
         opt.step()

@@ -1,0 +1,247 @@
+"""
+The sampler: how tokens come out of a model, batched, with a KV cache (Sec. 2 step 1 of the paper,
+"each agent samples G completions of its own prompt"). magrpo.py calls `generate` once per agent and
+turn; nothing here is MAGRPO, and a reader of the paper can take it as given.
+
+    rollout = generate(model, tokenizer, ["def add(a, b):"], num_generations=4, seed=0)
+    rollout.texts[0]                        # the prompt's 4 completions
+    python tests/bench_generate.py          # against transformers' model.generate, on the CPU
+
+generate prefills each prompt once, repeats its cache G times, then runs decode_step a token at a time
+for the rows still running; sample_token draws each token from the row's own seeded uniform number,
+so a completion never depends on its batch. Greedy output equals model.generate's (tests/test_sampler.py).
+"""
+import functools
+import inspect
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+# -----------------------------------------------------------------------------
+# Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
+# example, the agent, the turn), and row g of that prompt draws its t-th token with a uniform number
+# hashed from (that seed, g, t) (row_uniforms). So a completion never depends on the other prompts of
+# its generate call, on rows that finished early, or on how a batch is split among processes. A
+# resumed run samples exactly what the uninterrupted one would, and from the same weights torchrun's
+# processes sample what one process would.
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment, the golden ratio in 64 bits
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's two multipliers
+
+
+def mix_seed(*parts):
+    """One 63-bit seed from integers, splitmix64 over the parts: mix_seed(seed, step, index, agent)."""
+    x = 0
+    for part in parts:
+        x = ((x ^ (int(part) & _MASK64)) + _GOLDEN) & _MASK64
+        x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+        x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+        x ^= x >> 31
+    return x >> 1
+
+
+def _int64(x):
+    """A 64-bit pattern as the signed value an int64 tensor holds."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _shr(x, k):
+    """Logical right shift of an int64 tensor (torch's >> is arithmetic on signed values)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def row_keys(seed, num_prompts, num_generations, device):
+    """The hash key of each row b * G + g: mix_seed(prompt b's seed, g). seed: None (no keys: torch's
+    RNG), an int (prompt b's seed is mix_seed(seed, b)) or one int per prompt."""
+    if seed is None:
+        return None
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [mix_seed(seed, b) for b in range(num_prompts)]
+    if len(seeds) != num_prompts:
+        raise ValueError(f"generate got {len(seeds)} seeds for {num_prompts} prompts")
+    rows = itertools.product(seeds, range(num_generations))  # (prompt b's seed, g) in row order
+    return torch.tensor([_int64(mix_seed(int(s), g)) for s, g in rows], device=device)
+
+
+def row_uniforms(keys, t):
+    """The uniform number in (0, 1) of each row's t-th token: splitmix64's finaliser over (key, t) on
+    int64 tensors (the multiplications wrap around, as the hash wants)."""
+    x = keys + _int64((t + 1) * _GOLDEN)
+    x = (x ^ _shr(x, 30)) * _int64(_MIX1)
+    x = (x ^ _shr(x, 27)) * _int64(_MIX2)
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 11).double() + 0.5) / 2.0 ** 53  # the top 53 bits, centred in their interval
+# -----------------------------------------------------------------------------
+# Sec. 2 step 1: each agent samples G completions of its own prompt (batched decoding, KV cache)
+
+
+@dataclass
+class Rollout:
+    """The output of `generate`: B prompts x G completions, row b * G + g the g-th of prompt b."""
+    prompt_ids: torch.Tensor  # [B*G, P] left-padded
+    prompt_mask: torch.Tensor  # [B*G, P] 1 on real prompt tokens
+    completion_ids: torch.Tensor  # [B*G, T] pad after the first EOS
+    completion_mask: torch.Tensor  # [B*G, T] 1 up to and including the first EOS, 0 after
+    logprobs: torch.Tensor  # [B*G, T] log softmax(logits / T) of each sampled token (T = 1: greedy)
+    texts: list  # B lists of G decoded completions, without EOS/pad
+    num_generations: int
+    seconds: float = 0.0  # wall time of the generate call
+
+    def __len__(self):
+        return self.completion_ids.shape[0]
+
+    def rows(self, start, stop):
+        """Rows [start, stop), with the columns that are padding in all of them cut off, so that a
+        micro-batch of short rows costs what they need, not what the longest row of the batch needs."""
+        prompt_mask, completion_mask = self.prompt_mask[start:stop], self.completion_mask[start:stop]
+        first = prompt_mask.shape[1] - int(prompt_mask.sum(-1).max())  # prompts are padded on the left
+        end = int(completion_mask.sum(-1).max())  # completions on the right
+        return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
+                       self.completion_ids[start:stop, :end], completion_mask[:, :end],
+                       self.logprobs[start:stop, :end], [], self.num_generations)
+
+
+def eos_token_ids(model, tokenizer):
+    """The ids that end a completion: the tokenizer's EOS and generation_config's (e.g. Qwen's two)."""
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = extra if isinstance(extra, (list, tuple)) else [extra]
+    ids = {tokenizer.eos_token_id, *extra} - {None}
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token and the model's generation_config names none")
+    return sorted(ids)
+
+
+def left_pad(rows, pad_id, device):
+    """Token lists -> (ids, mask), left-padded so that decoding continues at every row's end."""
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
+    return ids, mask
+
+
+def positions_from_mask(mask):
+    """Position ids of left-padded rows, 0 at each row's first real token: without them a padded row
+    would see its tokens at shifted positions, and batched decoding would differ from unbatched."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(model_class):
+    return set(inspect.signature(model_class.forward).parameters)
+
+
+def forward_kwargs(model, cache=None, last=None):
+    """model(...)'s keyword arguments for a KV `cache` and for the logits of the `last` positions only
+    (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
+    accepted = _forward_parameters(type(model))
+    kwargs = {}
+    if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
+        kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
+        kwargs["use_cache"] = True
+    if last is not None and "logits_to_keep" in accepted:
+        kwargs["logits_to_keep"] = last
+    return kwargs
+
+
+def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
+    """One token per row from softmax(logits / temperature) cut to the top_k tokens (0: all), then to
+    the nucleus (the fewest tokens whose probability reaches top_p); temperature 0 is greedy. The token
+    is the first whose cumulative probability exceeds the row's `uniform` (default torch.rand)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # the mass before this token reaches top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    # Inverse-CDF sampling in float64; the cut probabilities need no renormalising, since the uniform
+    # number is scaled by the row's remaining mass.
+    cdf = probs.double().cumsum(-1)
+    target = uniform.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return token.clamp(max=probs.shape[-1] - 1)  # (a uniform at the very top of the cdf)
+
+
+def decode_step(model, cache, tokens, mask, positions):
+    """One step of the decode loop: each running row's newest token, at its position id, goes through
+    the model with the KV cache of the row's earlier tokens; the cache grows by that token.
+    tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
+    return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
+                 **forward_kwargs(model, cache)).logits[:, -1, :].float()
+
+
+def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
+    """The texts of generate's rows: each row's tokens up to its length, without a final EOS (it ends
+    the text but is no part of it) -> B lists of G texts."""
+    texts = []
+    for tokens, length in zip(completion, lengths):
+        end = length - 1 if tokens[length - 1] in eos_ids else length
+        texts.append(tokenizer.decode(tokens[:end], skip_special_tokens=True))
+    return [texts[b:b + num_generations] for b in range(0, len(texts), num_generations)]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
+             top_p=1.0, top_k=0, seed=None):
+    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once
+    and its KV cache repeated G times, then decode_step runs a token at a time for the rows still
+    running. seed: None (torch's RNG), an int, or one int per prompt (row_keys)."""
+    from transformers import DynamicCache  # Imported here, so that `import magrpo` stays light.
+    t_start = time.perf_counter()
+    device, G = model.device, num_generations
+    eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    pad_id = tokenizer.pad_token_id
+    pad_id = int(eos[0]) if pad_id is None else pad_id  # many base models have none; it is masked anyway
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
+        raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
+    prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
+    keys = row_keys(seed, len(ids), G, device)
+    N = len(ids) * G
+    # Prefill: each prompt runs once, and its G completions share its cache.
+    cache = DynamicCache()
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
+    cache.batch_repeat_interleave(G)
+    logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
+    mask = prompt_mask.repeat_interleave(G, dim=0)
+    positions = mask.sum(-1)  # A row's next position id is the number of its real tokens so far.
+    completion = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((N, max_new_tokens), device=device)
+    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
+    alive = torch.arange(N, device=device)  # the original row of each running row
+    for t in range(max_new_tokens):
+        uniform = row_uniforms(keys[alive], t) if keys is not None and temperature > 0 else None
+        token = sample_token(logits, temperature, top_p, top_k, uniform)
+        completion[alive, t] = token
+        # The sampler's own log-prob of the token, log softmax(logits / T) before any top-k/p cut, as
+        # the trainer computes it (greedy decoding counts as T = 1 there too).
+        scaled = logits / (temperature if temperature > 0 else 1.0)
+        logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
+        done = torch.isin(token, eos)
+        n_done = int(done.sum())  # the loop's one device sync per token
+        if n_done:  # Finished rows leave the batch and the cache, and cost nothing from here on.
+            lengths[alive[done]] = t + 1  # Guarded by the if, since a boolean index would sync too.
+            keep = (~done).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
+        if t == max_new_tokens - 1 or len(alive) == 0:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = decode_step(model, cache, token, mask, positions)
+        positions = positions + 1
+
+    completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
+    texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
+    return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
+                   completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)

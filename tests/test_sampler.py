@@ -1,0 +1,249 @@
+"""Tests of the sampler (sampler.py), one function at a time, each against an independent reference:
+softmax by hand and by counting, transformers' own generate, a plain forward pass. `pytest -k NAME`
+runs a function's tests (sample_token, decode_step, generate, row_uniforms, mix_seed). CPU, tiny
+random models."""
+import pytest
+import torch
+
+import models
+import sampler
+from conftest import logprobs_row_by_row
+from sampler import generate, sample_token
+
+PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return models.tiny_tokenizer()
+
+
+def build(tok, arch, seed=0):
+    # A wide init makes logits spread out, so greedy decoding is not one repeated token.
+    return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
+
+
+def hf_greedy(model, tok, prompts, max_new_tokens):
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return out[:, enc["input_ids"].shape[1]:]
+
+
+def total_variation(freq, probs):
+    return 0.5 * (freq - probs).abs().sum().item()
+
+# -----------------------------------------------------------------------------
+# sample_token and the seeded uniforms
+
+
+def test_sample_token_inverse_cdf_by_hand():
+    """The first token whose cumulative probability exceeds u: probs (0.5, 0.3, 0.2)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(5, 1)
+    u = torch.tensor([0.0, 0.49, 0.51, 0.79, 0.81], dtype=torch.float64)
+    assert sample_token(logits, 1.0, uniform=u).tolist() == [0, 0, 1, 1, 2]
+
+
+def test_sample_token_follows_softmax_at_the_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
+    torch.manual_seed(0)
+    for T in (1.5, 0.5):
+        freq = torch.bincount(sample_token(logits, T), minlength=6).float() / 40000
+        assert total_variation(freq, torch.softmax(logits[0] / T, -1)) < 0.01, T
+    assert total_variation(freq, torch.softmax(logits[0], -1)) > 0.05  # T = 0.5 is not T = 1
+
+
+def test_sample_token_top_p_keeps_the_nucleus():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(40000, 1)
+    p = torch.softmax(logits[0], -1)  # [0.61, 0.22, 0.14, 0.08, ...] roughly
+    top_p = float(p[0] + p[1]) + 1e-3  # the smallest prefix reaching it needs the 3rd token too
+    torch.manual_seed(1)
+    s = sample_token(logits, 1.0, top_p)
+    assert set(s.tolist()) == {0, 1, 2}
+    kept = p[:3] / p[:3].sum()
+    assert torch.allclose(torch.bincount(s, minlength=6)[:3].float() / 40000, kept, atol=0.01)
+    assert set(sample_token(logits, 1.0, 0.3).tolist()) == {0}
+
+
+def test_sample_token_top_k_and_greedy():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]]).repeat(20000, 1)
+    torch.manual_seed(2)
+    s = sample_token(logits, 1.0, top_k=2)
+    assert set(s.tolist()) == {1, 3}
+    want = torch.softmax(torch.tensor([3.0, 2.0]), -1)
+    assert torch.allclose(torch.bincount(s, minlength=4)[[1, 3]].float() / 20000, want, atol=0.01)
+    assert sample_token(logits[:2], 0).tolist() == [1, 1]
+
+
+def test_row_uniforms_are_uniform_and_keyed():
+    keys = torch.arange(20000)
+    u = sampler.row_uniforms(keys, 3)
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005
+    hist = torch.histc(u.float(), 10, 0, 1) / 20000
+    assert (hist - 0.1).abs().max() < 0.01
+    assert torch.equal(sampler.row_uniforms(keys[[5, 7]], 3), u[[5, 7]])  # a row's number is its own
+    assert not torch.equal(sampler.row_uniforms(keys, 4), u)
+
+
+def test_mix_seed_is_a_deterministic_hash():
+    assert sampler.mix_seed(1, 2, 3) == sampler.mix_seed(1, 2, 3)
+    seen = {sampler.mix_seed(a, b) for a in range(30) for b in range(30)}
+    assert len(seen) == 900 and all(0 <= s < 2 ** 63 for s in seen)
+    assert sampler.mix_seed(1, 2) != sampler.mix_seed(2, 1)
+
+# -----------------------------------------------------------------------------
+# generate
+
+
+# -----------------------------------------------------------------------------
+# decode_step: one token for every running row, from the cache, against a plain forward pass
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_decode_step_matches_a_plain_forward_pass(tok, arch):
+    """Ragged prompts prefilled into a cache, then three decode steps with chosen tokens: each row's
+    next-token logits equal a plain forward pass over that row alone, unpadded."""
+    from transformers import DynamicCache
+    model = build(tok, arch, seed=2)
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    ids, mask = sampler.left_pad(rows, tok.pad_token_id, "cpu")
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=sampler.positions_from_mask(mask),
+              **sampler.forward_kwargs(model, cache))
+        positions = mask.sum(-1)
+        for step, text in enumerate(["ab", "c ", "d!"]):
+            tokens = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:1] * len(rows))
+            tokens = tokens + torch.arange(len(rows))  # a different token per row
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = sampler.decode_step(model, cache, tokens, mask, positions)
+            positions = positions + 1
+            for r in range(len(rows)):
+                rows[r] = rows[r] + [int(tokens[r])]
+                ref = model(input_ids=torch.tensor([rows[r]])).logits[0, -1].float()
+                assert torch.allclose(logits[r], ref, atol=1e-4), (arch, step, r)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_generate_greedy_matches_model_generate(tok, arch):
+    model = build(tok, arch)
+    ours = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=0)
+    ref = hf_greedy(model, tok, PROMPTS, 20)
+    T = ref.shape[1]
+    assert torch.equal(ours.completion_ids[:, :T], ref)
+    assert (ours.completion_ids[:, T:] == tok.pad_token_id).all()
+    assert len(set(ours.completion_ids[0].tolist())) > 3, "degenerate greedy output: test is too weak"
+
+
+def test_generate_without_a_pad_token(tok):
+    model = build(tok, "llama", seed=7)
+    ref = generate(model, tok, PROMPTS, max_new_tokens=6, temperature=0)
+    bare = models.tiny_tokenizer()
+    bare.pad_token = None
+    bare.padding_side = "right"
+    r = generate(model, bare, PROMPTS, max_new_tokens=6, temperature=0)
+    assert r.texts == ref.texts and bare.padding_side == "right"
+    assert (r.prompt_ids[r.prompt_mask == 0] == tok.eos_token_id).all()  # EOS stands in for padding
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_generate_batched_equals_unbatched(tok, arch):
+    model = build(tok, arch, seed=1)
+    batched = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=16, temperature=0)
+    for b, prompt in enumerate(PROMPTS):
+        alone = generate(model, tok, [prompt], max_new_tokens=16, temperature=0)
+        for g in range(3):  # prompt-major order: row b * G + g
+            assert torch.equal(batched.completion_ids[b * 3 + g], alone.completion_ids[0])
+            assert batched.texts[b][g] == alone.texts[0][0]
+
+
+def test_generate_stops_a_row_at_eos_and_masks_after_it(tok):
+    model = build(tok, "qwen2", seed=2)
+    free = generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0)
+    # Declare the 5th greedy token of row 0 an EOS: row 0 must stop there (EOS counted, pad after).
+    stop_id = int(free.completion_ids[0, 4])
+    model.generation_config.eos_token_id = [tok.eos_token_id, stop_id]
+    r = generate(model, tok, PROMPTS, max_new_tokens=12, temperature=0)
+    first = int((r.completion_ids[0] == stop_id).nonzero()[0])
+    assert first <= 4
+    assert r.completion_mask[0].tolist() == [1] * (first + 1) + [0] * (11 - first)
+    assert (r.completion_ids[0, first + 1:] == tok.pad_token_id).all()
+    assert torch.equal(r.completion_ids[0, :first + 1], free.completion_ids[0, :first + 1])
+    assert r.texts[0][0] == tok.decode(free.completion_ids[0, :first].tolist())
+    for row in range(1, len(PROMPTS)):  # the other rows decode as before until they emit stop_id
+        ids = free.completion_ids[row].tolist()
+        n = ids.index(stop_id) + 1 if stop_id in ids else 12
+        assert torch.equal(r.completion_ids[row, :n], free.completion_ids[row, :n])
+
+
+def test_generate_first_tokens_follow_softmax_at_the_temperature(tok):
+    model = build(tok, "qwen2", seed=3)
+    T, n = 0.7, 20000
+    r = generate(model, tok, ["abc"], num_generations=n, max_new_tokens=1, temperature=T, seed=0)
+    with torch.no_grad():
+        enc = tok(["abc"], return_tensors="pt", add_special_tokens=False)
+        logits = model(**enc).logits[0, -1]
+    freq = torch.bincount(r.completion_ids[:, 0], minlength=logits.numel()).float() / n
+    tv = total_variation(freq, torch.softmax(logits / T, -1))
+    assert tv < 0.06, tv
+    assert total_variation(freq, torch.softmax(logits, -1)) > 2 * tv  # the check tells temperatures apart
+
+
+def test_generate_top_p_never_leaves_the_nucleus(tok):
+    model = build(tok, "llama", seed=4)
+    r = generate(model, tok, ["q"], num_generations=3000, max_new_tokens=1, temperature=1.0, top_p=0.5, seed=1)
+    with torch.no_grad():
+        enc = tok(["q"], return_tensors="pt", add_special_tokens=False)
+        p = torch.softmax(model(**enc).logits[0, -1], -1)
+    sp, order = p.sort(descending=True)
+    size = int((sp.cumsum(0) < 0.5).sum()) + 1
+    nucleus = set(order[:size].tolist())
+    assert set(r.completion_ids[:, 0].tolist()) <= nucleus
+    assert len(set(r.completion_ids[:, 0].tolist())) == len(nucleus) or len(nucleus) > 20
+
+
+def test_generate_seed_reproduces_and_varies(tok):
+    model = build(tok, "qwen2", seed=5)
+    a = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
+    b = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=7)
+    c = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=8, seed=8)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert len({t for texts in a.texts for t in texts}) > len(PROMPTS)  # the G rows of a prompt differ
+
+
+def test_generate_seeded_prompt_does_not_depend_on_its_batch(tok):
+    """A prompt's completions depend on its own seed only: not on the other prompts of the call, on
+    how many rows there are, or on how a batch is split into calls (data parallelism needs this)."""
+    model = build(tok, "qwen2", seed=6)
+    seeds = [11, 22, 33, 44]
+    whole = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=0.9, seed=seeds)
+    for b in range(len(PROMPTS)):
+        alone = generate(model, tok, [PROMPTS[b]], num_generations=3, max_new_tokens=10, temperature=0.9, seed=[seeds[b]])
+        assert alone.texts[0] == whole.texts[b]
+    fewer = generate(model, tok, PROMPTS[2:], num_generations=2, max_new_tokens=10, temperature=0.9, seed=seeds[2:])
+    assert [t[:2] for t in whole.texts[2:]] == fewer.texts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_on_cuda_matches_cpu(tok):
+    model = build(tok, "qwen2")
+    cpu = generate(model, tok, PROMPTS, max_new_tokens=16, temperature=0)
+    gpu = generate(model.cuda(), tok, PROMPTS, max_new_tokens=16, temperature=0)
+    assert gpu.completion_ids.is_cuda
+    assert cpu.texts == gpu.texts
+
+
+def test_generate_records_the_logprob_of_each_sampled_token(tok):
+    """Rollout.logprobs: log softmax(logits / T) of each drawn token, from the sampler itself; greedy
+    decoding records them at T = 1, as the trainer computes them."""
+    model = build(tok, "qwen2", seed=6)
+    for T in (0.7, 0.0):
+        r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
+        with torch.no_grad():
+            reference = logprobs_row_by_row(model, r, temperature=T)
+        mask = r.completion_mask.bool()
+        assert torch.allclose(r.logprobs[mask], reference[mask], atol=1e-4), T
+        assert (r.logprobs[~mask] == 0).all()
