@@ -111,7 +111,7 @@ def main():
           f"prompts={args.prompts} G={G} max_new_tokens={T} temperature={args.temperature}")
     for name, tps in best.items():
         print(f"{name:16s} {tps:10.1f} tokens/s (best of {args.repeats})")
-    print(f"ratio magrpo/model.generate: {best['sampler.generate'] / best['model.generate']:.2f}")
+    print(f"ratio sampler/model.generate: {best['sampler.generate'] / best['model.generate']:.2f}")
 
 
 if __name__ == "__main__":

@@ -61,10 +61,10 @@ def child(args):
     before = rss_bytes()
     if args.mode == "lora":
         base = Qwen2ForCausalLM(config).eval()
-        models = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
+        nets = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
     else:
-        models = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
-    agents = [magrpo.Agent(m, tok, models.make_optimizer(m, 1e-5)) for m in models]
+        nets = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
+    agents = [magrpo.Agent(m, tok, models.make_optimizer(m, 1e-5)) for m in nets]
     g = torch.Generator().manual_seed(1)
     rows, P, T = 8, args.prompt_len, args.completion_len
     rollout = sampler.Rollout(torch.randint(0, args.vocab, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),
@@ -77,8 +77,8 @@ def child(args):
         out = update_on(agent, [(rollout, adv)], cfg)
         assert out["skipped"] == 0
     seconds = (time.perf_counter() - t0) / len(agents)
-    params = sum(p.numel() for p in models[0].parameters())
-    trainable = sum(p.numel() for p in models[0].parameters() if p.requires_grad)
+    params = sum(p.numel() for p in nets[0].parameters())
+    trainable = sum(p.numel() for p in nets[0].parameters() if p.requires_grad)
     print(json.dumps({"mode": args.mode, "agents": args.agents, "params": params, "trainable": trainable,
                       "resident": resident_bytes(agents), "peak": rss_bytes() - before, "seconds": seconds}))
 
