@@ -159,6 +159,26 @@ def test_lora_bf16_base_keeps_fp32_adapters_and_plain_adamw(tok):
     assert a_step(agent, tok, 3)["skipped"] == 0
 
 
+def test_lora_sampling_casts_the_adapters_once_per_optimizer_step(tok):
+    """On a bf16 base the fp32 adapters are cast once for sampling, not at every token, and a step of
+    the optimizer makes the next sample use the new weights (a stale cast would sample the old policy)."""
+    agent = models.load_agent("tiny", "cpu", "bfloat16", 1, lora=models.LoRAConfig(4))
+    agent.optimizer = models.make_optimizer(agent.model, 1e-2)
+    adapters = [m for m in agent.model.modules() if isinstance(m, models.LoRALinear)]
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        agent.model(ids)
+        casts = [m.cast[0] for m in adapters]
+        agent.model(ids)
+    assert all(m.cast[0] is cast for m, cast in zip(adapters, casts)), "cast again without any change"
+    assert a_step(agent, tok, 3)["skipped"] == 0
+    with torch.no_grad():
+        sampled = agent.model(ids).logits
+    fresh = agent.model(ids).logits.detach()  # with gradients on, the adapters are always cast anew
+    assert torch.equal(sampled, fresh)
+    assert all(m.cast[0] is not cast for m, cast in zip(adapters, casts))
+
+
 def test_lora_save_load_roundtrip(tok, tmp_path):
     bases = {}
     agent = models.load_agent("tiny", "cpu", "float32", 1, lora=models.LoRAConfig(4, target_modules=("q_proj", "v_proj")),

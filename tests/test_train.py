@@ -652,6 +652,22 @@ def test_master_weights_keep_updates_bf16_would_round_away():
     assert plain[0].item() == 1.0
 
 
+def test_master_weights_hold_no_gradient_between_steps(tmp_path):
+    """Between steps a bf16 weight costs its master and AdamW's moments only: neither the bf16 nor the
+    fp32 gradient outlives the step (each would be 2 or 4 more bytes per parameter)."""
+    model = models.tiny_model(models.tiny_tokenizer()).to(torch.bfloat16)
+    opt = models.make_optimizer(model, 1e-3)
+    assert isinstance(opt, models.MasterWeightAdamW)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert all(m.grad is None for m in opt.master) and all(p.grad is None for p in model.parameters())
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    state = opt.inner.state[opt.master[0]]
+    assert state["exp_avg"].dtype == torch.float32 and int(state["step"]) == 1
+
+
 def test_wandb_without_the_package_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
     import importlib.util
     real = importlib.util.find_spec
