@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import forward_kwargs, generate, mix_seed, positions_from_mask
+from sampler import forward_kwargs, generate, mix_seed, positions_from_mask, token_logprobs
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
@@ -202,20 +202,20 @@ def completion_logprobs(model, rollout, temperature=1.0):
                                           dim=0, return_inverse=True)
     prompt_mask = prompts[:, P:]
     cache = DynamicCache()
-    out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask,
+    out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask, output_hidden_states=True,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
-    # A prompt's last logit predicts its rows' first token (a model without logits_to_keep gives all).
-    first = out.logits[prompt_of_row, -1:]
+    first = out.hidden_states[-1][prompt_of_row, -1:]  # A prompt's last position predicts its rows' first.
     # Each row attends to its prompt's cache (repeated by indexing: autograd adds up the rows'
     # gradients of each prompt, so the result equals running every row whole), then runs its tokens.
     cache.batch_select_indices(prompt_of_row)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
     positions = positions_from_mask(mask)[:, P:]
     rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions,
-                 **forward_kwargs(model, cache)).logits
-    logits = torch.cat([first, rest[:, :-1]], dim=1).float() / T  # position t's logit predicts token t + 1
-    token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
-    return token_logits - torch.logsumexp(logits, dim=-1)
+                 output_hidden_states=True, **forward_kwargs(model, cache, last=1))
+    # Position t predicts token t + 1. The logits over the whole vocabulary are made a chunk of positions
+    # at a time and never all kept (sampler.token_logprobs): with 150k tokens they would be the largest.
+    hidden = torch.cat([first, rest.hidden_states[-1][:, :-1]], dim=1)
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=rest)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):

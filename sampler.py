@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 # -----------------------------------------------------------------------------
 # Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
@@ -178,6 +179,31 @@ def decode_step(model, cache, tokens, mask, positions):
     tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
     return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
                  **forward_kwargs(model, cache)).logits[:, -1, :].float()
+
+
+def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, chunk=64):
+    """log softmax(logits / T) at `tokens` [rows, n], from the final hidden states [rows, n, H] that
+    predict them. The output layer runs on `chunk` positions at a time, and again in the backward pass
+    (checkpointing), so the [rows, n, vocab] logits are never all held: with a 150k vocabulary they
+    would be 0.6 MB per token in fp32. check: the model's own output on these rows, whose last logits
+    must be its output layer's of its last hidden state (a logit scale or softcap would break that)."""
+    head = model.get_output_embeddings()
+    if check is not None:
+        made = head(check.hidden_states[-1][:, -1]).float()
+        if not torch.allclose(made, check.logits[:, -1].float(), rtol=1e-3, atol=1e-3):
+            raise ValueError(f"{type(model).__name__}'s logits are not its output layer's of its last hidden "
+                             "state (a logit scale or softcap?): token_logprobs does not support it")
+    parts = [tokens.new_zeros(tokens.shape[0], 0, dtype=torch.float32)]
+    for start in range(0, tokens.shape[1], chunk):
+        parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
+                                                       tokens[:, start:start + chunk], temperature,
+                                                       use_reentrant=False))
+    return torch.cat(parts, dim=1)
+
+
+def _chunk_logprobs(head, hidden, tokens, temperature):
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):

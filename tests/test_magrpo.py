@@ -137,6 +137,58 @@ def test_completion_logprobs_in_bf16(tok):
                     gradients(model, reference, r, advantages, "seq_sum")) < 0.05
 
 
+def test_completion_logprobs_never_holds_the_logits_of_every_position(tok):
+    """With a large vocabulary the logits are the pass's largest tensors: no tensor of the forward or
+    the backward pass holds as much as half of the [rows, tokens, vocab] logits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    vocab = 32000
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(1)
+    rows, n = 4, 200
+    rollout = sampler.Rollout(torch.randint(0, vocab, (rows, 8), generator=g), torch.ones(rows, 8, dtype=torch.long),
+                              torch.randint(0, vocab, (rows, n), generator=g), torch.ones(rows, n, dtype=torch.long),
+                              torch.zeros(rows, n), [], 2)
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+    with Largest():
+        lp = completion_logprobs(model, rollout, temperature=0.7)
+        lp.sum().backward()
+    assert Largest.numel < rows * n * vocab / 2, f"a tensor of {Largest.numel} elements"
+    reference = logprobs_row_by_row(model, rollout, temperature=0.7)
+    assert torch.allclose(lp, reference, atol=1e-4), (lp - reference).abs().max()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the subclass hides which cache keyword it takes
+def test_completion_logprobs_refuses_a_model_whose_logits_are_scaled(tok):
+    """A model that scales or caps its logits after the output layer (Gemma 2, Cohere) would get wrong
+    log-probs from the output layer alone: one clear error instead."""
+    model = models.tiny_model(tok, init_std=0.5)
+    head = model.lm_head
+    model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=False)
+    model.lm_head.weight = head.weight
+
+    class Scaled(type(model)):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 0.5
+            return out
+    model.__class__ = Scaled
+    with pytest.raises(ValueError, match="not its output layer's"):
+        completion_logprobs(model, hand_rollout(model, tok))
+
+
 def test_micro_batches_hold_whole_groups_where_they_can():
     assert magrpo.micro_batches(12, 4, 8) == [(0, 8), (8, 12)]  # two groups of 4, then one
     assert magrpo.micro_batches(12, 4, 6) == [(0, 4), (4, 8), (8, 12)]  # one whole group each, not 6 rows
