@@ -34,7 +34,7 @@ import sampler
 # agents side by side (concat), in a pipeline (sequential), after one round of discussion; and the
 # dataset's own solutions (oracle), which checks the harness: its pass@1 must be 1.
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "num_turns", "feedback",
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "compile", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
 

@@ -48,6 +48,7 @@ class Config:
     temperature: float = option(1.0, "sampling temperature (0: greedy)")
     top_p: float = option(1.0, "nucleus sampling: keep the most likely tokens up to this mass")
     top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
+    compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
     advantage: str = option("mean", "Eq. 1's baseline: mean (the paper), rloo, std, none or remax")
     loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean")
@@ -116,7 +117,7 @@ def sample_agent(agent, i, prompts, size, cfg, seeds):
     seeded with mix_seed(seeds[b], i). Decentralised: it sees nothing of the other agents."""
     texts = [agent.format(p) for p in prompts]
     return generate(agent.model, agent.tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature,
-                    cfg.top_p, cfg.top_k, seed=[mix_seed(s, i) for s in seeds])
+                    cfg.top_p, cfg.top_k, seed=[mix_seed(s, i) for s in seeds], compile=cfg.compile)
 
 # -----------------------------------------------------------------------------
 # Sec. 2 steps 2-3: joint actions, and one shared reward for each

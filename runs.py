@@ -28,16 +28,19 @@ import models
 # a run resumed with another learning rate or G would be neither the old run nor a new one.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
-             "wandb"}
+             "wandb", "compile"}
 
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
     can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(magrpo.Config):
         if names is None or f.name in names:
-            kind = f.type if f.type in (int, float) else str
             text = f"{f.metadata['help']} (default {f.default})".replace("%", "%%")  # argparse formats %
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=text)
+            flag = f"--{f.name.replace('_', '-')}"
+            if f.type is bool:  # a switch, None when not given, like the others
+                parser.add_argument(flag, action="store_true", default=None, help=text)
+            else:
+                parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
 
 
 def config_from_flags(args, **overrides):

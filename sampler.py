@@ -11,7 +11,6 @@ generate prefills each prompt once, repeats its cache G times, then runs decode_
 for the rows still running; sample_token draws each token from the row's own seeded uniform number,
 so a completion never depends on its batch. Greedy output equals model.generate's (tests/test_sampler.py).
 """
-import functools
 import inspect
 import itertools
 import math
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+
+CHECK_EVERY = 8  # decode steps between two looks at which rows have finished (a host sync each)
 
 # -----------------------------------------------------------------------------
 # Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
@@ -130,19 +131,27 @@ def positions_from_mask(mask):
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-@functools.lru_cache(maxsize=None)
+_PARAMETERS = {}  # a model class -> the names of its forward's parameters
+
+
 def _forward_parameters(model_class):
-    return set(inspect.signature(model_class.forward).parameters)
+    # A plain dict, not functools.lru_cache, so that torch.compile traces the lookup as it is.
+    if model_class not in _PARAMETERS:
+        _PARAMETERS[model_class] = set(inspect.signature(model_class.forward).parameters)
+    return _PARAMETERS[model_class]
 
 
-def forward_kwargs(model, cache=None, last=None):
-    """model(...)'s keyword arguments for a KV `cache` and for the logits of the `last` positions only
-    (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
+def forward_kwargs(model, cache=None, last=None, slot=None):
+    """model(...)'s keyword arguments for a KV `cache` written at `slot`, and for the logits of the
+    `last` positions only (with a 150k vocabulary the full logits are a step's largest tensor), as
+    this model takes them."""
     accepted = _forward_parameters(type(model))
     kwargs = {}
     if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
         kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
         kwargs["use_cache"] = True
+    if slot is not None:
+        kwargs["cache_position"] = slot
     if last is not None and "logits_to_keep" in accepted:
         kwargs["logits_to_keep"] = last
     return kwargs
@@ -173,12 +182,14 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
     return token.clamp(max=probs.shape[-1] - 1)  # (a uniform at the very top of the cdf)
 
 
-def decode_step(model, cache, tokens, mask, positions):
-    """One step of the decode loop: each running row's newest token, at its position id, goes through
-    the model with the KV cache of the row's earlier tokens; the cache grows by that token.
-    tokens, positions: [rows]; mask: [rows, earlier + 1], 0 on left padding. -> next logits [rows, vocab]."""
+def decode_step(model, cache, tokens, mask, positions, slot=None):
+    """One step of the decode loop: each row's newest token, at its position id, goes through the model
+    with the KV cache of the row's earlier tokens, and the cache takes the token's keys and values.
+    tokens, positions: [rows]; mask: [rows, cache positions], 0 on left padding and on positions not
+    written yet. slot: [1], the cache position the token goes to (a static cache; None: a dynamic
+    cache's end). -> next logits [rows, vocab], float32."""
     return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
-                 **forward_kwargs(model, cache)).logits[:, -1, :].float()
+                 **forward_kwargs(model, cache, slot=slot)).logits[:, -1, :].float()
 
 
 def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, chunk=64):
@@ -218,10 +229,11 @@ def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
-             top_p=1.0, top_k=0, seed=None):
-    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once
-    and its KV cache repeated G times, then decode_step runs a token at a time for the rows still
-    running. seed: None (torch's RNG), an int, or one int per prompt (row_keys)."""
+             top_p=1.0, top_k=0, seed=None, compile=False):
+    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once,
+    its keys and values go G times into a preallocated cache, then decode_step runs a token at a time.
+    seed: None (torch's RNG), an int, or one int per prompt (row_keys). compile: torch.compile the
+    decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end."""
     from transformers import DynamicCache  # Imported here, so that `import magrpo` stays light.
     t_start = time.perf_counter()
     device, G = model.device, num_generations
@@ -233,41 +245,88 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     keys = row_keys(seed, len(ids), G, device)
-    N = len(ids) * G
-    # Prefill: each prompt runs once, and its G completions share its cache.
-    cache = DynamicCache()
+    N, P = len(ids) * G, prompt_ids.shape[1]
+    # Prefill: each prompt runs once, and its G completions share its keys and values.
+    prefill = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
-    cache.batch_repeat_interleave(G)
+                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prefill, last=1))
     logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
-    mask = prompt_mask.repeat_interleave(G, dim=0)
+    cache = static_cache(model, prefill, G, P + max_new_tokens)
+    # Every input of a decode step has one shape from the first token to the last: the mask covers
+    # every position a row will have, 1 where its token is written, and `slot` is where the next goes.
+    mask = torch.zeros((N, P + max_new_tokens), dtype=torch.long, device=device)
+    mask[:, :P] = prompt_mask.repeat_interleave(G, dim=0)
     positions = mask.sum(-1)  # A row's next position id is the number of its real tokens so far.
+    slot = torch.tensor([P], device=device)
     completion = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((N, max_new_tokens), device=device)
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
-    alive = torch.arange(N, device=device)  # the original row of each running row
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    alive = torch.arange(N, device=device)  # the original row of each row in the batch
+    step = compiled(decode_step, device) if compile else decode_step
     for t in range(max_new_tokens):
         uniform = row_uniforms(keys[alive], t) if keys is not None and temperature > 0 else None
         token = sample_token(logits, temperature, top_p, top_k, uniform)
-        completion[alive, t] = token
         # The sampler's own log-prob of the token, log softmax(logits / T) before any top-k/p cut, as
         # the trainer computes it (greedy decoding counts as T = 1 there too).
         scaled = logits / (temperature if temperature > 0 else 1.0)
-        logprobs[alive, t] = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
-        done = torch.isin(token, eos)
-        n_done = int(done.sum())  # the loop's one device sync per token
-        if n_done:  # Finished rows leave the batch and the cache, and cost nothing from here on.
-            lengths[alive[done]] = t + 1  # Guarded by the if, since a boolean index would sync too.
-            keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
-        if t == max_new_tokens - 1 or len(alive) == 0:
+        logprob = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
+        # A row that has finished runs on, masked: it writes padding, and its tokens are never read.
+        was_done = finished[alive]
+        completion[alive, t] = torch.where(was_done, pad_id, token)
+        logprobs[alive, t] = torch.where(was_done, 0.0, logprob)
+        ends = torch.isin(token, eos) & ~was_done
+        lengths[alive] = torch.where(ends, t + 1, lengths[alive])
+        finished[alive] = was_done | ends
+        if t == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        logits = decode_step(model, cache, token, mask, positions)
-        positions = positions + 1
+        # The host looks at the rows once every CHECK_EVERY tokens, not at every token: it stops when
+        # all are done and, uncompiled, drops the finished rows from the batch and the cache.
+        if (t + 1) % CHECK_EVERY == 0:
+            running = ~finished[alive]
+            count = int(running.sum())  # the loop's one host sync
+            if count == 0:
+                break
+            if count < len(alive) and not compile:
+                keep = running.nonzero().squeeze(-1)
+                select_rows(cache, keep)
+                alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
+        mask[:, P + t] = 1
+        logits = step(model, cache, token, mask, positions, slot)
+        positions, slot = positions + 1, slot + 1
 
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
+
+
+def static_cache(model, prefill, repeats, length):
+    """A KV cache of `length` positions for every row, allocated once (transformers' StaticCache), that
+    holds each prompt's prefilled keys and values `repeats` times: no decode step copies or grows it."""
+    from transformers import StaticCache
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    for i, layer in enumerate(prefill.layers):
+        written = torch.arange(layer.keys.shape[2], device=layer.keys.device)
+        cache.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0), i,
+                     {"cache_position": written})
+    return cache
+
+
+def select_rows(cache, keep):
+    """Only the rows `keep` of a static cache, copied once: finished rows leave the batch."""
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+
+
+_COMPILED = {}  # (function, device type) -> the function, compiled
+
+
+def compiled(function, device):
+    """`function` compiled by torch.compile, once per process; on a GPU as a CUDA graph (reduce-overhead),
+    which replays the step's ~1,500 kernel launches as one."""
+    key = (function, torch.device(device).type)
+    if key not in _COMPILED:
+        mode = "reduce-overhead" if key[1] == "cuda" else None
+        _COMPILED[key] = torch.compile(function, mode=mode, dynamic=False)
+    return _COMPILED[key]

@@ -247,3 +247,63 @@ def test_generate_records_the_logprob_of_each_sampled_token(tok):
         mask = r.completion_mask.bool()
         assert torch.allclose(r.logprobs[mask], reference[mask], atol=1e-4), T
         assert (r.logprobs[~mask] == 0).all()
+
+
+# -----------------------------------------------------------------------------
+# generate's decode loop, as a GPU sees it: host syncs and copies per step
+
+
+class OpCounter:
+    """Counts, over a block, the operations that make the host wait for the device (a value read
+    back, a data-dependent shape) and the largest tensor a copying operation makes."""
+    SYNCS = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "_unique2", "unique_dim"}
+    COPIES = {"cat", "stack", "clone", "_to_copy", "index", "index_select", "repeat_interleave", "contiguous"}
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                name = func.__name__.split(".")[0]
+                counter.syncs += name in OpCounter.SYNCS
+                if name in OpCounter.COPIES:
+                    for t in out if isinstance(out, (tuple, list)) else [out]:
+                        if isinstance(t, torch.Tensor):
+                            counter.largest_copy = max(counter.largest_copy, t.numel())
+                return out
+        self.mode, self.syncs, self.largest_copy = Mode(), 0, 0
+
+
+def decode_counts(model, tok, max_new_tokens):
+    """(host syncs, largest copy) of generate's decode steps alone: a run's minus a one-token run's."""
+    counts = []
+    for n in (1, max_new_tokens):
+        counter = OpCounter()
+        with counter.mode:
+            generate(model, tok, PROMPTS[:2], num_generations=2, max_new_tokens=n, seed=0)
+        counts.append(counter)
+    return counts[1].syncs - counts[0].syncs, counts[1].largest_copy
+
+
+def test_generate_decode_steps_rarely_wait_for_the_device_and_copy_nothing_that_grows(tok, monkeypatch):
+    """Rows running to the cap (no EOS): at most one host sync per 4 decode steps (the loop looks at
+    finished rows every CHECK_EVERY tokens, not at every one), and no step copies the cache or the mask,
+    so the largest copy does not grow with the context."""
+    model = build(tok, "qwen2")
+    monkeypatch.setattr(sampler, "eos_token_ids", lambda model, tokenizer: [10 ** 6])  # never drawn
+    syncs, short = decode_counts(model, tok, 33)
+    assert syncs / 32 <= 0.25, f"{syncs} host syncs in 32 decode steps"
+    _, long = decode_counts(model, tok, 97)
+    assert long == short, f"the largest copy grew from {short} to {long} elements with 64 more tokens"
+
+
+@pytest.mark.slow
+def test_generate_compiled_decode_step_gives_the_eager_greedy_tokens(tok):
+    """--compile: torch.compile of the decode step changes how it runs, not what it computes."""
+    model = build(tok, "qwen2", seed=3)
+    eager = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=12, temperature=0)
+    fast = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, compile=True)
+    assert torch.equal(fast.completion_ids, eager.completion_ids)
+    assert fast.texts == eager.texts
