@@ -28,7 +28,6 @@ import envs  # noqa: E402
 import magrpo  # noqa: E402
 import sampler  # noqa: E402
 import models  # noqa: E402
-import train  # noqa: E402
 
 
 def per_row_logprobs(model, rollout, temperature=1.0):
