@@ -7,9 +7,11 @@ turn; nothing here is MAGRPO, and a reader of the paper can take it as given.
     rollout.texts[0]                        # the prompt's 4 completions
     python tests/bench_generate.py          # against transformers' model.generate, on the CPU
 
-generate prefills each prompt once, repeats its cache G times, then runs decode_step a token at a time
-for the rows still running; sample_token draws each token from the row's own seeded uniform number,
-so a completion never depends on its batch. Greedy output equals model.generate's (tests/test_sampler.py).
+generate prefills each prompt once into a KV cache allocated once for its G rows (prefill), then runs
+decode_step a token at a time, in steps of one shape that --compile can capture; sample_token draws
+each token from the row's own seeded uniform number, so a completion never depends on its batch.
+Greedy output equals model.generate's (tests/test_sampler.py). token_logprobs serves the log-prob
+pass of Eq. 2 (magrpo.completion_logprobs) without holding the logits of every position.
 """
 import inspect
 import itertools
@@ -234,7 +236,6 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     its keys and values go G times into a preallocated cache, then decode_step runs a token at a time.
     seed: None (torch's RNG), an int, or one int per prompt (row_keys). compile: torch.compile the
     decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end."""
-    from transformers import DynamicCache  # Imported here, so that `import magrpo` stays light.
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
@@ -246,12 +247,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     keys = row_keys(seed, len(ids), G, device)
     N, P = len(ids) * G, prompt_ids.shape[1]
-    # Prefill: each prompt runs once, and its G completions share its keys and values.
-    prefill = DynamicCache()
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
-                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prefill, last=1))
-    logits = out.logits[:, -1, :].float().repeat_interleave(G, dim=0)
-    cache = static_cache(model, prefill, G, P + max_new_tokens)
+    logits, cache = prefill(model, prompt_ids, prompt_mask, G, P + max_new_tokens)
     # Every input of a decode step has one shape from the first token to the last: the mask covers
     # every position a row will have, 1 where its token is written, and `slot` is where the next goes.
     mask = torch.zeros((N, P + max_new_tokens), dtype=torch.long, device=device)
@@ -301,16 +297,20 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
 
 
-def static_cache(model, prefill, repeats, length):
-    """A KV cache of `length` positions for every row, allocated once (transformers' StaticCache), that
-    holds each prompt's prefilled keys and values `repeats` times: no decode step copies or grows it."""
-    from transformers import StaticCache
+def prefill(model, prompt_ids, prompt_mask, repeats, length):
+    """Each prompt runs once, and its keys and values go `repeats` times into a KV cache of `length`
+    positions for every row, allocated once (transformers' StaticCache), so that no decode step copies
+    or grows it. -> (each row's next-token logits [rows, vocab], float32; the cache)"""
+    from transformers import DynamicCache, StaticCache  # Imported here, so that `import magrpo` stays light.
+    prompt_cache = DynamicCache()
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
+                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prompt_cache, last=1))
     cache = StaticCache(config=model.config, max_cache_len=length)
-    for i, layer in enumerate(prefill.layers):
+    for i, layer in enumerate(prompt_cache.layers):
         written = torch.arange(layer.keys.shape[2], device=layer.keys.device)
         cache.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0), i,
                      {"cache_position": written})
-    return cache
+    return out.logits[:, -1, :].float().repeat_interleave(repeats, dim=0), cache
 
 
 def select_rows(cache, keep):
