@@ -300,6 +300,7 @@ def test_generate_decode_steps_rarely_wait_for_the_device_and_copy_nothing_that_
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own internals warn
 def test_generate_compiled_decode_step_gives_the_eager_greedy_tokens(tok):
     """--compile: torch.compile of the decode step changes how it runs, not what it computes."""
     model = build(tok, "qwen2", seed=3)
