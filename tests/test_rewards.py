@@ -289,6 +289,29 @@ def test_code_reward_reports_sandbox_error():
     assert r.sandbox_error is None and r.passed == 1
 
 
+@pytest.mark.parametrize("test", [
+    "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5, candidate(2)\n",
+    "def check(candidate):\n    assert candidate(1) == 3\n    assert {5: 1}[candidate(2)]\n",
+    "def check(candidate):\n    assert candidate(1) == 3\n    if candidate(2) != 5:\n"
+    "        raise ValueError('got', candidate(2))\n    assert True\n"])
+def test_code_reward_a_value_without_text_is_the_programs_failure(test):
+    """A wrong answer whose value Python can't turn to text (an int over 4300 digits) where the test
+    describes its failure scores as the wrong answer it is: never a sandbox_error."""
+    pytest.importorskip("sandbox")
+    r = code_reward(AUX, f("y = aux(x) + 1\nreturn y if x == 1 else 10 ** 5000"), "f", test)
+    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(3.5)
+
+
+def test_code_reward_runs_at_the_isolation_asked_for():
+    """code_reward_many(isolation=...) (the env's --sandbox) is the level its tests run at."""
+    pytest.importorskip("sandbox")
+    items = [dict(aux=AUX, main=f("return aux(x) + 1"), entry_point="f", test=TEST)]
+    [r] = code_reward_many(items, isolation="rlimits")
+    assert r.report.isolation == "rlimits" and float(r) == pytest.approx(4.0)
+    [r] = THEIRS.code_many(items, isolation="rlimits")
+    assert r.report.isolation == "rlimits"
+
+
 def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):
     main = "def f(x):\n    return x + 1\n"
     r = code_reward("", main, "f", CHECK3)

@@ -165,6 +165,22 @@ def test_isolation_level(monkeypatch):
         sandbox.isolation_level()
 
 
+def test_isolation_level_required(monkeypatch):
+    """A level required is the level runs get, or a RuntimeError that says why: never a silent
+    fall-back to a weaker one. MAGRPO_SANDBOX asks the same where nothing is required."""
+    monkeypatch.setenv("MAGRPO_SANDBOX", "namespaces")
+    assert sandbox.isolation_level("rlimits") == "rlimits"  # the caller's word wins
+    monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)  # as under Docker's seccomp
+    monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
+    for required in ("namespaces", None, "auto"):
+        with pytest.raises(RuntimeError, match="namespaces.*unshare: Operation not permitted"):
+            sandbox.isolation_level(required)
+    monkeypatch.delenv("MAGRPO_SANDBOX")
+    assert sandbox.isolation_level("auto") == sandbox.isolation_level() == "rlimits"
+    with pytest.raises(ValueError):
+        sandbox.isolation_level("chroot")
+
+
 def test_run_probe_falls_back_where_namespaces_fail(level):
     """Inside a sandbox no new user namespace can be made: a sandbox started there probes, says
     why on stderr, and runs at the rlimits level."""
