@@ -658,8 +658,11 @@ def _supervisor(job):
 
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
-    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
-    function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's, through
+    # one handle that the fork server makes and its runs inherit (a new one costs some 20 us a call).
+    space = globals()
+    space["libc"] = space.get("libc") or ctypes.CDLL(None, use_errno=True)
+    function = getattr(space["libc"], name)
     if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
