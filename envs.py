@@ -338,6 +338,12 @@ def prompt_parts(ex):
     return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
 
 
+def quoted(text, limit=160):
+    """Words a program chose, in a prompt: a Python string literal on one line (its newlines and other
+    unprintable characters escaped), at most `limit` characters of the text, so it reads as data."""
+    return repr(text[:limit]) + (" (cut)" if len(text) > limit else "")
+
+
 def as_comment(text):
     """Text as Python comments, to sit in a prompt that is a Python file."""
     return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
@@ -377,12 +383,13 @@ class CodingEnv(Env):
     runs_code = True
 
     def __init__(self, dataset="humaneval", split=None, num_agents=2, text_field=None, timeout=10.0,
-                 authors=False, default_split="train"):
+                 authors=False, default_split="train", isolation=None):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
+        self.isolation = isolation  # the sandbox's level for model code (None: sandbox.isolation_level())
         # --authors-rewards: the authors' code reward, exactly, instead of ours (rewards.py's switch).
         self.score_many = reward_functions(authors).code_many
         # One agent is the main agent alone (the num_agents=1 variant): the slices keep "main".
@@ -440,9 +447,14 @@ class CodingEnv(Env):
             lines.append(f"the tests could not be run ({reward.sandbox_error})")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
-            failure = getattr(reward.report, "first_failure", None)
-            if reward.passed < reward.n_tests and failure:
-                lines.append("the first failing test:\n" + failure.strip())
+            statement = getattr(reward.report, "failed_statement", None)
+            why = getattr(reward.report, "failure_reason", None)
+            # The test's own words as they are; the error, which the program may have written (an
+            # exception's message, a value it returned), as data only: quoted on one line, cut.
+            if reward.passed < reward.n_tests and statement:
+                lines.append(f"the first failing test:\n{statement.strip()}")
+            if reward.passed < reward.n_tests and why:
+                lines.append(f"its error, the program's output quoted: {quoted(why)}")
         # The cooperation bonus's terms, in words: a wrapper earns less than a main that calls aux.
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
             if reward.wrapper:
@@ -515,7 +527,7 @@ class CodingEnv(Env):
     def rewards(self, examples, outputs):
         """The batch's rewards, in order: one sandbox call tests all the programs in parallel."""
         items = [self.item(ex, out) for ex, out in zip(examples, outputs)]
-        return self.score_many(items, timeout=self.test_timeout)
+        return self.score_many(items, timeout=self.test_timeout, isolation=self.isolation)
 
     def single_reward(self, ex, output):
         """The single model's one output is scored as main alone, with no aux: max 2.1."""
@@ -748,6 +760,9 @@ def add_env_flags(p):
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
     p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
     p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
+    p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
+                   help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
+                        "else rlimits; a level named is required")
 
 
 def env_from_flags(args, split=None, flag=None, default_split="train"):
@@ -757,11 +772,14 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     options["authors"], options["default_split"] = args.authors_rewards, default_split
     if args.num_agents is not None:
         options["num_agents"] = args.num_agents
-    # --test-timeout matters only where the reward runs code; elsewhere it is ignored.
-    if getattr(ENVS.get(args.env), "runs_code", False) and args.test_timeout is not None:
+    # --test-timeout and --sandbox matter only where the reward runs code; elsewhere they are ignored.
+    runs_code = getattr(ENVS.get(args.env), "runs_code", False)
+    if runs_code and args.test_timeout is not None:
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
         options["timeout"] = args.test_timeout
+    if runs_code:
+        options["isolation"] = args.sandbox = sandbox_level(getattr(args, "sandbox", None))
     # train.py's in-training eval: the same flags with another split (--eval-split).
     if split is not None:
         options["split"] = split
@@ -772,6 +790,15 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     except (ValueError, OSError, TypeError) as e:
         flag = flag or ("--env" if args.env not in ENVS else "--dataset/--split/--num-agents")
         raise ValueError(f"{flag}: {e}") from None
+
+def sandbox_level(wanted):
+    """The sandbox's level for --sandbox `wanted`, found now: args then holds the level the run has (its
+    args.json, eval's report). ValueError naming the flag where a level asked for can't be had."""
+    import sandbox  # here: only an env that runs code needs it
+    try:
+        return sandbox.isolation_level(wanted)
+    except (RuntimeError, ValueError) as e:  # (MAGRPO_SANDBOX too: the environment's way to ask)
+        raise ValueError(f"--sandbox (or MAGRPO_SANDBOX): {e}") from None
 
 # -----------------------------------------------------------------------------
 # The defaults that depend on the run. Config's own defaults are the paper's (magrpo.py, Sec. 2); the

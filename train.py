@@ -362,6 +362,8 @@ def resolve_flags(args):
     if args.test_timeout is None:  # The env needs it, so it is filled first.
         args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
+    if env.runs_code:  # the isolation that model code has (--sandbox, resolved: args.json records it)
+        print(f"sandbox: model code runs at the {args.sandbox} level (docs/sandbox.md)", file=sys.stderr)
     envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
     # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
     # weights keep its small updates: MasterWeightAdamW).

@@ -62,14 +62,14 @@ def no_sandbox(monkeypatch):
 
 @pytest.fixture
 def fake_sandbox(monkeypatch):
-    """A sandbox where every test passes (2 of 2), recording the programs it was given."""
+    """A sandbox where every test passes (2 of 2) and aux ran once, recording the programs it was given."""
     fake = types.SimpleNamespace(jobs=[])
 
-    def run_tests(program, test, entry_point, timeout=None):
+    def run_tests(program, test, entry_point, timeout=None, **options):
         fake.jobs.append((program, test, entry_point))
-        return types.SimpleNamespace(passed=2, total=2)
+        return types.SimpleNamespace(passed=2, total=2, helper_calls=1)
 
-    def run_tests_many(jobs, workers=None, timeout=None):
+    def run_tests_many(jobs, workers=None, timeout=None, **options):
         return [run_tests(*job) for job in jobs]
 
     fake.run_tests, fake.run_tests_many = run_tests, run_tests_many
@@ -205,8 +205,8 @@ def test_many_sends_only_parsing_programs(fake_sandbox):
 
 
 def test_no_tests_passed_means_no_bonus(fake_sandbox, monkeypatch):
-    monkeypatch.setattr(fake_sandbox, "run_tests_many",
-                        lambda jobs, **kw: [types.SimpleNamespace(passed=0, total=3) for _ in jobs])
+    none_pass = types.SimpleNamespace(passed=0, total=3, helper_calls=1)
+    monkeypatch.setattr(fake_sandbox, "run_tests_many", lambda jobs, **kw: [none_pass for _ in jobs])
     r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST)
     assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.5)
 
@@ -234,6 +234,43 @@ def test_aux_without_return(fake_sandbox):
     assert r.structure == pytest.approx(0.6) and r.has_aux
 
 
+# A call of aux in main that never runs while the tests run: each is no cooperation, so it scores
+# 2.5, as main without the call (ours); the authors' rule reads the text, and pays (their 4.0).
+DEAD_CALLS = {
+    "dead_branch": f("if x == 'never':\n    return aux(x)\nreturn 2 * x + 1"),
+    "if_false": f("if False:\n    y = aux(x)\nreturn 2 * x + 1"),
+    "loop_never_entered": f("for y in []:\n    x = aux(y)\nreturn 2 * x + 1"),
+    "after_return": f("return 2 * x + 1\ny = aux(x)"),
+    "discarded_after_return": f("return 2 * x + 1\naux(x)"),
+    "lambda_never_called": f("g = lambda: aux(x)\nreturn 2 * x + 1"),
+    "nested_def_never_called": f("def g():\n    return aux(x)\nreturn 2 * x + 1"),
+    "generator_never_run": f("g = (aux(y) for y in [x])\nreturn 2 * x + 1"),
+    "except_never_taken": f("try:\n    return 2 * x + 1\nexcept Exception:\n    return aux(x)"),
+    "default_argument_at_load": "def f(x, _=aux(0)):\n    return 2 * x + 1\n",
+}
+
+
+@pytest.mark.parametrize("shape", list(DEAD_CALLS))
+def test_code_reward_pays_only_for_a_call_of_aux_that_ran(shape):
+    pytest.importorskip("sandbox")
+    r = code_reward(AUX, DEAD_CALLS[shape], "f", TEST)
+    assert r.passed == 2 and not r.calls_aux and r.coop == 0 and float(r) == pytest.approx(2.5), r
+    assert r.report.helper_calls == 0
+    if shape in ("dead_branch", "after_return", "lambda_never_called", "except_never_taken"):
+        assert float(their_code_reward(AUX, DEAD_CALLS[shape], "f", TEST)) == 4.0  # their rule: the text
+
+
+def test_code_reward_a_constant_with_a_dead_call_scores_below_a_right_answer():
+    """The free bonus a policy would learn: a constant answer (1 test of 2) with a call of aux that
+    never runs scored 3.5, above the right answer without aux (2.5). Now 2.0; a live call still pays."""
+    pytest.importorskip("sandbox")
+    constant = float(code_reward(AUX, f("if x < 0:\n    return aux(x)\nreturn 3"), "f", TEST))
+    right = float(code_reward(AUX, f("return 2 * x + 1"), "f", TEST))
+    assert constant == pytest.approx(2.0) and constant < right == pytest.approx(2.5)
+    live = code_reward(AUX, f("if x < 2:\n    return aux(x) + 1\nreturn 5"), "f", TEST)  # aux runs once
+    assert live.calls_aux and live.report.helper_calls == 1 and float(live) == pytest.approx(4.0)
+
+
 CHECK3 = ("def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
           "    assert candidate(3) == 4\n")
 
@@ -250,6 +287,29 @@ def test_code_reward_reports_sandbox_error():
     r = code_reward("", main, "f", test, imports="import math",
                     test_setup="def encode(x):\n    return 2 * x\n")
     assert r.sandbox_error is None and r.passed == 1
+
+
+@pytest.mark.parametrize("test", [
+    "def check(candidate):\n    assert candidate(1) == 3\n    assert candidate(2) == 5, candidate(2)\n",
+    "def check(candidate):\n    assert candidate(1) == 3\n    assert {5: 1}[candidate(2)]\n",
+    "def check(candidate):\n    assert candidate(1) == 3\n    if candidate(2) != 5:\n"
+    "        raise ValueError('got', candidate(2))\n    assert True\n"])
+def test_code_reward_a_value_without_text_is_the_programs_failure(test):
+    """A wrong answer whose value Python can't turn to text (an int over 4300 digits) where the test
+    describes its failure scores as the wrong answer it is: never a sandbox_error."""
+    pytest.importorskip("sandbox")
+    r = code_reward(AUX, f("y = aux(x) + 1\nreturn y if x == 1 else 10 ** 5000"), "f", test)
+    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(3.5)
+
+
+def test_code_reward_runs_at_the_isolation_asked_for():
+    """code_reward_many(isolation=...) (the env's --sandbox) is the level its tests run at."""
+    pytest.importorskip("sandbox")
+    items = [dict(aux=AUX, main=f("return aux(x) + 1"), entry_point="f", test=TEST)]
+    [r] = code_reward_many(items, isolation="rlimits")
+    assert r.report.isolation == "rlimits" and float(r) == pytest.approx(4.0)
+    [r] = THEIRS.code_many(items, isolation="rlimits")
+    assert r.report.isolation == "rlimits"
 
 
 def test_code_reward_reports_a_sandbox_that_cannot_start(broken_fork_server):

@@ -15,6 +15,7 @@ which every descendant inherits (their pids inside a pid namespace mean nothing 
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -114,8 +115,8 @@ def test_inside_functions_use_only_builtins_and_each_other():
     and the Linux constants _BOOT gives them, no defaults."""
     import builtins
     import dis
-    modules = {"builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal", "socket", "sys",
-               "time"}
+    modules = {"_thread", "builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
+               "socket", "sys", "time"}
     assert f"import {', '.join(sorted(modules))}\n" in sandbox._BOOT
     assert all(type(value) is int and getattr(sandbox, name) == value
                for name, value in sandbox._LINUX.items())
@@ -162,6 +163,22 @@ def test_isolation_level(monkeypatch):
     monkeypatch.setenv("MAGRPO_SANDBOX", "bogus")
     with pytest.raises(ValueError):
         sandbox.isolation_level()
+
+
+def test_isolation_level_required(monkeypatch):
+    """A level required is the level runs get, or a RuntimeError that says why: never a silent
+    fall-back to a weaker one. MAGRPO_SANDBOX asks the same where nothing is required."""
+    monkeypatch.setenv("MAGRPO_SANDBOX", "namespaces")
+    assert sandbox.isolation_level("rlimits") == "rlimits"  # the caller's word wins
+    monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)  # as under Docker's seccomp
+    monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
+    for required in ("namespaces", None, "auto"):
+        with pytest.raises(RuntimeError, match="namespaces.*unshare: Operation not permitted"):
+            sandbox.isolation_level(required)
+    monkeypatch.delenv("MAGRPO_SANDBOX")
+    assert sandbox.isolation_level("auto") == sandbox.isolation_level() == "rlimits"
+    with pytest.raises(ValueError):
+        sandbox.isolation_level("chroot")
 
 
 def test_run_probe_falls_back_where_namespaces_fail(level):
@@ -383,11 +400,11 @@ def test_run_host_directories_hidden(level):
         program = code(f"""
             import os, sys
             print(os.path.exists({marker!r}), os.path.exists({ROOT_DIR!r}),
-                  sorted(os.listdir('/run')), os.path.exists(os.path.expanduser('~root/.bashrc')),
+                  os.path.exists('/run'), os.path.exists(os.path.expanduser('~root/.bashrc')),
                   os.path.isdir(sys.prefix))
             """)
         r = sandbox.run(program, isolation=level)
-        assert r.stdout.split() == ["False", "False", "[]", "False", "True"], (r.stdout, r.stderr)
+        assert r.stdout.split() == ["False", "False", "False", "False", "True"], (r.stdout, r.stderr)
     finally:
         os.remove(marker)
 
@@ -449,7 +466,7 @@ def test_run_python_from_a_virtualenv_in_tmp(level):
             print(subprocess.run([sys.executable, '-c', 'import magrpo_venv_probe; print(7)'],
                                  capture_output=True, text=True).stdout.strip())
             try:
-                open({venv!r} + '/pwned', 'w')
+                open({site_packages!r} + '/pwned', 'w')
             except OSError as e:
                 print(e.errno)
             """)
@@ -459,7 +476,7 @@ def test_run_python_from_a_virtualenv_in_tmp(level):
         r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", caller], capture_output=True,
                            text=True, timeout=120)
         assert r.stdout.split()[:3] == ["True", "7", "30"], r.stdout + r.stderr  # 30: EROFS
-        assert not os.path.exists(os.path.join(venv, "pwned"))
+        assert not os.path.exists(os.path.join(site_packages, "pwned"))
 
 
 def test_run_secrets_not_inherited(level, monkeypatch):
@@ -544,6 +561,131 @@ def test_run_sysv_shared_memory_stays_inside(level):
     assert libc.shmget(key, 0, 0) == -1  # and it is not the host's
     with open("/proc/sysvipc/shm") as f:
         assert all(line.split()[0] != str(key) for line in f.readlines()[1:])
+
+
+
+def test_run_sees_a_minimal_dev(level):
+    """/dev holds five harmless devices and a private shm: no kernel log, kvm, memory, terminal, disk
+    or loop device of the host, by any path, and no device node can be made."""
+    need_namespaces(level, "/dev is the host's")
+    shm = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="magrpo-test-")  # the host's shared memory
+    program = code(f"""
+        import os, stat
+        print(sorted(os.listdir('/dev')), sorted(os.listdir('/dev/shm')))
+        for path in ('/dev/kmsg', '/dev/kvm', '/dev/mem', '/dev/port', '/dev/tty', '/dev/ptmx',
+                     '/dev/console', '/dev/loop0', '/dev/vda', '/dev/sda', '/dev/fuse', '/dev/net/tun',
+                     '/dev/hwrng', '/proc/1/root/dev/kmsg', '/dev/shm/../kmsg', {shm.name!r}):
+            try:
+                os.close(os.open(path, os.O_RDWR))
+                print('opened', path)
+            except OSError as e:
+                print('refused', path)
+        try:
+            os.mknod('/tmp/kmsg', stat.S_IFCHR | 0o666, os.makedev(1, 11))
+            print('made a device node')
+        except OSError:
+            pass
+        open('/dev/shm/magrpo-private', 'w').write('x')
+        os.write(os.open('/dev/null', os.O_WRONLY), b'gone')
+        urandom = os.open('/dev/urandom', os.O_RDONLY)
+        print(os.read(os.open('/dev/zero', os.O_RDONLY), 4), len(os.read(urandom, 4)))
+        """)
+    with shm:
+        r = sandbox.run(program, isolation=level)
+    lines = r.stdout.splitlines()
+    assert lines[0] == str(["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom",
+                            "zero"]) + " []", r.stdout + r.stderr
+    assert [line.split()[0] for line in lines[1:-1]] == ["refused"] * 16, r.stdout
+    assert lines[-1] == "b'\\x00\\x00\\x00\\x00' 4" and r.ok, r.stdout + r.stderr
+    assert not os.path.exists("/dev/shm/magrpo-private")
+
+
+def host_places():
+    """make(directory) in a fresh directory below each top of the host where a caller may keep a
+    project, data, a cache or a service's socket (those we may write to), then removed -> their results."""
+    made = []
+    for top in ("/usr/src", "/usr/local", "/usr/local/share", "/opt", "/var", "/var/lib", "/srv", "/mnt",
+                "/etc", "/usr/share"):
+        try:
+            made.append(tempfile.mkdtemp(dir=top, prefix="magrpo-test-"))
+        except OSError:
+            pass
+    if not made:
+        pytest.skip("no top of the host is writable here")
+    return made
+
+
+def test_run_no_host_unix_socket_anywhere(level):
+    """A service's socket file anywhere on the host (/usr/local, /var, /opt, /etc, ...) is out of
+    reach: the new root holds no socket file of the host's."""
+    need_namespaces(level, "the host's sockets are reachable")
+    places = host_places()
+    servers = []
+    try:
+        for place in places:
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(os.path.join(place, "service.sock"))
+            server.listen()
+            server.settimeout(0.2)
+            servers.append(server)
+        program = code(f"""
+            import socket
+            for place in {places!r}:
+                for address in (place + '/service.sock', '/proc/1/root' + place + '/service.sock'):
+                    s = socket.socket(socket.AF_UNIX)
+                    try:
+                        s.connect(address)
+                        print('connected', address)
+                    except OSError as e:
+                        print('refused', address)
+            """)
+        r = sandbox.run(program, isolation=level)
+        for server in servers:
+            with pytest.raises(socket.timeout):  # nobody knocked
+                server.accept()
+    finally:
+        for server, place in zip(servers, places):
+            server.close()
+        for place in places:
+            shutil.rmtree(place, ignore_errors=True)
+    assert r.stdout.split().count("refused") == 2 * len(places), r.stdout + r.stderr
+
+
+def test_run_caller_data_hidden_wherever_it_lives(level, monkeypatch):
+    """A project (the caller's working directory), a --dataset file, a hub cache, an answer key: under
+    /usr/src (a container's WORKDIR), /usr/local, /opt, /var, /etc, ... none is listable or readable."""
+    need_namespaces(level, "your files are readable")
+    places = host_places()
+    try:
+        for place in places:
+            with open(os.path.join(place, "answers.json"), "w") as f:
+                json.dump([48271, 69621, 16807], f)
+        monkeypatch.chdir(places[0])  # a project there, run from its directory
+        program = code(f"""
+            import os
+            for place in {places!r}:
+                for look in (os.listdir, lambda p: open(p + '/answers.json').read()):
+                    try:
+                        look(place)
+                        print('seen', place)
+                    except OSError:
+                        print('hidden', place)
+            """)
+        r = sandbox.run(program, isolation=level)
+        assert r.stdout.split().count("hidden") == 2 * len(places), r.stdout + r.stderr
+        # and an answer key found there would pass a test no program can guess
+        cheat = code(f"""
+            import json
+            ANSWERS = json.load(open({os.path.join(places[-1], "answers.json")!r}))
+            def f(x):
+                return ANSWERS[x - 1]
+            """)
+        rep = sandbox.run_tests(cheat, SECRET_CHECK, "f", isolation=level)
+        assert rep.passed == 0 and "No such file" in rep.error, rep
+    finally:
+        for place in places:
+            shutil.rmtree(place, ignore_errors=True)
+
 
 # ------------------------------------------------------------------------------------------
 # run_tests(): counting and semantics, against fixed expectations
@@ -1200,6 +1342,119 @@ def test_run_tests_after_a_crash_the_program_is_loaded_again(level):
     rep = sandbox.run_tests(program, test, "f", isolation=level)
     assert rep.outcomes == ["failed", "passed", "passed"], rep
     assert "exit code 0" in rep.first_failure
+
+
+# A value whose text Python refuses to make (str() of an int over 4300 digits) in every place where
+# the tester describes a failure: the test is the program's failed test, never a fault of the sandbox.
+UNPRINTABLE = {  # name: a test that the program below fails, its second of three
+    "assert_message": "    assert candidate(2) == 0, candidate(2)\n",
+    "message_in_a_list": "    r = candidate(2)\n    assert r == 0, [1, r]\n",
+    "key_error": "    table = {0: 'zero'}\n    assert table[candidate(2)] == 'zero'\n",
+    "raised_by_the_test": "    if candidate(2) != 0:\n        raise ValueError(candidate(2))\n"
+                          "    assert True\n",
+    "exception_args": "    r = candidate(2)\n    if r:\n        raise AssertionError('got', r, (r,))\n"
+                      "    assert r\n",
+    "program_raises_it": "    assert candidate(-2) == 0\n",
+}
+
+
+@pytest.mark.parametrize("shape", list(UNPRINTABLE))
+def test_run_tests_a_value_without_text_fails_its_test(level, shape):
+    program = code("""
+        def f(x):
+            if x < 0:
+                raise ValueError(10 ** 5000)
+            return 10 ** 5000 if x == 2 else x - 1
+        """)
+    test = ("def check(candidate):\n    assert candidate(1) == 0\n" + UNPRINTABLE[shape]
+            + "    assert candidate(3) == 2\n")
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.infra_error is None and rep.error is None, rep
+    assert rep.outcomes == ["passed", "failed", "passed"], rep
+    assert len(rep.failure_reason) <= 500, rep
+    assert rep.failure_reason.split(":")[0] in ("AssertionError", "KeyError", "ValueError"), rep
+
+
+M61 = 2 ** 61 - 1  # ints k * M61 all hash to 0: a set or dict of them takes quadratic time to build
+AS_A = "_dumps = json.dumps\njson.dumps = lambda v: _dumps(v).replace('[\"list\", ', '[\"{}\", ', 1)\n"
+COLLIDING = {  # name: (program, test); the program's reply, or what the test builds of it, collides
+    "set": (AS_A.format("set") + "def f(x):\n    return [k * M for k in range(60000)]\n",
+            "    assert candidate(1) == {1}\n"),
+    "dict": (AS_A.format("dict") + "def f(x):\n    return [k * M for k in range(120000)]\n",
+             "    assert candidate(1) == {}\n"),
+    "tuple_keys": (AS_A.format("set") + "def f(x):\n    return [(k * M,) for k in range(40000)]\n",
+                   "    assert candidate(1) == {1}\n"),
+    "the_test_builds_it": ("def f(x):\n    return [k * M for k in range(60000)]\n",
+                           "    assert len(set(candidate(1))) == 1\n"),
+    "at_load": ("_dumps = json.dumps\njson.dumps = lambda v: _dumps(['tuple', ['R', ['set', "
+                "[['int', hex(k * M)] for k in range(60000)]], ['int', '0x0']]])\n"
+                "def f(x):\n    return x\n", ""),
+}
+
+
+@pytest.mark.parametrize("shape", list(COLLIDING))
+def test_run_tests_colliding_keys_cost_one_timeout(level, shape):
+    """A reply whose keys' hashes the program made collide keeps the tester busy in C, where no
+    deadline reaches: its test times out after `timeout` seconds, not at the run's cap."""
+    program, first = COLLIDING[shape]
+    program = f"import json\nM = {M61}\n" + program
+    test = "def check(candidate):\n" + first + "    assert candidate(2) == 3\n" * 6
+    rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=1.0, isolation=level)
+    assert rep.passed == 0 and rep.infra_error is None, rep
+    if shape == "at_load":
+        assert "failed to load" in rep.error and "busy" in rep.error, rep
+    else:
+        assert rep.outcomes == ["timeout"] + ["skipped"] * 6 and rep.error is None, rep
+    assert wall < 1.0 + SLACK, wall  # the cap: 8 timeouts + GRACE
+
+
+HELPER_TEST = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
+HELPER_RUNS = {  # name: (main's body, the helper's runs while the tests ran)
+    "called": ("    return aux(x)", 2),
+    "called_twice_a_call": ("    return aux(x) + aux(0)", 4),
+    "in_a_comprehension": ("    return sum(aux(y) for y in [x])", 2),
+    "dead_branch": ("    if x == 'never':\n        return aux(x)\n    return 2 * x", 0),
+    "after_return": ("    return 2 * x\n    y = aux(x)", 0),
+    "lambda_never_called": ("    g = lambda: aux(x)\n    return 2 * x", 0),
+    "nested_def_never_called": ("    def g():\n        return aux(x)\n    return 2 * x", 0),
+    "generator_never_run": ("    g = (aux(y) for y in [x])\n    return 2 * x", 0),
+    "except_never_taken": ("    try:\n        return 2 * x\n    except Exception:\n        return aux(x)", 0),
+    "at_load_only": ("    return 2 * x\n_ = aux(0)", 0),
+    "default_argument": ("    return 2 * x", 0),  # (main's def is `def f(x, _=aux(0))` below)
+    "a_thread_of_its_own": ("    return 2 * x\nimport threading\nthreading.Thread(target=lambda: "
+                            "[aux(0) for _ in iter(int, 1)], daemon=True).start()", 0),
+}
+
+
+@pytest.mark.parametrize("shape", list(HELPER_RUNS))
+def test_run_tests_counts_the_helpers_runs(level, shape):
+    """helper_calls counts the runs of the helper's body while the entry point serves the test's
+    calls, on the thread that serves them: a call in code that never runs counts nothing."""
+    body, runs = HELPER_RUNS[shape]
+    header = "def f(x, _=aux(0)):\n" if shape == "default_argument" else "def f(x):\n"
+    program = 'def aux(x):\n    """Doubles."""\n    return 2 * x\n\n\n' + header + body + "\n"
+    rep = sandbox.run_tests(program, HELPER_TEST, "f", helper="aux", isolation=level)
+    assert rep.all_passed and rep.helper_calls == runs, rep
+    assert sandbox.run_tests(program, HELPER_TEST, "f", isolation=level).helper_calls == 0
+
+
+def test_run_tests_counting_the_helper_changes_nothing_else(level):
+    """The count is a call at the start of the helper's body, on its first line: the docstring, line
+    numbers and recursion depth are the program's own; a helper that is absent counts 0."""
+    program = code("""
+        import sys
+        def aux(n):
+            'Counts down.'
+            return [aux.__doc__, sys._getframe().f_lineno] if n == 0 else aux(n - 1)
+        def f(x):
+            return aux(x)
+        """)
+    test = "def check(candidate):\n    assert candidate(900) == ['Counts down.', 4]\n"
+    rep = sandbox.run_tests(program, test, "f", helper="aux", isolation=level)
+    assert rep.all_passed and rep.helper_calls == 901, rep
+    assert sandbox.run_tests(program, test, "f", helper="nothing", isolation=level).helper_calls == 0
+    rep = sandbox.run_tests("def f(x) return x", test, "f", helper="aux", isolation=level)
+    assert "SyntaxError" in rep.error and rep.infra_error is None
 
 
 @pytest.mark.parametrize("survivor", ["plain", "escapes"])
