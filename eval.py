@@ -406,7 +406,8 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190):
 def parse_args(argv=None):
     """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
     the evaluation's own. Flags left None are filled by check_flags."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     models.add_model_flags(p)

@@ -44,7 +44,8 @@ RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every
 def parse_args(argv=None):
     """The flags: the env's, the model's, LoRA's, every Config field's (magrpo.py), and the run's.
     Flags left None are filled by resolve_flags, so a default can depend on the model and the env."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     models.add_model_flags(p)

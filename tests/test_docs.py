@@ -191,3 +191,13 @@ def test_commands_in_the_docs_parse(page):
         except (SystemExit, ValueError) as e:
             why = err.getvalue().strip() or str(e)
             pytest.fail(f"{page.name}: python {script} {shlex.join(argv)}: {why}")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_abbreviated_flag_is_an_error_not_another_flag(script):
+    # argparse takes a unique prefix for the flag it begins by default: a typo such as --num-gen would
+    # then set --num-generations silently (and a page's command would pass the check above).
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        SCRIPTS[script](["--num-gen" if script == "train.py" else "--num-samp", "3"])
+    assert exit_info.value.code == 2 and "unrecognized arguments" in err.getvalue()
