@@ -366,34 +366,55 @@ def curve_series(rows):
     return series
 
 
+def ticks(lo, hi, count=5, least=0.0):
+    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
+    `least`: steps are whole), for an axis."""
+    raw = (hi - lo) / max(1, count - 1)
+    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
 def curve_svg(rows, width=760, height=400, pad=50, legend=190):
     """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
-    curve_series, smoothed."""
+    curve_series, smoothed, on axes with titles and ticks."""
     # SVG by hand: a plotting library would be one more dependency for one picture.
     series = curve_series(rows)
     steps = [step for points in series.values() for step, _ in points]
     # One y-axis from 0 to the highest value: the levels show what part of the reward each earns.
     top = max(value for points in series.values() for _, value in points) or 1.0
     x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right = width - legend  # the plot's right edge; the legend beyond it
+    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
     window = max(1, len(rows) // 30)  # about 30 windows in a run: smooth, and no step hidden
 
-    def at(step, value):  # a point's SVG coordinates
-        x = pad + (step - x0) / (x1 - x0) * (right - pad)
-        return f"{x:.1f},{height - pad - max(0.0, value) / top * (height - 2 * pad):.1f}"
+    def x_of(step):
+        return pad + (step - x0) / (x1 - x0) * (right - pad)
+
+    def y_of(value):
+        return bottom - max(0.0, value) / top * (bottom - pad)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
-             f'<text x="{pad - 5}" y="{pad + 4}" text-anchor="end">{top:.3g}</text>',
-             f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
-             f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
-             f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
+             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
+    # A tick is a short mark and its label; round values let a reader place a point between them.
+    for value in ticks(0.0, top):
+        y = y_of(value)
+        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for step in ticks(x0, x1, least=1):
+        x = x_of(step)
+        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
+                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
+    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
+              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
+              f'reward and its levels{smoothed}</text>']
     for n, (name, points) in enumerate(series.items()):
         color = COLORS[n % len(COLORS)]
         values = [value for _, value in points]
         # Each value averaged with the window - 1 before it (the first ones, with what there is).
         values = [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
-        line = " ".join(at(step, value) for (step, _), value in zip(points, values))
+        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
         parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
         parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
     return "\n".join(parts + ["</svg>\n"])

@@ -137,6 +137,22 @@ def test_writing_reward_levels_and_fields_are_reported():
     assert details["length_ratio"] == pytest.approx((good.length_ratio + bad.length_ratio) / 2)
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
 
+def test_ticks_are_round_values_across_the_axis():
+    assert ev.ticks(0.0, 2.87) == [0, 1, 2]
+    assert ev.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert ev.ticks(0, 149, least=1) == [0, 50, 100] and ev.ticks(5, 7, least=1) == [5, 6, 7]
+
+
+def test_curve_has_axis_titles_and_ticks():
+    rows = [{"step": s, "reward_mean": 3.0 * s / 149, "reward_mean_turn1": 3.0 * s / 149, "level_ratio": 0.5}
+            for s in range(150)]
+    svg = ev.curve_svg(rows)
+    assert ">step</text>" in svg and "reward and its levels (each point the mean of 5 steps)" in svg
+    for label in ("0", "1", "2", "3", "50", "100"):  # the y-axis's 0..3 and the x-axis's steps
+        assert f">{label}</text>" in svg, label
+    assert svg.count("<polyline") == 2
+
+
 # -----------------------------------------------------------------------------
 # The methods' sampling and timing, with a scripted sampler (no model)
 
