@@ -6,6 +6,7 @@ import contextlib
 import io
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,22 @@ def test_commands_are_found():
     found = commands(README)
     assert ("train.py", []) in found
     assert ("train.py", ["--num-turns", "2", "--out", "out2"]) in found
+
+
+def test_the_outputs_of_the_commands_shown_are_ignored_by_git():
+    # A reader who runs the pages' commands in a clone must not see their runs and reports as files
+    # to commit. git itself reads .gitignore (--no-index: whether or not such a path exists).
+    # train.py's --out is a directory, eval.py's a file: git tells them apart by the trailing slash.
+    outputs = {"out/"}  # train.py's default --out
+    for page in PAGES:
+        for script, argv in commands(page):
+            slash = "/" if script == "train.py" else ""
+            outputs.update(argv[i + 1] + slash for i, word in enumerate(argv[:-1]) if word == "--out")
+    for path in sorted(outputs):
+        p = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+        if p.returncode == 128:
+            pytest.skip("not a git checkout (a course's copy)")
+        assert p.returncode == 0, f"{path} (a command's --out) is not in .gitignore"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
