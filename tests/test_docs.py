@@ -21,6 +21,7 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SCRIPTS = {"train.py": train.parse_args, "eval.py": evaluation.parse_args}
 FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")  # -h, --num-generations; not top-p or 1e-5
+CODE_FLAG = re.compile(r"`(--?[a-z][a-z0-9-]*)")  # a code span that starts with a flag: `--k 1,3`
 
 # -----------------------------------------------------------------------------
 # docs/flags.md against --help
@@ -75,10 +76,23 @@ def test_flags_md_lists_every_flag_of_help(script):
     assert len(documented) == len(set(documented)), f"docs/flags.md, {script}: a flag listed twice"
 
 
+def named_flags(section):
+    """The flags a section names: its table's flag column, and each code span that starts with one
+    (`--agents`) in the defaults, help texts and notes. Plain text is prose: a help text may well say
+    "clip to [-c, c]"."""
+    return set(table_flags(section)) | set(CODE_FLAG.findall(section))
+
+
+def test_named_flags_reads_the_flag_column_and_code_spans_only():
+    section = ("| flag | default | what it does |\n|---|---|---|\n"
+               "| `--clip` | `--c-default` | clip each advantage to [-c, c] (-c: the low end); see `--std` |\n")
+    assert named_flags(section) == {"--clip", "--c-default", "--std"}
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_flags_md_names_only_real_flags(script):
-    # The help texts and notes too: a flag they name must be one of the script's.
-    unknown = set(FLAG.findall(flags_section(script))) - help_flags(SCRIPTS[script])
+    # The help texts and notes too: a flag they name as code must be one of the script's.
+    unknown = named_flags(flags_section(script)) - help_flags(SCRIPTS[script])
     assert not unknown, f"docs/flags.md, {script}: no such flag {unknown}"
 
 # -----------------------------------------------------------------------------
