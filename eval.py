@@ -463,6 +463,9 @@ def check_flags(args):
             saved = json.load(f)
     args.model = args.model or saved.get("model")
     args.chat_template = args.chat_template or bool(saved.get("chat_template"))
+    # The agents' base decides the threads: a tiny run's agents are as small as the tiny model.
+    tiny_base = all(m == models.TINY for m in models.model_names(args))
+    args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
     tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
     defaults = envs.run_defaults(tiny, "eval")
@@ -584,6 +587,7 @@ def setup(args):
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling: a bad --agents or --single-model fails at once.
+    torch.set_num_threads(args.cpu_threads)
     team = Team(args, models.model_names(args), env.num_agents)
     for m in args.methods:
         team.for_method(m)

@@ -38,7 +38,7 @@ import models
 # a run resumed with another learning rate or G would be neither the old run nor a new one.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
-             "wandb"}
+             "wandb", "cpu_threads"}
 
 
 def parse_args(argv=None):
@@ -78,6 +78,7 @@ def resolve_flags(args):
         args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
     envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
+    args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny)  # build() sets it
     # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
     # weights keep its small updates: MasterWeightAdamW).
     if args.dtype in ("float16", "fp16"):
@@ -103,6 +104,7 @@ def resolve_flags(args):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
+    torch.set_num_threads(args.cpu_threads)  # (for the whole process: torch has one thread pool)
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents

@@ -85,7 +85,7 @@ def named_flags(section):
 
 def test_named_flags_reads_the_flag_column_and_code_spans_only():
     section = ("| flag | default | what it does |\n|---|---|---|\n"
-               "| `--clip` | `--c-default` | clip each advantage to [-c, c] (-c: the low end); see `--std` |\n")
+               "| `--clip` | `--c-default` | clip each advantage to [-c, c] (-c: the low end); `--std` |\n")
     assert named_flags(section) == {"--clip", "--c-default", "--std"}
 
 

@@ -679,3 +679,30 @@ def test_note_raw_prompts_says_when_an_instruct_model_runs_to_the_cap(capsys):
     train.note_raw_prompts([agent], turns, max_new_tokens=6)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "4 of agent 0's 4 completions" in err and "--chat-template" in err
+
+# -----------------------------------------------------------------------------
+# A run's inputs, checked before anything is written, and what args.json records of them
+
+
+def test_cpu_threads_one_for_the_tiny_model_unless_the_flag_or_omp_num_threads_says(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert models.cpu_threads(None, tiny=True) == 1
+    assert models.cpu_threads(None, tiny=False) == models.TORCH_THREADS  # a real model: every core
+    assert models.cpu_threads(3, tiny=True) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (torchrun sets 1 per process)
+    assert models.cpu_threads(None, tiny=True) == 2 and models.cpu_threads(5, tiny=True) == 5
+    with pytest.raises(ValueError, match="--cpu-threads: must be >= 1"):
+        models.cpu_threads(0, tiny=True)
+
+
+def test_a_tiny_run_uses_one_thread_and_args_json_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train.train(train.parse_args(["--steps", "1", "--num-generations", "2", "--max-new-tokens", "4",
+                                      "--out", str(tmp_path)]))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert json.loads((tmp_path / "args.json").read_text())["cpu_threads"] == 1
