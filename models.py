@@ -100,6 +100,17 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
                          f"reachable on the hub: {first})") from None
     finally:
         hub_log.setLevel(level)
+    # A directory without the tokenizer's files loads, without a word from transformers, as an empty
+    # tokenizer that turns every prompt into no tokens: said now, not by generate at the first step.
+    if not tok("Hello world", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"{name_or_path!r} has no usable tokenizer: it encodes text to no tokens (a "
+                         "model directory needs its tokenizer's files, e.g. tokenizer.json and "
+                         "tokenizer_config.json)")
+    # The sampler stops a completion at EOS (the tokenizer's, or generation_config's): without one a
+    # run would fail at its first step.
+    if tok.eos_token_id is None and getattr(model.generation_config, "eos_token_id", None) is None:
+        raise ValueError(f"{name_or_path!r} has no end-of-sequence token (neither its tokenizer nor its "
+                         "generation_config names one)")
     # Many base models ship without a pad token; EOS is the usual stand-in (padding is masked out
     # everywhere, and generate tells EOS from padding by the completion mask, not by the id).
     if tok.pad_token is None:

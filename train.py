@@ -39,6 +39,7 @@ import models
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
              "wandb", "cpu_threads"}
+FILLED = {"model", "num_agents", "dataset", "split", "termination_threshold", "turn_weights", "lora_alpha"}
 
 
 def parse_args(argv=None):
@@ -98,7 +99,28 @@ def resolve_flags(args):
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
     if args.wandb and importlib.util.find_spec("wandb") is None:  # optional: never a requirement
         raise ValueError("--wandb: the wandb package is not installed: pip install wandb")
+    fill_resolved(args, env, cfg)
     return env, cfg
+
+
+def fill_resolved(args, env, cfg):
+    """The values the run resolved for flags left None, into args: args.json then records them, and
+    the run can be read, and repeated, from it. None stays only where a flag is off or its value
+    comes from each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb)."""
+    takes = envs.constructor_keywords(type(env))  # an env gets only the keywords it takes
+    args.model = models.model_names(args)  # ["tiny"], or one name per agent: ["a", "b"]
+    args.num_agents = env.num_agents
+    if args.dataset is None and (takes is None or "dataset" in takes):
+        args.dataset = getattr(env, "dataset", None)  # coding: humaneval; tldr, arxiv: builtin
+    if args.split is None and (takes is None or "split" in takes):
+        args.split = "train"
+    if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
+        args.termination_threshold = getattr(env, "max_reward", None)
+    if args.turn_weights is None:
+        args.turn_weights = ",".join(["1"] * cfg.num_turns)
+    lora = models.lora_from_flags(args)  # (it checks the LoRA flags too, before any model loads)
+    if lora is not None:
+        args.lora_alpha = lora.alpha
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
@@ -181,6 +203,10 @@ def train(args):
         for step in run.bar:
             if not run.step(step, signals):
                 break
+    except Exception:  # a crash (not a signal): one before the first step leaves --out as it was
+        if run.main and run.done == 0:
+            undo_start(args.out, run.made_out)
+        raise
     finally:
         signals.restore()  # a later ^C in the caller (a test, a notebook) behaves as usual again
     return run.finish()
@@ -205,8 +231,7 @@ class Run:
         # checkpoint records, and what finish() saves after a signal).
         self.start = self.done = 0 if checkpoint is None else checkpoint[0]
         gather(None)  # every process has read --out (prepare_out) before process 0 writes into it
-        if self.main:
-            start_out(args, self.start)
+        self.made_out = self.main and start_out(args, self.start)  # (whether --out is ours: undo_start)
         self.tracker = None  # Weights & Biases (--wandb), on process 0
         if self.main and args.wandb:
             import wandb
@@ -435,6 +460,9 @@ def completion_rows(step, indices, turns):
 def prepare_out(args):
     """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
     holds a run; --resume refuses flags that would change it."""
+    problem = out_problem(args.out)
+    if problem:
+        raise ValueError(f"--out: {problem}")
     names = os.listdir(args.out) if os.path.isdir(args.out) else []
     if not args.resume:
         for name in names:
@@ -452,6 +480,9 @@ def prepare_out(args):
         return None
     saved = models.checkpoint_state(checkpoint[1])["args"]
     for name, value in saved.items():
+        # An earlier version saved None for the flags fill_resolved fills now: the same run.
+        if value is None and name in FILLED:
+            continue
         if name not in RESUMABLE and value != vars(args).get(name):
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
                              f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
@@ -461,9 +492,26 @@ def prepare_out(args):
     return checkpoint
 
 
+def out_problem(out):
+    """Why --out cannot hold a run (a file in its place, a directory that cannot be written), or None.
+    Asked before any model loads: a typo costs a second, not a model load."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{out!r} is a file, not a directory"
+    # The nearest directory that exists is the one the run writes in (or makes --out in).
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path!r} is a file, not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"cannot write in {path!r}"
+    return None
+
+
 def start_out(args, start):
     """Process 0, every input checked: --out made, its logs cut back to `start` (a resumed run logs its
-    later steps again), args.json written."""
+    later steps again), args.json written. -> whether --out was made here."""
+    made = not os.path.isdir(args.out)
     try:
         os.makedirs(args.out, exist_ok=True)
         # Rows of steps at or after the checkpoint's would be logged twice: the resumed run redoes them.
@@ -472,6 +520,18 @@ def start_out(args, start):
         write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
     except OSError as e:
         raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
+    return made
+
+
+def undo_start(out, made):
+    """A run that failed before its first step leaves --out as it found it: the files of a start go
+    (a run that never stepped is no work to keep), and --out too if this run made it."""
+    for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, name))
+    if made:
+        with contextlib.suppress(OSError):  # (not empty: another program's files, e.g. W&B's, stay)
+            os.rmdir(out)
 
 
 def write_atomic(path, text):
