@@ -431,6 +431,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
+    p.set_defaults(env=None)  # demo, unless the --agents run's args.json names its env (read_run)
     models.add_model_flags(p)
     magrpo.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
@@ -453,16 +454,53 @@ def comma_list(text):  # "a, b,,c" -> ["a", "b", "c"]: a stray comma or space is
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def check_flags(args):
-    """Fill the defaults and check every flag that needs no env or model."""
-    saved, path = {}, os.path.join(args.agents or "", "args.json")
+# What eval.py takes from the --agents run's args.json for each of these flags the user did not give:
+# the agents are measured on the task they learnt, and the baselines run their base model.
+RUN_FLAGS = ("env", "dataset", "text_field", "num_agents", "model", "chat_template")
+
+
+def read_run(args):
+    """--agents OUT: OUT/args.json (train.py's resolved flags, {} without one); each of RUN_FLAGS the
+    user left out is taken from it, and one line says so, and one more where a flag given differs."""
+    path = os.path.join(args.agents or "", "args.json")
     if args.agents and not os.path.isdir(args.agents):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
-    if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base is the baselines' model
-        with open(path) as f:
-            saved = json.load(f)
-    args.model = args.model or saved.get("model")
-    args.chat_template = args.chat_template or bool(saved.get("chat_template"))
+    if not (args.agents and os.path.isfile(path)):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    taken, differ = {}, []
+    for name in RUN_FLAGS:
+        flag, value, mine = "--" + name.replace("_", "-"), saved.get(name), getattr(args, name)
+        if value in (None, False) or mine == value:  # (an earlier train.py saved None for some)
+            continue
+        # --model may be given repeated or as a comma list: the names are what counts.
+        if name == "model" and mine and models.model_names(args) == value:
+            continue
+        shown = ",".join(value) if name == "model" else value
+        if mine in (None, False):
+            setattr(args, name, value)
+            taken[name] = flag if value is True else f"{flag} {shown}"
+        else:
+            differ.append(f"{flag} (the run's: {shown})")
+    if taken:
+        print(f"eval.py: note: from {path}: {' '.join(taken.values())}", file=sys.stderr)
+    if differ:
+        print(f"eval.py: note: the agents of {args.agents} were trained otherwise than asked: "
+              f"{', '.join(differ)}", file=sys.stderr)
+    # A data file is all one split, and the run trained on part of it: without --split eval.py would
+    # score the whole file, the training rows included.
+    if "dataset" in taken and os.path.exists(args.dataset) and args.split is None:
+        raise ValueError(f"--split: the run in {args.agents} trained on the file {args.dataset} (--split "
+                         f"{saved.get('split')}): give the rows to evaluate, e.g. --split test (a file with "
+                         "named splits, such as CoopHumanEval's) or a slice the run did not train on")
+    return saved
+
+
+def check_flags(args):
+    """Fill the defaults and check every flag that needs no env or model."""
+    saved = read_run(args)
+    args.env = args.env or "demo"
     # The agents' base decides the threads: a tiny run's agents are as small as the tiny model.
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
@@ -583,7 +621,8 @@ def setup(args):
         if why:  # a method the user asked for that this env cannot run
             raise ValueError(f"--methods: {why}")
     # Baselines of another model than the agents' base compare apples with pears: say so.
-    if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
+    if args.agents and not args.model and not os.path.isfile(os.path.join(args.agents, "args.json")) and \
+            set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling: a bad --agents or --single-model fails at once.

@@ -461,8 +461,9 @@ def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_p
     import eval as ev
     monkeypatch.setitem(envs.ENVS, "mini", docs_env())
     out = tmp_path / "run"
-    train.train(train.parse_args(["--env", "mini", "--steps", "2", "--num-generations", "2", "--max-new-tokens",
-                                  "4", "--eval-every", "1", "--eval-limit", "2", "--out", str(out)]))
+    train.train(train.parse_args(["--env", "mini", "--steps", "2", "--num-generations", "2",
+                                  "--max-new-tokens", "4", "--eval-every", "1", "--eval-limit", "2",
+                                  "--out", str(out)]))
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all("eval_reward_mean" in r for r in rows)
     assert sorted(p.name for p in out.glob("agent_*")) == ["agent_0", "agent_1", "agent_2"]
@@ -473,7 +474,8 @@ def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_p
 
 def test_a_flag_the_env_does_not_take_is_one_line_naming_the_flag_and_the_env(monkeypatch, tmp_path):
     monkeypatch.setitem(envs.ENVS, "mini", docs_env())
-    with pytest.raises(SystemExit, match=r"^train.py: error: --dataset: the mini env \(Mini\) takes no 'dataset'"):
+    refused = r"^train.py: error: --dataset: the mini env \(Mini\) takes no 'dataset'"
+    with pytest.raises(SystemExit, match=refused):
         train.train(train.parse_args(["--env", "mini", "--dataset", "x.jsonl", "--out", str(tmp_path)]))
     with pytest.raises(ValueError, match=r"^--authors-rewards: the mini env \(Mini\) takes no 'authors'"):
         envs.env_from_flags(train.parse_args(["--env", "mini", "--authors-rewards"]))

@@ -322,6 +322,33 @@ def test_agents_dir_saved_by_train(tmp_path):
     fails_naming("--agents", "--agents", str(tmp_path), "--methods", "magrpo", *FAST)  # no agent_0
 
 
+def test_agents_are_evaluated_on_the_env_data_and_model_their_args_json_names(tmp_path, capsys):
+    """A run of one tldr writer on a file's first 6 rows: eval.py --agents OUT takes the env, the file,
+    the number of agents and the model from OUT/args.json, says so, and wants a --split of the file."""
+    import train
+    data, out = tmp_path / "posts.jsonl", str(tmp_path / "run")
+    data.write_text("".join(json.dumps({"text": f"post {i} " * 30}) + "\n" for i in range(9)))
+    train.train(train.parse_args(["--env", "tldr", "--num-agents", "1", "--dataset", str(data), "--split",
+                                  ":6", "--steps", "1", "--num-generations", "2", "--max-new-tokens", "4",
+                                  "--out", out]))
+    capsys.readouterr()
+    message = fails_naming("--split", "--agents", out, *FAST)  # the whole file holds the training rows
+    assert "trained on the file" in message
+    report = run("--agents", out, "--split", "6:", "--methods", "magrpo,concat", *FAST)
+    config, err = report["config"], capsys.readouterr().err
+    assert (config["env_name"], config["num_agents"], config["model"]) == ("tldr", 1, ["tiny"])
+    assert config["split"] == "6:"
+    assert config["dataset"] == str(data) and config["cpu_threads"] == 1
+    assert f"note: from {out}/args.json: --env tldr --dataset {data} --num-agents 1 --model tiny" in err
+    assert "baselines use the tiny model" not in err and "otherwise" not in err
+    # A flag given wins, with one line saying how the run differs.
+    report = run("--agents", out, "--split", "6:", "--num-agents", "1", "--env", "arxiv",
+                 "--methods", "magrpo", *FAST)
+    err = capsys.readouterr().err
+    assert report["config"]["env_name"] == "arxiv"
+    assert f"note: the agents of {out} were trained otherwise than asked: --env (the run's: tldr)" in err
+
+
 def test_writing_env_reports_writing_metrics():
     report = run("--env", "tldr", "--methods", "concat,single", *FAST)
     for name in ("concat", "single"):
