@@ -512,11 +512,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     while time.time() < deadline and not ((out / "metrics.jsonl").exists() and rows_of(out)):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    t0 = time.time()
-    proc.wait(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM and time.time() - t0 < 10
+    # The behaviour, not a time: the run stops with a checkpoint at the step it had reached, long before
+    # its 500 steps. The wait is bounded only so that a run that ignored the signal fails the test; on a
+    # loaded machine stopping took 13.6 s, so the bound is generous (a test that timed it broke there).
+    proc.wait(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM
     step, path = models.latest_checkpoint(str(out))
-    assert step == len(rows_of(out)) >= 1 and not (out / "final.json").exists()
+    assert step == len(rows_of(out)) < 500 and step >= 1 and not (out / "final.json").exists()
     assert "SIGTERM: saving a checkpoint" in proc.stderr.read()
 
 
