@@ -12,6 +12,7 @@ Try it: python train.py --env coding --dataset humaneval --split train
 import abc
 import functools
 import gzip
+import inspect
 import json
 import math
 import os
@@ -89,9 +90,16 @@ class Env(abc.ABC):
     def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
         others = [text for agent, text in enumerate(first) if agent != i]
-        # Its own prompt and first answer, the partner's answer, then its prompt again to write anew.
-        return (f"{self.prompts(ex)[i]}{first[i]}\n\n[your partner wrote]\n" + "\n".join(others) +
-                "\n\n[revise your answer so the two fit together]\n" + self.prompts(ex)[i])
+        # Its own prompt and first answer, the others' answers, then its prompt again to write anew.
+        # A team of two has a partner; a larger one, other agents, each answer under its name.
+        if len(first) == 2:
+            shown, fit = "[your partner wrote]\n" + others[0], "the two fit together"
+        else:
+            shown = "\n\n".join(f"[the {name} agent wrote]\n{text}" for agent, (name, text)
+                                in enumerate(zip(self.agent_names, first)) if agent != i)
+            fit = f"all {len(first)} fit together"
+        return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
+                + self.prompts(ex)[i])
 
     def single_prompt(self, ex):
         """One agent does the whole task alone (the single-model baseline); an env that has one also
@@ -397,7 +405,7 @@ class CodingEnv(Env):
         # Alone, main earns neither aux's 0.4 nor the bonus: at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
-        dataset = dataset or "humaneval"
+        self.dataset = dataset = dataset or "humaneval"  # (args.json records it)
         rows, named = load_rows(dataset, split or default_split, code_row)
         # CoopHumanEval is told by its rows' task ids, never by a file's name: its paper splits apply
         # to the authors' file wherever it is, and to no other file.
@@ -615,6 +623,7 @@ class WritingEnv(Env):
         # --authors-rewards: the authors' writing reward and single-output cut (rewards.py's switch).
         self.scoring = reward_functions(authors)
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
+        self.dataset = dataset or "builtin"  # (args.json records it)
         if dataset and dataset != "builtin":
             parse = functools.partial(text_row, field=text_field)
             rows, named = load_rows(dataset, split or default_split, parse)
@@ -765,31 +774,62 @@ def add_env_flags(p):
                         "else rlimits; a level named is required")
 
 
+# The constructor's keywords that come from a flag, and the flag each comes from.
+FLAGS = {"dataset": "--dataset", "split": "--split", "text_field": "--text-field",
+         "num_agents": "--num-agents", "authors": "--authors-rewards", "timeout": "--test-timeout",
+         "isolation": "--sandbox"}
+
+
+def constructor_keywords(cls):
+    """The keywords an env's constructor takes, or None where it takes any (**kwargs)."""
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def env_from_flags(args, split=None, flag=None, default_split="train"):
     """The env of --env and the data flags, or of another `split` (flag `flag`); default_split without
     either. ValueError("--flag: ...")."""
-    options = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    options["authors"], options["default_split"] = args.authors_rewards, default_split
-    if args.num_agents is not None:
-        options["num_agents"] = args.num_agents
+    if args.env not in ENVS:
+        raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(ENVS))}")
+    cls = ENVS[args.env]
+    # What the user gave, each passed on; an env that does not take one refuses it (a flag that changed
+    # nothing would make a run lie about itself).
+    given = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
+    if args.num_agents is not None:  # (0 too: the env says why it is wrong)
+        given["num_agents"] = args.num_agents
+    if args.authors_rewards:
+        given["authors"] = True
     # --test-timeout and --sandbox matter only where the reward runs code; elsewhere they are ignored.
-    runs_code = getattr(ENVS.get(args.env), "runs_code", False)
+    runs_code = getattr(cls, "runs_code", False)
     if runs_code and args.test_timeout is not None:
         if args.test_timeout <= 0:
             raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
-        options["timeout"] = args.test_timeout
+        given["timeout"] = args.test_timeout
     if runs_code:
-        options["isolation"] = args.sandbox = sandbox_level(getattr(args, "sandbox", None))
+        given["isolation"] = args.sandbox = sandbox_level(getattr(args, "sandbox", None))
+    flags = {name: FLAGS[name] for name in given}
     # train.py's in-training eval: the same flags with another split (--eval-split).
     if split is not None:
-        options["split"] = split
-    # Every complaint of the env (bad data, a split, a missing file, an option it does not take) ends
-    # the run in one line that names the flag to fix.
+        given["split"], flags["split"] = split, flag or "--split"
+    takes = constructor_keywords(cls)
+    options = {}
+    for name, value in given.items():
+        if takes is None or name in takes:
+            options[name] = value
+        elif value != getattr(cls, name, None):  # (a value the env has anyway, e.g. its num_agents, is fine)
+            raise ValueError(f"{flags[name]}: the {args.env} env ({cls.__name__}) takes no {name!r} argument")
+    # The program's own split (train.py: train, eval.py: test), for an env whose constructor takes it.
+    if takes is None or "default_split" in takes:
+        options["default_split"] = default_split
+    # The env's own complaints (bad data, a split, a missing file) end the run in one line that names
+    # the flag of the split asked for (--eval-split), else the flags given, else the env itself.
     try:
-        return make_env(args.env, **options)
-    except (ValueError, OSError, TypeError) as e:
-        flag = flag or ("--env" if args.env not in ENVS else "--dataset/--split/--num-agents")
-        raise ValueError(f"{flag}: {e}") from None
+        return cls(**options)
+    except (ValueError, OSError) as e:
+        where = flag or "/".join(dict.fromkeys(flags.values())) or f"--env {args.env}"
+        raise ValueError(f"{where}: {e}") from None
 
 def sandbox_level(wanted):
     """The sandbox's level for --sandbox `wanted`, found now: args then holds the level the run has (its

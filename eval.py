@@ -369,34 +369,55 @@ def curve_series(rows):
     return series
 
 
+def ticks(lo, hi, count=5, least=0.0):
+    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
+    `least`: steps are whole), for an axis."""
+    raw = (hi - lo) / max(1, count - 1)
+    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
 def curve_svg(rows, width=760, height=400, pad=50, legend=190):
     """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
-    curve_series, smoothed."""
+    curve_series, smoothed, on axes with titles and ticks."""
     # SVG by hand: a plotting library would be one more dependency for one picture.
     series = curve_series(rows)
     steps = [step for points in series.values() for step, _ in points]
     # One y-axis from 0 to the highest value: the levels show what part of the reward each earns.
     top = max(value for points in series.values() for _, value in points) or 1.0
     x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right = width - legend  # the plot's right edge; the legend beyond it
+    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
     window = max(1, len(rows) // 30)  # about 30 windows in a run: smooth, and no step hidden
 
-    def at(step, value):  # a point's SVG coordinates
-        x = pad + (step - x0) / (x1 - x0) * (right - pad)
-        return f"{x:.1f},{height - pad - max(0.0, value) / top * (height - 2 * pad):.1f}"
+    def x_of(step):
+        return pad + (step - x0) / (x1 - x0) * (right - pad)
+
+    def y_of(value):
+        return bottom - max(0.0, value) / top * (bottom - pad)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<path d="M{pad},{pad}V{height - pad}H{right}" stroke="black" fill="none"/>',
-             f'<text x="{pad - 5}" y="{pad + 4}" text-anchor="end">{top:.3g}</text>',
-             f'<text x="{pad - 5}" y="{height - pad + 4}" text-anchor="end">0</text>',
-             f'<text x="{pad}" y="{height - pad + 16}">step {x0}</text>',
-             f'<text x="{right}" y="{height - pad + 16}" text-anchor="end">step {x1}</text>']
+             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
+    # A tick is a short mark and its label; round values let a reader place a point between them.
+    for value in ticks(0.0, top):
+        y = y_of(value)
+        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for step in ticks(x0, x1, least=1):
+        x = x_of(step)
+        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
+                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
+    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
+              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
+              f'reward and its levels{smoothed}</text>']
     for n, (name, points) in enumerate(series.items()):
         color = COLORS[n % len(COLORS)]
         values = [value for _, value in points]
         # Each value averaged with the window - 1 before it (the first ones, with what there is).
         values = [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
-        line = " ".join(at(step, value) for (step, _), value in zip(points, values))
+        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
         parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
         parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
     return "\n".join(parts + ["</svg>\n"])
@@ -409,9 +430,11 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190):
 def parse_args(argv=None):
     """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
     the evaluation's own. Flags left None are filled by check_flags."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
+    p.set_defaults(env=None)  # demo, unless the --agents run's args.json names its env (read_run)
     models.add_model_flags(p)
     runs.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
@@ -434,16 +457,56 @@ def comma_list(text):  # "a, b,,c" -> ["a", "b", "c"]: a stray comma or space is
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def check_flags(args):
-    """Fill the defaults and check every flag that needs no env or model."""
-    saved, path = {}, os.path.join(args.agents or "", "args.json")
+# What eval.py takes from the --agents run's args.json for each of these flags the user did not give:
+# the agents are measured on the task they learnt, and the baselines run their base model.
+RUN_FLAGS = ("env", "dataset", "text_field", "num_agents", "model", "chat_template")
+
+
+def read_run(args):
+    """--agents OUT: OUT/args.json (train.py's resolved flags, {} without one); each of RUN_FLAGS the
+    user left out is taken from it, and one line says so, and one more where a flag given differs."""
+    path = os.path.join(args.agents or "", "args.json")
     if args.agents and not os.path.isdir(args.agents):
         raise ValueError(f"--agents: {args.agents!r} is not a directory")
-    if args.agents and os.path.isfile(path):  # train.py's flags: the agents' base is the baselines' model
-        with open(path) as f:
-            saved = json.load(f)
-    args.model = args.model or saved.get("model")
-    args.chat_template = args.chat_template or bool(saved.get("chat_template"))
+    if not (args.agents and os.path.isfile(path)):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    taken, differ = {}, []
+    for name in RUN_FLAGS:
+        flag, value, mine = "--" + name.replace("_", "-"), saved.get(name), getattr(args, name)
+        if value in (None, False) or mine == value:  # (an earlier train.py saved None for some)
+            continue
+        # --model may be given repeated or as a comma list: the names are what counts.
+        if name == "model" and mine and models.model_names(args) == value:
+            continue
+        shown = ",".join(value) if name == "model" else value
+        if mine in (None, False):
+            setattr(args, name, value)
+            taken[name] = flag if value is True else f"{flag} {shown}"
+        else:
+            differ.append(f"{flag} (the run's: {shown})")
+    if taken:
+        print(f"eval.py: note: from {path}: {' '.join(taken.values())}", file=sys.stderr)
+    if differ:
+        print(f"eval.py: note: the agents of {args.agents} were trained otherwise than asked: "
+              f"{', '.join(differ)}", file=sys.stderr)
+    # A data file is all one split, and the run trained on part of it: without --split eval.py would
+    # score the whole file, the training rows included.
+    if "dataset" in taken and os.path.exists(args.dataset) and args.split is None:
+        raise ValueError(f"--split: the run in {args.agents} trained on the file {args.dataset} (--split "
+                         f"{saved.get('split')}): give the rows to evaluate, e.g. --split test (a file with "
+                         "named splits, such as CoopHumanEval's) or a slice the run did not train on")
+    return saved
+
+
+def check_flags(args):
+    """Fill the defaults and check every flag that needs no env or model."""
+    saved = read_run(args)
+    args.env = args.env or "demo"
+    # The agents' base decides the threads: a tiny run's agents are as small as the tiny model.
+    tiny_base = all(m == models.TINY for m in models.model_names(args))
+    args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
     tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
     defaults = envs.run_defaults(tiny, "eval")
@@ -561,10 +624,12 @@ def setup(args):
         if why:  # a method the user asked for that this env cannot run
             raise ValueError(f"--methods: {why}")
     # Baselines of another model than the agents' base compare apples with pears: say so.
-    if args.agents and not args.model and set(args.methods) - {"magrpo", "oracle"}:
+    if args.agents and not args.model and not os.path.isfile(os.path.join(args.agents, "args.json")) and \
+            set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling: a bad --agents or --single-model fails at once.
+    torch.set_num_threads(args.cpu_threads)
     team = Team(args, models.model_names(args), env.num_agents)
     for m in args.methods:
         team.for_method(m)

@@ -101,6 +101,17 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
                          f"reachable on the hub: {first})") from None
     finally:
         hub_log.setLevel(level)
+    # A directory without the tokenizer's files loads, without a word from transformers, as an empty
+    # tokenizer that turns every prompt into no tokens: said now, not by generate at the first step.
+    if not tok("Hello world", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"{name_or_path!r} has no usable tokenizer: it encodes text to no tokens (a "
+                         "model directory needs its tokenizer's files, e.g. tokenizer.json and "
+                         "tokenizer_config.json)")
+    # The sampler stops a completion at EOS (the tokenizer's, or generation_config's): without one a
+    # run would fail at its first step.
+    if tok.eos_token_id is None and getattr(model.generation_config, "eos_token_id", None) is None:
+        raise ValueError(f"{name_or_path!r} has no end-of-sequence token (neither its tokenizer nor its "
+                         "generation_config names one)")
     # Many base models ship without a pad token; EOS is the usual stand-in (padding is masked out
     # everywhere, and generate tells EOS from padding by the completion mask, not by the id).
     if tok.pad_token is None:
@@ -503,6 +514,8 @@ def add_model_flags(p):
                    f"of {', '.join(DTYPES)}")
     p.add_argument("--chat-template", action="store_true", help="wrap prompts in its chat template")
     p.add_argument("--feedback-model", help="--feedback expert: the reviewing model (hub name or path)")
+    p.add_argument("--cpu-threads", type=int, help="torch's CPU threads (default: 1 for the tiny model; "
+                   "else OMP_NUM_THREADS if set, else torch's own: one per core)")
 
 
 def add_lora_flags(p):  # train.py's
@@ -531,6 +544,26 @@ def model_names(args):
     """--model given repeated and/or as comma lists, flattened; the tiny model by default (the CPU
     demo needs no download)."""
     return [m.strip() for spec in (args.model or [TINY]) for m in spec.split(",") if m.strip()]
+
+
+# torch's thread count when this module was first imported: one per core, or OMP_NUM_THREADS.
+TORCH_THREADS = torch.get_num_threads()
+
+
+def cpu_threads(flag, tiny):
+    """The CPU threads a run uses: --cpu-threads, else OMP_NUM_THREADS, else 1 for the tiny model
+    and torch's own count (one per core) for real ones."""
+    # The tiny model's matrices (64 wide) are too small to split among threads: the threads' start
+    # and wait cost more than they save, and on a busy machine OpenMP's waiting threads spin on the
+    # cores that another process needs (docs/benchmarks.md: 20x slower steps on 2 busy cores).
+    if flag is not None:
+        if flag < 1:
+            raise ValueError(f"--cpu-threads: must be >= 1, got {flag}")
+        return flag
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) >= 1:  # the user's (or torchrun's) choice for this process
+        return int(omp)
+    return 1 if tiny else TORCH_THREADS
 
 
 def per_agent(values, n, flag):

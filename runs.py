@@ -28,7 +28,9 @@ import models
 # a run resumed with another learning rate or G would be neither the old run nor a new one.
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
-             "wandb", "compile"}
+             "wandb", "compile", "cpu_threads"}
+# The flags that args.json holds resolved (train.fill_resolved); an earlier version saved them None.
+FILLED = {"model", "num_agents", "dataset", "split", "termination_threshold", "turn_weights", "lora_alpha"}
 
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
@@ -57,6 +59,9 @@ def config_from_flags(args, **overrides):
 def prepare_out(args):
     """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
     holds a run; --resume refuses flags that would change it."""
+    problem = out_problem(args.out)
+    if problem:
+        raise ValueError(f"--out: {problem}")
     names = os.listdir(args.out) if os.path.isdir(args.out) else []
     if not args.resume:
         for name in names:
@@ -74,6 +79,9 @@ def prepare_out(args):
         return None
     saved = models.checkpoint_state(checkpoint[1])["args"]
     for name, value in saved.items():
+        # An earlier version saved None for the flags fill_resolved fills now: the same run.
+        if value is None and name in FILLED:
+            continue
         if name not in RESUMABLE and value != vars(args).get(name):
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
                              f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
@@ -83,9 +91,26 @@ def prepare_out(args):
     return checkpoint
 
 
+def out_problem(out):
+    """Why --out cannot hold a run (a file in its place, a directory that cannot be written), or None.
+    Asked before any model loads: a typo costs a second, not a model load."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{out!r} is a file, not a directory"
+    # The nearest directory that exists is the one the run writes in (or makes --out in).
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path!r} is a file, not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"cannot write in {path!r}"
+    return None
+
+
 def start_out(args, start):
     """Process 0, every input checked: --out made, its logs cut back to `start` (a resumed run logs its
-    later steps again), args.json written."""
+    later steps again), args.json written. -> whether --out was made here."""
+    made = not os.path.isdir(args.out)
     try:
         os.makedirs(args.out, exist_ok=True)
         # Rows of steps at or after the checkpoint's would be logged twice, as the resumed run redoes them.
@@ -94,6 +119,18 @@ def start_out(args, start):
         write_atomic(os.path.join(args.out, "args.json"), json.dumps(vars(args), indent=1))
     except OSError as e:
         raise ValueError(f"--out: cannot write in {args.out!r} ({e})") from None
+    return made
+
+
+def undo_start(out, made):
+    """A run that failed before its first step leaves --out as it found it: the files of a start go
+    (a run that never stepped is no work to keep), and --out too if this run made it."""
+    for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, name))
+    if made:
+        with contextlib.suppress(OSError):  # A directory not empty (another program's files) stays.
+            os.rmdir(out)
 
 
 def write_atomic(path, text):

@@ -81,6 +81,10 @@ def train(args):
                 run.record(step, metrics, turns, last, save)
             if run.signum is not None:
                 break
+    except Exception:  # A crash, not a signal: one before the first step leaves --out as it was.
+        if run.main and run.done == 0:
+            runs.undo_start(args.out, run.made_out)
+        raise
     finally:
         signals.restore()  # A later ^C in the caller (a test, a notebook) behaves as usual again.
     return run.finish()
@@ -109,8 +113,7 @@ class Run:
         # checkpoint records, and what finish() saves after a signal).
         self.start = self.done = 0 if checkpoint is None else checkpoint[0]
         runs.gather(None)  # every process has read --out (prepare_out) before process 0 writes into it
-        if self.main:
-            runs.start_out(args, self.start)
+        self.made_out = self.main and runs.start_out(args, self.start)  # whether --out is ours (undo_start)
         self.tracker = None  # Weights & Biases (--wandb), on process 0
         if self.main and args.wandb:
             import wandb
@@ -330,7 +333,8 @@ def completion_rows(step, indices, turns):
 def parse_args(argv=None):
     """The flags: the env's, the model's, LoRA's, every Config field's (magrpo.py), and the run's.
     Flags left None are filled by resolve_flags, so a default can depend on the model and the env."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
     models.add_model_flags(p)
@@ -365,6 +369,7 @@ def resolve_flags(args):
     if env.runs_code:  # the isolation that model code has (--sandbox, resolved: args.json records it)
         print(f"sandbox: model code runs at the {args.sandbox} level (docs/sandbox.md)", file=sys.stderr)
     envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
+    args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny)  # build() sets it
     # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
     # weights keep its small updates: MasterWeightAdamW).
     if args.dtype in ("float16", "fp16"):
@@ -384,12 +389,34 @@ def resolve_flags(args):
         raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
     if args.wandb and importlib.util.find_spec("wandb") is None:  # wandb is optional, never required.
         raise ValueError("--wandb: the wandb package is not installed: pip install wandb")
+    fill_resolved(args, env, cfg)
     return env, cfg
+
+
+def fill_resolved(args, env, cfg):
+    """The values the run resolved for flags left None, into args: args.json then records them, and
+    the run can be read, and repeated, from it. None stays only where a flag is off or its value
+    comes from each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb)."""
+    takes = envs.constructor_keywords(type(env))  # An env gets only the keywords it takes.
+    args.model = models.model_names(args)  # ["tiny"], or one name per agent: ["a", "b"]
+    args.num_agents = env.num_agents
+    if args.dataset is None and (takes is None or "dataset" in takes):
+        args.dataset = getattr(env, "dataset", None)  # coding: humaneval; tldr, arxiv: builtin
+    if args.split is None and (takes is None or "split" in takes):
+        args.split = "train"
+    if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
+        args.termination_threshold = getattr(env, "max_reward", None)
+    if args.turn_weights is None:
+        args.turn_weights = ",".join(["1"] * cfg.num_turns)
+    lora = models.lora_from_flags(args)  # It checks the LoRA flags too, before any model loads.
+    if lora is not None:
+        args.lora_alpha = lora.alpha
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
+    torch.set_num_threads(args.cpu_threads)  # for the whole process, since torch has one thread pool
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents

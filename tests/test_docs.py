@@ -7,6 +7,7 @@ import contextlib
 import io
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 SCRIPTS = {"train.py": train.parse_args, "eval.py": evaluation.parse_args}
 FLAG = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")  # -h, --num-generations; not top-p or 1e-5
+CODE_FLAG = re.compile(r"`(--?[a-z][a-z0-9-]*)")  # a code span that starts with a flag: `--k 1,3`
 
 # -----------------------------------------------------------------------------
 # docs/flags.md against --help
@@ -76,10 +78,23 @@ def test_flags_md_lists_every_flag_of_help(script):
     assert len(documented) == len(set(documented)), f"docs/flags.md, {script}: a flag listed twice"
 
 
+def named_flags(section):
+    """The flags a section names: its table's flag column, and each code span that starts with one
+    (`--agents`) in the defaults, help texts and notes. Plain text is prose: a help text may well say
+    "clip to [-c, c]"."""
+    return set(table_flags(section)) | set(CODE_FLAG.findall(section))
+
+
+def test_named_flags_reads_the_flag_column_and_code_spans_only():
+    section = ("| flag | default | what it does |\n|---|---|---|\n"
+               "| `--clip` | `--c-default` | clip each advantage to [-c, c] (-c: the low end); `--std` |\n")
+    assert named_flags(section) == {"--clip", "--c-default", "--std"}
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_flags_md_names_only_real_flags(script):
-    # The help texts and notes too: a flag they name must be one of the script's.
-    unknown = set(FLAG.findall(flags_section(script))) - help_flags(SCRIPTS[script])
+    # The help texts and notes too: a flag they name as code must be one of the script's.
+    unknown = named_flags(flags_section(script)) - help_flags(SCRIPTS[script])
     assert not unknown, f"docs/flags.md, {script}: no such flag {unknown}"
 
 # -----------------------------------------------------------------------------
@@ -181,6 +196,22 @@ def test_commands_are_found():
     assert ("train.py", ["--num-turns", "2", "--out", "out2"]) in found
 
 
+def test_the_outputs_of_the_commands_shown_are_ignored_by_git():
+    # A reader who runs the pages' commands in a clone must not see their runs and reports as files
+    # to commit. git itself reads .gitignore (--no-index: whether or not such a path exists).
+    # train.py's --out is a directory, eval.py's a file: git tells them apart by the trailing slash.
+    outputs = {"out/"}  # train.py's default --out
+    for page in PAGES:
+        for script, argv in commands(page):
+            slash = "/" if script == "train.py" else ""
+            outputs.update(argv[i + 1] + slash for i, word in enumerate(argv[:-1]) if word == "--out")
+    for path in sorted(outputs):
+        p = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+        if p.returncode == 128:
+            pytest.skip("not a git checkout (a course's copy)")
+        assert p.returncode == 0, f"{path} (a command's --out) is not in .gitignore"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_commands_in_the_docs_parse(page):
     # Each command's flags exist and its step settings are valid (magrpo.Config checks them);
@@ -193,6 +224,17 @@ def test_commands_in_the_docs_parse(page):
         except (SystemExit, ValueError) as e:
             why = err.getvalue().strip() or str(e)
             pytest.fail(f"{page.name}: python {script} {shlex.join(argv)}: {why}")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_abbreviated_flag_is_an_error_not_another_flag(script):
+    # argparse takes a unique prefix for the flag it begins by default: a typo such as --num-gen would
+    # then set --num-generations silently (and a page's command would pass the check above).
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        SCRIPTS[script](["--num-gen" if script == "train.py" else "--num-samp", "3"])
+    assert exit_info.value.code == 2 and "unrecognized arguments" in err.getvalue()
+
 
 # -----------------------------------------------------------------------------
 # The course's functions: one list, the kit's

@@ -472,6 +472,77 @@ def test_train_runs_each_env(tmp_path, flags, script, script_agents):
     assert all(trained_away_from_init(tmp_path, n))
 
 
+# -----------------------------------------------------------------------------
+# A new env, written from docs/envs.md alone
+
+
+def docs_env():
+    """The Mini env of docs/envs.md, its code block run as a reader would paste it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "envs.md").read_text()
+    section = page.split("\n## A new env\n", 1)[1].split("\n## ", 1)[0]
+    namespace = {}
+    exec(section.split("```python\n", 1)[1].split("```", 1)[0], namespace)
+    return namespace["Mini"]
+
+
+@pytest.mark.integration
+def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_path, monkeypatch, capsys):
+    import eval as ev
+    monkeypatch.setitem(envs.ENVS, "mini", docs_env())
+    out = tmp_path / "run"
+    train.train(train.parse_args(["--env", "mini", "--steps", "2", "--num-generations", "2",
+                                  "--max-new-tokens", "4", "--eval-every", "1", "--eval-limit", "2",
+                                  "--out", str(out)]))
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all("eval_reward_mean" in r for r in rows)
+    assert sorted(p.name for p in out.glob("agent_*")) == ["agent_0", "agent_1", "agent_2"]
+    report = ev.main(["--agents", str(out), "--num-samples", "2", "--k", "1", "--limit", "1",
+                      "--methods", "magrpo,concat,sequential,discussion", "--latency-problems", "0"])
+    assert set(report["methods"]) == {"magrpo", "concat", "sequential", "discussion"}
+
+
+def test_a_flag_the_env_does_not_take_is_one_line_naming_the_flag_and_the_env(monkeypatch, tmp_path):
+    monkeypatch.setitem(envs.ENVS, "mini", docs_env())
+    refused = r"^train.py: error: --dataset: the mini env \(Mini\) takes no 'dataset'"
+    with pytest.raises(SystemExit, match=refused):
+        train.train(train.parse_args(["--env", "mini", "--dataset", "x.jsonl", "--out", str(tmp_path)]))
+    with pytest.raises(ValueError, match=r"^--authors-rewards: the mini env \(Mini\) takes no 'authors'"):
+        envs.env_from_flags(train.parse_args(["--env", "mini", "--authors-rewards"]))
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_an_env_error_names_the_flags_given_or_else_the_env(monkeypatch):
+    class Empty(envs.Env):
+        name, agent_names, max_reward = "empty", ("a", "b"), 1.0
+
+        def __init__(self, split=None):
+            raise ValueError("no examples at all")
+
+        def prompts(self, ex):
+            return ["a", "b"]
+
+        def reward(self, ex, outputs):
+            return 0.0
+    monkeypatch.setitem(envs.ENVS, "empty", Empty)
+    with pytest.raises(ValueError, match="^--env empty: no examples at all$"):
+        envs.env_from_flags(train.parse_args(["--env", "empty"]))
+    with pytest.raises(ValueError, match="^--split: no examples at all$"):
+        envs.env_from_flags(train.parse_args(["--env", "empty", "--split", "eval"]))
+    with pytest.raises(ValueError, match="^--num-agents: the demo env has exactly 2 agents, not 3$"):
+        envs.env_from_flags(train.parse_args(["--num-agents", "3"]))
+
+
+def test_discussion_prompt_of_three_agents_names_the_others_not_a_partner():
+    env = docs_env()()
+    ex = env.examples[0]
+    prompt = env.discussion_prompt(ex, 1, ["gull", "wave", "salt"])
+    assert prompt.startswith(env.prompts(ex)[1] + "wave\n\n") and prompt.endswith(env.prompts(ex)[1])
+    assert "[the first agent wrote]\ngull" in prompt and "[the third agent wrote]\nsalt" in prompt
+    assert "all 3 fit together" in prompt and "partner" not in prompt and "the two" not in prompt
+    two = envs.make_env("demo")  # a team of two keeps its partner
+    assert "[your partner wrote]\nbody text" in two.discussion_prompt(two.examples[0], 0, ["head", "body text"])
+
+
 def test_demo_reward_by_hand():
     env = envs.make_env("demo")
     assert len(env.prompts(env.examples[0])) == 2

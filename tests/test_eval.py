@@ -138,6 +138,22 @@ def test_writing_reward_levels_and_fields_are_reported():
     assert details["length_ratio"] == pytest.approx((good.length_ratio + bad.length_ratio) / 2)
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
 
+def test_ticks_are_round_values_across_the_axis():
+    assert ev.ticks(0.0, 2.87) == [0, 1, 2]
+    assert ev.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert ev.ticks(0, 149, least=1) == [0, 50, 100] and ev.ticks(5, 7, least=1) == [5, 6, 7]
+
+
+def test_curve_has_axis_titles_and_ticks():
+    rows = [{"step": s, "reward_mean": 3.0 * s / 149, "reward_mean_turn1": 3.0 * s / 149, "level_ratio": 0.5}
+            for s in range(150)]
+    svg = ev.curve_svg(rows)
+    assert ">step</text>" in svg and "reward and its levels (each point the mean of 5 steps)" in svg
+    for label in ("0", "1", "2", "3", "50", "100"):  # the y-axis's 0..3 and the x-axis's steps
+        assert f">{label}</text>" in svg, label
+    assert svg.count("<polyline") == 2
+
+
 # -----------------------------------------------------------------------------
 # The methods' sampling and timing, with a scripted sampler (no model)
 
@@ -305,6 +321,33 @@ def test_agents_dir_saved_by_train(tmp_path):
     assert all(finite(m) for m in report["methods"].values())
     assert report["config"]["agents"] == out
     fails_naming("--agents", "--agents", str(tmp_path), "--methods", "magrpo", *FAST)  # no agent_0
+
+
+def test_agents_are_evaluated_on_the_env_data_and_model_their_args_json_names(tmp_path, capsys):
+    """A run of one tldr writer on a file's first 6 rows: eval.py --agents OUT takes the env, the file,
+    the number of agents and the model from OUT/args.json, says so, and wants a --split of the file."""
+    import train
+    data, out = tmp_path / "posts.jsonl", str(tmp_path / "run")
+    data.write_text("".join(json.dumps({"text": f"post {i} " * 30}) + "\n" for i in range(9)))
+    train.train(train.parse_args(["--env", "tldr", "--num-agents", "1", "--dataset", str(data), "--split",
+                                  ":6", "--steps", "1", "--num-generations", "2", "--max-new-tokens", "4",
+                                  "--out", out]))
+    capsys.readouterr()
+    message = fails_naming("--split", "--agents", out, *FAST)  # the whole file holds the training rows
+    assert "trained on the file" in message
+    report = run("--agents", out, "--split", "6:", "--methods", "magrpo,concat", *FAST)
+    config, err = report["config"], capsys.readouterr().err
+    assert (config["env_name"], config["num_agents"], config["model"]) == ("tldr", 1, ["tiny"])
+    assert config["split"] == "6:"
+    assert config["dataset"] == str(data) and config["cpu_threads"] == 1
+    assert f"note: from {out}/args.json: --env tldr --dataset {data} --num-agents 1 --model tiny" in err
+    assert "baselines use the tiny model" not in err and "otherwise" not in err
+    # A flag given wins, with one line saying how the run differs.
+    report = run("--agents", out, "--split", "6:", "--num-agents", "1", "--env", "arxiv",
+                 "--methods", "magrpo", *FAST)
+    err = capsys.readouterr().err
+    assert report["config"]["env_name"] == "arxiv"
+    assert f"note: the agents of {out} were trained otherwise than asked: --env (the run's: tldr)" in err
 
 
 def test_writing_env_reports_writing_metrics():
