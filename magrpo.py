@@ -197,7 +197,7 @@ def completion_logprobs(model, rollout, temperature=1.0):
     from transformers import DynamicCache
     T = temperature if temperature > 0 else 1.0
     P = rollout.prompt_ids.shape[1]
-    # A group's G rows continue the same prompt: each distinct prompt runs once (Prefix Grouper, Liu
+    # A group's G rows continue the same prompt, so each distinct prompt runs once (Prefix Grouper, Liu
     # et al. 2025), with gradients, since its keys and values depend on the weights too.
     prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1),
                                           dim=0, return_inverse=True)
@@ -206,15 +206,15 @@ def completion_logprobs(model, rollout, temperature=1.0):
     out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask, output_hidden_states=True,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
     first = out.hidden_states[-1][prompt_of_row, -1:]  # A prompt's last position predicts its rows' first.
-    # Each row attends to its prompt's cache (repeated by indexing: autograd adds up the rows'
-    # gradients of each prompt, so the result equals running every row whole), then runs its tokens.
+    # Each row attends to its prompt's cache, then runs its tokens. The cache is repeated by indexing,
+    # so autograd adds up each prompt's rows' gradients and the result equals running every row whole.
     cache.batch_select_indices(prompt_of_row)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
     positions = positions_from_mask(mask)[:, P:]
     rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions,
                  output_hidden_states=True, **forward_kwargs(model, cache, last=1))
     # Position t predicts token t + 1. The logits over the whole vocabulary are made a chunk of positions
-    # at a time and never all kept (sampler.token_logprobs): with 150k tokens they would be the largest.
+    # at a time and never all kept (sampler.token_logprobs), since with 150k tokens they are the largest.
     hidden = torch.cat([first, rest.hidden_states[-1][:, :-1]], dim=1)
     return token_logprobs(model, hidden, rollout.completion_ids, T, check=rest)
 
@@ -271,7 +271,7 @@ def solved_return(reward, turns_left, gamma):
 
 # -----------------------------------------------------------------------------
 # A team's episode (Sec. 2 steps 1-3; Sec. 3): sample, join, score, and between turns feedback.
-# The episode is a tree: at turn 1 each example is a group of G joint actions (its nodes); a node
+# The episode is a tree. At turn 1 each example is a group of G joint actions (its nodes); a node
 # that is revised becomes a group of the next turn, whose prompts hold that node's answers and the
 # env's feedback on them.
 
@@ -281,7 +281,7 @@ class Group:
     example: int  # index of the example in the batch
     parent: int  # the node of the previous turn this group revises (None at turn 1)
     prompts: list  # one env prompt per agent
-    histories: list  # per agent: [(its own answer, the feedback it got), ...] of earlier turns
+    histories: list  # per agent, [(its own answer, the feedback it got), ...] of earlier turns
     seed: int  # the group's sampling seed; agent i samples with mix_seed(seed, i)
 
 
@@ -293,11 +293,11 @@ class Turn:
     size: int  # completions per agent per group
     rollouts: list  # one Rollout per agent
     joint: list  # index tuples of one group's joint actions
-    outputs: list  # per node: one text per agent
+    outputs: list  # per node, one text per agent
     rewards: list  # per node, the env's reward, whose float() is the number
-    solved: list  # per node: whether its reward reached the termination threshold
+    solved: list  # per node, whether its reward reached the termination threshold
     children: dict = field(default_factory=dict)  # revised node -> its group at the next turn
-    baseline: list = None  # remax, turn 1: per group, the reward of the greedy joint answer
+    baseline: list = None  # with remax at turn 1, per group, the reward of the greedy joint answer
     advantages: list = None  # per agent, each row's advantage in Eq. 2 (train_step sets it)
 
     def node(self, group, action):
@@ -473,7 +473,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
     if not hooks.ready(turns):
         return turns, None
-    # Eq. 1: each completion's advantage among its siblings, the completions of the same prompt. A
+    # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):

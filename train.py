@@ -265,8 +265,8 @@ class RunHooks(magrpo.Hooks):
     def agree(self, abandoned):
         """The processes stop together or not at all: each tells whether a signal came and whether
         it abandoned its sampling. -> True when no process abandoned its step."""
-        # A collective that every process enters once per step, whatever happened to it: the step's
-        # other collectives (the gradients' sums) then never wait for a process that left.
+        # Every process enters this collective once per step, whatever happened to it, so the step's
+        # other collectives (the gradients' sums) never wait for a process that left.
         votes = runs.gather((self.signals.received, abandoned))
         self.run.signum = next((signum for signum, _ in votes if signum is not None), None)
         return not any(gave_up for _, gave_up in votes)
@@ -366,7 +366,7 @@ def resolve_flags(args):
     if args.test_timeout is None:  # The env needs it, so it is filled first.
         args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
-    if env.runs_code:  # the isolation that model code has (--sandbox, resolved: args.json records it)
+    if env.runs_code:  # The isolation model code has (--sandbox, resolved), which args.json records.
         print(f"sandbox: model code runs at the {args.sandbox} level (docs/sandbox.md)", file=sys.stderr)
     envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny)  # build() sets it
@@ -443,7 +443,7 @@ if __name__ == "__main__":
         status = 0
     except SystemExit as e:
         status = e.code
-    if torch.distributed.is_initialized():  # torchrun: the interpreter's teardown, where gloo's threads
+    if torch.distributed.is_initialized():  # Under torchrun the interpreter's teardown, where gloo's threads
         torch.distributed.destroy_process_group()  # can abort the process (SIGABRT), is skipped
         if isinstance(status, str):
             print(status, file=sys.stderr)
