@@ -234,9 +234,11 @@ class RunHooks(magrpo.Hooks):
         self.step, self.scored = None, None  # the step's number, and its reward metrics (ready)
 
     def sum(self, values):
+        """The numbers summed over torchrun's processes, in float64 so that a count loses nothing."""
         return runs.all_sum(values)
 
     def sum_gradients(self, model):
+        """Each gradient summed over the processes; each loss was divided by the whole batch's count."""
         runs.sum_gradients(model)
 
     def ready(self, turns):
