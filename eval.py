@@ -30,9 +30,9 @@ import runs
 import sampler
 
 
-# The paper's methods (Sec. 6): the trained team; one model doing the whole task; the untrained
-# agents side by side (concat), in a pipeline (sequential), after one round of discussion; and the
-# dataset's own solutions (oracle), which checks the harness: its pass@1 must be 1.
+# The paper's methods (Sec. 6) are the trained team, one model doing the whole task, and the untrained
+# agents side by side (concat), in a pipeline (sequential) or after one round of discussion. The
+# dataset's own solutions (oracle) check the harness, so their pass@1 must be 1.
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "compile", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
@@ -50,7 +50,7 @@ def pass_at_k(n, c, k):
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _number(v):  # a finite int or float (bools count: a level may be one); NaN would poison means
+def _number(v):  # a finite int or float; bools count, since a level may be one, and NaN would poison means
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
@@ -77,12 +77,12 @@ def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
             fields[f.name] = float(v)
         elif isinstance(v, tuple):
             fields.update({f"{f.name}_{i}": float(x) for i, x in enumerate(v) if _number(x)})
-    if "passed" in fields and "n_tests" in fields:  # a code reward: pass@k and acc@k read these
+    if "passed" in fields and "n_tests" in fields:  # a code reward, whose tests pass@k and acc@k read
         rec["tests"] = (int(fields["passed"]), int(fields["n_tests"]))
     return rec
 
 
-def tests_rate(rec):  # acc@k's unit: partial credit, where pass@k is all or nothing (a rate of 1)
+def tests_rate(rec):  # acc@k's unit gives partial credit, where pass@k is all or nothing (a rate of 1)
     """The share of the problem's tests a sample passed: 0 if it never reached the tests (a program
     that does not parse counts as a failure, not as missing)."""
     passed, total = rec.get("tests", (0, 0))
@@ -97,12 +97,12 @@ def _mean(xs):
 def test_metrics(problems, ks):
     """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
     best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
-    # Per problem, its samples in sampling order: the authors' pass@k reads the first k samples, the
+    # Each problem's samples stay in sampling order, since the authors' pass@k reads the first k and the
     # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names.
     passed, rates = [], []
     for records in problems:
         rates.append([tests_rate(r) for r in records])
-        passed.append([rate == 1 for rate in rates[-1]])  # pass@k's "correct": every test passed
+        passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
     metrics = {}
     for k in ks:
         metrics[f"pass@{k}"] = _mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
@@ -118,22 +118,22 @@ def aggregate(problems, ks):
     problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
     samples = [r for recs in problems for r in recs]
     metrics = {}
-    # pass@k and the cooperation rate exist only where the reward says so (coding): no metric that
-    # means nothing for the env (a writing task has no tests).
+    # pass@k and the cooperation rate exist only where the reward says so (coding), so that no
+    # metric means nothing for the env (a writing task has no tests).
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
     if any("coop" in r["fields"] for r in samples):
         metrics["coop_rate"] = _mean(r["fields"].get("coop", 0.0) > 0 for r in samples)
-    # The shared reward itself, for every env: the number the team was trained on (its std: a
-    # population std over samples, not a standard error).
+    # Every env reports the shared reward itself, the number the team was trained on; its std is a
+    # population std over samples, not a standard error.
     rewards = [r["reward"] for r in samples]
     metrics["reward"] = _mean(rewards)
     metrics["reward_std"] = math.sqrt(_mean((x - metrics["reward"]) ** 2 for x in rewards))
     metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
     metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
-    # details: how often each level was earned, and the mean of every other number the rewards carry
-    # (the "reward detail" table): where a method loses its reward, level by level.
+    # The details (the "reward detail" table) say how often each level was earned and the mean of every
+    # other number the rewards carry, so that they show where a method loses its reward, level by level.
     metrics.update(level_means([r["levels"] for r in samples]))
     details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # reward's order
     for name in levels:
@@ -143,24 +143,24 @@ def aggregate(problems, ks):
     return metrics, details
 
 # -----------------------------------------------------------------------------
-# Sampling: B problems give B * N joint samples per turn (N = --num-samples), row b * N + g problem
-# b's g-th; with the same seeds, discussion's first round is exactly concat's samples.
+# Sampling. B problems give B * N joint samples per turn (N = --num-samples), and row b * N + g is problem
+# b's g-th. With the same seeds, discussion's first round is exactly concat's samples.
 
 
 @dataclasses.dataclass
 class Sample:
     """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
     outputs: tuple     # one text per agent (one in all for `single`)
-    tokens: int        # completion tokens so far: all agents, rounds and turns
-    seconds: float     # response time so far: parallel agents' mean, sequential steps and turns added
+    tokens: int        # completion tokens so far, over all agents, rounds and turns
+    seconds: float     # response time so far; parallel agents' mean, sequential steps and turns added
     reward: object = None  # the env's reward, where the sampler already scored it
 
 
 def sample_cfg(args):
     """N samples per problem, each revised at every later turn unless solved; --authors-rewards with
     no --termination-threshold revises every one, as the authors' evaluation."""
-    # expand all: every unsolved sample is revised (one child each, run_team), not only the best of
-    # a group as in training: each sample is one user's conversation with the team.
+    # With expand "all" every unsolved sample is revised (one child each, run_team), not only the best of
+    # a group as in training, because each sample is one user's conversation with the team.
     cfg = runs.config_from_flags(args, num_generations=args.num_samples, expand="all")
     if args.authors_rewards and args.termination_threshold is None:
         cfg.termination_threshold = math.inf
@@ -177,18 +177,18 @@ def per_row(rollout):
 def run_team(env, agents, batch, cfg, seeds, expert=None):
     """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
     once. Per turn, every sample as it then stands, costs so far added."""
-    # The training episode with one child per revised node: each sample is a chain of answers, one
-    # per turn, and a solved one stops (unless --authors-rewards: their evaluation revises all).
+    # This is the training episode with one child per revised node. Each sample is a chain of answers,
+    # one per turn, and a solved one stops, unless --authors-rewards asks to revise all as the authors do.
     turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
     where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
     tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
     for t in range(cfg.num_turns):
         for i, (turn, node) in enumerate(where):
-            if turn == t - 1 and node in turns[turn].children:  # revised: its child group's one node
+            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
                 where[i] = (t, turns[t].node(turns[turn].children[node], 0))
         rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
         for i, (turn, node) in enumerate(where):
-            if turn == t:  # a new answer: row `node` of each agent (aligned); a kept one costs nothing
+            if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
                 tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
                 seconds[i] += _mean(row_seconds for _, _, row_seconds in rows)
         out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])
@@ -200,7 +200,7 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
     """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
     evaluation: each process sums its share, train.py divides by the count of all)."""
     # Greedy and one sample per example, so the number moves with the agents, not with the sampling.
-    # The advantage is reset too: remax would decode the same greedy turn a second time for its baseline.
+    # The advantage is reset too, or remax would decode the same greedy turn again for its baseline.
     greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all", advantage="mean")
     totals = [0.0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
@@ -218,10 +218,10 @@ def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
     for i, agent in enumerate(agents):
         # The first agent samples N answers per problem; each later one, one answer per sample, after
-        # reading that sample's earlier answers: each sample is its own pipeline.
+        # reading that sample's earlier answers, so that each sample is its own pipeline.
         if i == 0:
             prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
-        else:  # one prompt per sample: it shows that sample's earlier outputs
+        else:  # one prompt per sample, showing that sample's earlier outputs
             prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
             size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
         text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
@@ -236,7 +236,7 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     scored on the revisions, the two rounds' costs added."""
     N, second = cfg.num_generations, []
     first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
-    # Seeds apart from the first round's (N + g): a revision is a new draw, not a replay of it.
+    # The seeds differ from the first round's (N + g), since a revision is a new draw, not a replay.
     seeds = [sampler.mix_seed(s, N + g) for s in seeds for g in range(N)]
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
@@ -252,8 +252,8 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
     """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
-    # The paper's single baseline is a larger model (Qwen2.5-Coder-7B against two 3B agents): give it
-    # with --single-model, else the first --model writes alone.
+    # The paper's single baseline is a larger model (Qwen2.5-Coder-7B against two 3B agents), given
+    # with --single-model; without it the first --model writes alone.
     prompts = [env.single_prompt(ex) for ex in batch]
     texts, toks, sec = per_row(magrpo.sample_agent(agents[0], 0, prompts, cfg.num_generations, cfg, seeds))
     return [[Sample((text,), n, sec) for text, n in zip(texts, toks)]]
@@ -266,7 +266,7 @@ def run_oracle(env, agents, batch, cfg, seeds, expert=None):
              for _ in range(cfg.num_generations)]]
 
 
-# magrpo and concat are the same runner: the agents differ (trained, or the untrained --model).
+# magrpo and concat are the same runner; only the agents differ (trained, or the untrained --model).
 RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
            "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
 
@@ -276,7 +276,7 @@ def score_batch(env, batch, samples, single=False):
     problem's identical outputs once."""
     N = len(samples) // len(batch)
     # A problem's identical answers (greedy decoding, a tiny model's favourite output) are scored
-    # once: the reward is a function of (problem, answer), and the sandbox is the slow part.
+    # once, because the reward is a function of (problem, answer) and the sandbox is the slow part.
     unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
     # The single model's answer holds both parts; the env scores it with its single-agent reward.
     one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
@@ -287,7 +287,7 @@ def score_batch(env, batch, samples, single=False):
     return [recs[b * N:(b + 1) * N] for b in range(len(batch))]
 
 # -----------------------------------------------------------------------------
-# In training: what a step scored (train.py's metrics.jsonl; docs/runs.md lists the keys)
+# In training, what a step scored (train.py's metrics.jsonl; docs/runs.md lists the keys)
 
 
 def episode_summary(turns):
@@ -296,11 +296,11 @@ def episode_summary(turns):
     nodes = []
     for t, turn in enumerate(turns, 1):
         for node, reward in enumerate(turn.rewards):
-            # A revised answer's gain over the one it revises: the mean over a turn is the metric
-            # improvement_turn<t> (every group of a turn has the same number of nodes).
+            # The mean over a turn of a revised answer's gain over the one it revises is the metric
+            # improvement_turn<t>; every group of a turn has the same number of nodes.
             parent = turn.groups[turn.place(node)[0]].parent
             gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
-            # A sandbox that failed, or a scoring that raised, says nothing of the agents: counted apart.
+            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
             nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
                           "levels": dict(getattr(reward, "levels", None) or {}),
                           "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
@@ -325,8 +325,8 @@ def episode_metrics(nodes, num_turns):
     rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
     m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
          "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
-    # Every turn's keys in every row, None for a turn no group reached (all solved before it): the
-    # columns of metrics.jsonl stay the same from the first row to the last.
+    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
+    # the columns of metrics.jsonl stay the same from the first row to the last.
     for t in range(1, num_turns + 1):
         keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
         if t > 1:
@@ -347,7 +347,7 @@ def episode_metrics(nodes, num_turns):
 
 
 # -----------------------------------------------------------------------------
-# In training: the learning curve (train.py's OUT/curve.svg)
+# In training, the learning curve (train.py's OUT/curve.svg)
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
@@ -356,7 +356,7 @@ def curve_series(rows):
     """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
     reward when there are several turns, and the in-training eval's reward."""
     last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
-    # Turn 1's reward and its levels: where the reward comes from, and which level the agents learn.
+    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
     names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
     if last > 1:
         names.append(f"reward_mean_turn{last}")
@@ -364,7 +364,7 @@ def curve_series(rows):
     series = {}
     for name in names:
         points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
-        if points:  # (no eval: no line)
+        if points:  # without an eval there is no line
             series[name] = points
     return series
 
@@ -382,14 +382,14 @@ def ticks(lo, hi, count=5, least=0.0):
 def curve_svg(rows, width=760, height=400, pad=50, legend=190):
     """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
     curve_series, smoothed, on axes with titles and ticks."""
-    # SVG by hand: a plotting library would be one more dependency for one picture.
+    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
     series = curve_series(rows)
     steps = [step for points in series.values() for step, _ in points]
-    # One y-axis from 0 to the highest value: the levels show what part of the reward each earns.
+    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
     top = max(value for points in series.values() for _, value in points) or 1.0
     x0, x1 = min(steps), max(max(steps), min(steps) + 1)
     right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
-    window = max(1, len(rows) // 30)  # about 30 windows in a run: smooth, and no step hidden
+    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
 
     def x_of(step):
         return pad + (step - x0) / (x1 - x0) * (right - pad)
@@ -430,7 +430,7 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190):
 def parse_args(argv=None):
     """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
     the evaluation's own. Flags left None are filled by check_flags."""
-    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
+    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     envs.add_env_flags(p)
@@ -453,12 +453,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def comma_list(text):  # "a, b,,c" -> ["a", "b", "c"]: a stray comma or space is no error
+def comma_list(text):  # "a, b,,c" -> ["a", "b", "c"], since a stray comma or space is no error
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-# What eval.py takes from the --agents run's args.json for each of these flags the user did not give:
-# the agents are measured on the task they learnt, and the baselines run their base model.
+# What eval.py takes from the --agents run's args.json for each of these flags the user did not give,
+# so that the agents are measured on the task they learnt and the baselines run their base model.
 RUN_FLAGS = ("env", "dataset", "text_field", "num_agents", "model", "chat_template")
 
 
@@ -475,9 +475,9 @@ def read_run(args):
     taken, differ = {}, []
     for name in RUN_FLAGS:
         flag, value, mine = "--" + name.replace("_", "-"), saved.get(name), getattr(args, name)
-        if value in (None, False) or mine == value:  # (an earlier train.py saved None for some)
+        if value in (None, False) or mine == value:  # an earlier train.py saved None for some
             continue
-        # --model may be given repeated or as a comma list: the names are what counts.
+        # --model may be given repeated or as a comma list, and only the names count.
         if name == "model" and mine and models.model_names(args) == value:
             continue
         shown = ",".join(value) if name == "model" else value
@@ -491,7 +491,7 @@ def read_run(args):
     if differ:
         print(f"eval.py: note: the agents of {args.agents} were trained otherwise than asked: "
               f"{', '.join(differ)}", file=sys.stderr)
-    # A data file is all one split, and the run trained on part of it: without --split eval.py would
+    # A data file is all one split, and the run trained on part of it, so without --split eval.py would
     # score the whole file, the training rows included.
     if "dataset" in taken and os.path.exists(args.dataset) and args.split is None:
         raise ValueError(f"--split: the run in {args.agents} trained on the file {args.dataset} (--split "
@@ -504,7 +504,7 @@ def check_flags(args):
     """Fill the defaults and check every flag that needs no env or model."""
     saved = read_run(args)
     args.env = args.env or "demo"
-    # The agents' base decides the threads: a tiny run's agents are as small as the tiny model.
+    # The agents' base decides the threads, since a tiny run's agents are as small as the tiny model.
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
@@ -521,7 +521,7 @@ def check_flags(args):
     # Config checks the sampling flags (one line naming the flag); the report records each value used.
     cfg = sample_cfg(args)
     vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
-    # The paper's k (1, 3, 5, 10), those that --num-samples allows: pass@10 of 5 samples means nothing.
+    # The paper's k (1, 3, 5, 10) are kept where --num-samples allows, as pass@10 of 5 samples means nothing.
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
                    else sorted({int(k) for k in comma_list(args.k)}))
@@ -535,7 +535,7 @@ def check_flags(args):
         if unknown or not args.methods:
             raise ValueError(f"--methods: unknown {', '.join(unknown) or 'empty list'}: "
                              f"use {', '.join(METHODS)}")
-    # Checked now, not after an hour of sampling: a report that can't be written is a lost evaluation.
+    # Checked now, not after an hour of sampling, since a report that can't be written is a lost evaluation.
     if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
         raise ValueError(f"--out: cannot write into the directory of {args.out!r}")
 
@@ -577,7 +577,7 @@ class Team:
                                           self.args.chat_template, bases=self.bases)
                 # one-off first-call costs (allocations, kernel choice) stay out of the timings
                 sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
-                self.cache[key] = agent  # the key has no method: concat's agents are discussion's too
+                self.cache[key] = agent  # the key has no method, as concat's agents are discussion's too
             agents.append(self.cache[key])
         return agents
 
@@ -594,7 +594,7 @@ def trained_dirs(out, n):
     """A train.py run's final agents (OUT/agent_i, with OUT/final.json), else its latest complete
     checkpoint's (said on stderr)."""
     dirs = [os.path.join(out, f"agent_{i}") for i in range(n)]
-    # final.json is written after the last OUT/agent_i: without it those may be an older run's, or
+    # final.json is written after the last OUT/agent_i. Without it those may be an older run's, or
     # half-written by a run that was killed, and the newest complete checkpoint is the run's truth.
     if not os.path.isfile(os.path.join(out, "final.json")):
         checkpoint = models.latest_checkpoint(out)
@@ -611,10 +611,10 @@ def trained_dirs(out, n):
 def setup(args):
     """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
     check_flags(args)
-    # Without --split: the test split of a dataset that has named ones, else the whole file given.
+    # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
     args.split = args.split or "test"
-    examples = env.examples[:args.limit]  # the first --limit: the same problems for every method
+    examples = env.examples[:args.limit]  # the first --limit, the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
@@ -623,12 +623,12 @@ def setup(args):
         why = unsupported(env, examples, method)
         if why:  # a method the user asked for that this env cannot run
             raise ValueError(f"--methods: {why}")
-    # Baselines of another model than the agents' base compare apples with pears: say so.
+    # Baselines of another model than the agents' base compare apples with pears, so we say so.
     if args.agents and not args.model and not os.path.isfile(os.path.join(args.agents, "args.json")) and \
             set(args.methods) - {"magrpo", "oracle"}:
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
-    # Every model is loaded now, before any sampling: a bad --agents or --single-model fails at once.
+    # Every model is loaded now, before any sampling, so that a bad --agents or --single-model fails at once.
     torch.set_num_threads(args.cpu_threads)
     team = Team(args, models.model_names(args), env.num_agents)
     for m in args.methods:
@@ -638,8 +638,8 @@ def setup(args):
 
 def problem_row(method, task_id, records, save_outputs):
     """One problem's samples (the last turn's), for finding where two methods differ."""
-    # The report's `problems`: per method and problem, each sample's reward (and tests): where two
-    # methods differ is where to read their outputs (--save-outputs keeps them).
+    # The report's `problems` hold each sample's reward (and tests) per method and problem, because where
+    # two methods differ is where to read their outputs (--save-outputs keeps them).
     row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
     if any("tests" in r for r in records):
         row["passed"] = [tests_rate(r) == 1 for r in records]
@@ -657,7 +657,7 @@ def evaluate(args, env, examples, team):
     reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
     turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
-    # Problem p's seed is the same for every method and batch: the methods differ in what they are,
+    # Problem p's seed is the same for every method and batch, so the methods differ in what they are,
     # not in their luck (discussion's first round is exactly concat's samples).
     seeds = [sampler.mix_seed(args.seed, p) for p in range(len(examples))]
     bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
@@ -668,7 +668,7 @@ def evaluate(args, env, examples, team):
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
                 by_turn = run(env, agents, batch, cfg, seeds[start:start + args.batch_size], team.expert)
-                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods: answer kept
+                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods keep theirs
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
                 bar.update(len(batch))
@@ -677,8 +677,8 @@ def evaluate(args, env, examples, team):
                 turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
             problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
                          for p, (ex, recs) in enumerate(zip(examples, records[-1]))]
-            # The paper's response time (Sec. 6) is a user's wait for one answer: batch 1, one sample,
-            # timed apart from the batched sampling above, whose per-sample time is a throughput.
+            # The paper's response time (Sec. 6) is a user's wait for one answer, so it is timed with batch 1
+            # and one sample, apart from the batched sampling above, whose per-sample time is a throughput.
             if args.latency_problems and method != "oracle":
                 one = dataclasses.replace(cfg, num_generations=1)
                 times = [run(env, agents, [ex], one, seeds[p:p + 1], team.expert)[-1][0].seconds
@@ -720,7 +720,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         env, examples, team = setup(args)
-    except ValueError as e:  # every bad flag, from any layer: one line, exit 1
+    except ValueError as e:  # every bad flag, from any layer, ends in one line and exit 1
         sys.exit(f"eval.py: error: {e}")
     report = evaluate(args, env, examples, team)
     # The report records every setting used, so that a number in it can be reproduced.
@@ -730,7 +730,7 @@ def main(argv=None):
         print(format_table(turn["methods"], "method" if args.num_turns == 1 else f"turn {t}"))
     if args.num_turns > 1:
         print(format_table(report["improvement"], f"turn {args.num_turns} - turn 1"))
-    print(format_table(report["details"], "reward detail"))  # the last turn's: how each level fared
+    print(format_table(report["details"], "reward detail"))  # the last turn's, to show how each level fared
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

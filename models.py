@@ -25,15 +25,15 @@ import torch
 
 from magrpo import Agent
 
-TINY = "tiny"  # --model tiny: a random-init model built from a config, no download
-# The weights' dtype (--dtype). Training in float16 is refused (train.py): it needs a loss scaler.
+TINY = "tiny"  # --model tiny is a random-init model built from a config, with no download
+# The weights' dtype (--dtype). Training in float16 is refused (train.py), since it needs a loss scaler.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint: the step, the args, each file's size
+CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint, with the step, the args and each file's size
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
-TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter: its random base's seed
-# peft's default targets (Qwen2/Llama: every attention and MLP projection; GPT-2's Conv1D layers)
+TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter, holding its random base's seed
+# peft's default targets, every attention and MLP projection of Qwen2/Llama, and GPT-2's Conv1D layers
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
 
@@ -46,7 +46,7 @@ def tiny_tokenizer():
     PreTrainedTokenizerFast, so save_pretrained/from_pretrained work."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    # Bytes, not words: a model learnt from scratch on a CPU writes letters (the demo's task), and
+    # Bytes, not words, because a model learnt from scratch on a CPU writes letters (the demo's task), and
     # no vocabulary file is needed. A BPE with no merges is the tokenizers library's byte-level model.
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     vocab.update({"<|endoftext|>": len(vocab), "<|pad|>": len(vocab) + 1})
@@ -61,8 +61,8 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
     """A small random-init causal LM (Qwen2, Llama or GPT-2 class), ~0.1M parameters by default.
     Tests use a larger init_std so that greedy outputs are not one repeated token."""
     import transformers as tf
-    # The real architectures' classes, small: every code path a real model takes (caches, position
-    # ids, LoRA targets) runs in the tests on the CPU.
+    # The real architectures' classes, made small, so that every code path a real model takes (caches,
+    # position ids, LoRA targets) runs in the tests on the CPU.
     common = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
                   initializer_range=init_std, tie_word_embeddings=True)
@@ -73,7 +73,7 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
                                          num_hidden_layers=layers, num_attention_heads=heads, **common,
                                          num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024)
     torch.manual_seed(seed)
-    return tf.AutoModelForCausalLM.from_config(config).eval()  # eval: no dropout, in sampling or update
+    return tf.AutoModelForCausalLM.from_config(config).eval()  # eval(), so no dropout in sampling or update
 
 
 def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
@@ -83,8 +83,8 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
         tok = tiny_tokenizer()
         return tiny_model(tok, seed=seed).to(device, DTYPES[dtype]), tok
     from transformers import AutoModelForCausalLM, AutoTokenizer, logging as hf_logging
-    hf_logging.disable_progress_bar()  # no bar per shard loaded: it would bury the training bar
-    # A path (absolute, ./..., or more than one /) that is no directory is a typo: said at once,
+    hf_logging.disable_progress_bar()  # no bar per shard loaded, as it would bury the training bar
+    # A path (absolute, ./..., or more than one /) that is no directory is a typo, said at once
     # rather than as a failed hub download of a name like "runs/code/agent_0".
     looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
     if looks_local and not os.path.isdir(name_or_path):
@@ -95,20 +95,20 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
-    except (OSError, ValueError) as e:  # no such model, no network, a broken directory: one line
+    except (OSError, ValueError) as e:  # no such model, no network or a broken directory gives one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load {name_or_path!r} (not a local model directory, and not "
                          f"reachable on the hub: {first})") from None
     finally:
         hub_log.setLevel(level)
     # A directory without the tokenizer's files loads, without a word from transformers, as an empty
-    # tokenizer that turns every prompt into no tokens: said now, not by generate at the first step.
+    # tokenizer that turns every prompt into no tokens, so we say so now, not generate at the first step.
     if not tok("Hello world", add_special_tokens=False)["input_ids"]:
         raise ValueError(f"{name_or_path!r} has no usable tokenizer: it encodes text to no tokens (a "
                          "model directory needs its tokenizer's files, e.g. tokenizer.json and "
                          "tokenizer_config.json)")
-    # The sampler stops a completion at EOS (the tokenizer's, or generation_config's): without one a
-    # run would fail at its first step.
+    # The sampler stops a completion at EOS (the tokenizer's, or generation_config's), so without one
+    # a run would fail at its first step.
     if tok.eos_token_id is None and getattr(model.generation_config, "eos_token_id", None) is None:
         raise ValueError(f"{name_or_path!r} has no end-of-sequence token (neither its tokenizer nor its "
                          "generation_config names one)")
@@ -119,8 +119,8 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
     return model.to(device), tok
 
 # -----------------------------------------------------------------------------
-# LoRA agents: n adapters on one shared frozen base (--lora-r; docs/scale.md). The base's weights are
-# held once, whatever the number of agents: two 3B agents fit one GPU. Each agent trains only its
+# LoRA agents are n adapters on one shared frozen base (--lora-r; docs/scale.md). The base's weights
+# are held once, whatever the number of agents, so two 3B agents fit one GPU. Each agent trains only its
 # adapter (and its AdamW holds only the adapter's moments).
 
 
@@ -136,7 +136,7 @@ class LoRAConfig:
     alpha: float = None
     target_modules: tuple = None
 
-    def __post_init__(self):  # alpha = 2r: the scale most recipes use, and peft's own examples
+    def __post_init__(self):  # alpha = 2r, the scale most recipes and peft's own examples use
         self.alpha = float(2 * self.r if self.alpha is None else self.alpha)
 
 
@@ -152,7 +152,7 @@ class LoRALinear(torch.nn.Module):
         self.base, self.scaling = base, alpha / r
         self.fan_in_fan_out = isinstance(base, Conv1D)
         in_f, out_f = base.weight.shape if self.fan_in_fan_out else base.weight.shape[::-1]
-        # A: kaiming-uniform with a = sqrt(5), peft's draw; from a CPU generator, so an agent's adapter
+        # A is kaiming-uniform with a = sqrt(5), as peft draws it, from a CPU generator, so an agent's adapter
         # is the same on any device for the same seed.
         a = (torch.rand(r, in_f, generator=generator) * 2 - 1) / math.sqrt(in_f)
         self.lora_A = torch.nn.Parameter(a.to(base.weight.device))
@@ -183,7 +183,7 @@ class LoRALinear(torch.nn.Module):
         return delta.T if self.fan_in_fan_out else delta
 
 
-def is_lora(model):  # (a model with adapters saves as an adapter, and trains them alone)
+def is_lora(model):  # a model with adapters saves as an adapter, and trains them alone
     return any(isinstance(m, LoRALinear) for m in model.modules())
 
 
@@ -199,7 +199,7 @@ def lora_targets(model, targets):
             names = sorted({n.rsplit(".", 1)[-1] for n in linear})
             raise LoRAError(f"--lora-target-modules: no linear layer named {target!r} in this "
                             f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
-    # A weight owned by two modules is tied (GPT-2's lm_head is its embedding): merging an adapter
+    # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
@@ -211,7 +211,7 @@ def lora_targets(model, targets):
 
 def shared_copy(model, fresh=()):
     """A structural copy of `model` whose parameters and buffers ARE its tensors, but for `fresh`."""
-    # deepcopy's memo maps an object to its copy: mapping each tensor to itself copies the modules
+    # deepcopy's memo maps an object to its copy, so mapping each tensor to itself copies the modules
     # (so each agent can wrap its own layers) and shares the weights.
     fresh = {id(t) for t in fresh}
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in fresh}
@@ -221,7 +221,7 @@ def shared_copy(model, fresh=()):
 def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
     """A new agent: a shared_copy of the frozen `base`, its target layers wrapped in LoRALinear (A from
     `seed`, a generator of its own). model.lora_config: peft's adapter_config.json."""
-    base.requires_grad_(False)  # the base never trains: its gradient would be every agent's at once
+    base.requires_grad_(False)  # the base never trains, since its gradient would be every agent's at once
     model = shared_copy(base)
     names = lora.target_modules or LORA_TARGETS_BY_MODEL_TYPE.get(model.config.model_type, LORA_TARGETS)
     generator = torch.Generator().manual_seed(int(seed))
@@ -229,7 +229,7 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
         parent, _, child = name.rpartition(".")
         module = model.get_submodule(parent)
         setattr(module, child, LoRALinear(getattr(module, child), lora.r, lora.alpha, generator))
-    # peft's adapter_config.json: peft (and vLLM, TGI ...) load a saved agent without us.
+    # With peft's adapter_config.json, peft (and vLLM, TGI ...) load a saved agent without us.
     model.lora_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
                          "lora_dropout": 0.0, "bias": "none", "target_modules": list(names),
                          "fan_in_fan_out": any(getattr(m, "fan_in_fan_out", False) for m in model.modules()),
@@ -240,9 +240,9 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
 
 def shared_base(name, device, dtype, seed, bases):
     """(base, tokenizer) of `name`, loaded once per (name, device, dtype, tiny's seed) into `bases`."""
-    # A tiny base is a random model: its seed is part of what it is. A real one is its name.
+    # A tiny base is a random model, so its seed is part of what it is. A real one is its name.
     key = (name, str(torch.device(device)), dtype, seed if name == TINY else None)
-    if key not in bases:  # (add_lora freezes it)
+    if key not in bases:  # add_lora freezes it
         bases[key] = load_model(name, device, dtype, seed=seed)
     return bases[key]
 
@@ -269,13 +269,13 @@ def load_adapter(name, device, dtype, seed, lora, bases):
     if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
         raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
                          f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
-    # A tiny base is random: the seed that made it is saved beside the adapter (not in peft's file).
+    # A tiny base is random, so the seed that made it is saved beside the adapter (not in peft's file).
     tiny_base = Path(name, TINY_BASE)
     tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
     base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
     try:
         model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base: about the directory, not a flag
+    except LoRAError as e:  # its target_modules do not fit its base, a fault of the directory, not a flag
         why = str(e).split(": ", 1)[1]
         raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
     model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
@@ -309,7 +309,7 @@ def load_adapter_weights(model, path):
 @torch.no_grad()
 def merged_model(model):
     """A plain HF model equal to base + adapter: W + (alpha / r) B A in fresh tensors (in W's dtype)."""
-    # Fresh copies of the adapted weights only: the merge must not write into the shared base, which
+    # Only the adapted weights are copied fresh, since the merge must not write into the shared base, which
     # every other agent still reads.
     merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
     for name, m in list(merged.named_modules()):
@@ -337,7 +337,7 @@ class MasterWeightAdamW:
     @torch.no_grad()
     def step(self):
         # The bf16 gradient goes to the master, AdamW steps the master, and the model's weight is the
-        # master rounded to bf16: small updates add up in the master until the rounding shows them.
+        # master rounded to bf16, so small updates add up in the master until the rounding shows them.
         # Each bf16 gradient is freed once copied, and the fp32 ones after the step, so that between
         # steps a weight costs 14 bytes (2 + a 4-byte master + 8 of moments), not 18.
         for master, p in zip(self.master, self.params):
@@ -348,7 +348,7 @@ class MasterWeightAdamW:
             p.copy_(master)
             master.grad = None
 
-    def state_dict(self):  # the masters too: a resumed run must not restart from the rounded weights
+    def state_dict(self):  # the masters too, or a resumed run would restart from the rounded weights
         return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
 
     @torch.no_grad()
@@ -384,9 +384,9 @@ def save_agent(agent, path, merged=False):
     as peft saves an adapter (a tiny base's seed beside it), with the tokenizer. merged: one model."""
     from safetensors.torch import save_file
     from transformers import logging as hf_logging
-    hf_logging.disable_progress_bar()  # no bar per shard saved: it would bury the training bar
+    hf_logging.disable_progress_bar()  # no bar per shard saved, as it would bury the training bar
     model = agent.model
-    if is_lora(model) and not merged:  # the adapter alone: megabytes, where the base is gigabytes
+    if is_lora(model) and not merged:  # the adapter alone is megabytes, where the base is gigabytes
         os.makedirs(path, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
                   os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
@@ -424,7 +424,7 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
             model, tok = load_model(name, device, dtype, seed=seed)
     except LoRAError:
         raise  # it names its own flag
-    except (ValueError, RuntimeError) as e:  # (RuntimeError: weights of the wrong shape or dtype)
+    except (ValueError, RuntimeError) as e:  # RuntimeError means weights of the wrong shape or dtype
         raise ValueError(f"{flag}: {e}") from None
     if chat_template and tok.chat_template is None:
         raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
@@ -440,11 +440,11 @@ def write_checkpoint(path, agents, state):
     for i, agent in enumerate(agents):
         save_agent(agent, os.path.join(path, f"agent_{i}"))
         torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
-    # (without a GPU, CUDA's list of states is empty)
+    # Without a GPU, CUDA's list of states is empty.
     rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
     torch.save(rng, os.path.join(path, RNG_STATE))
     files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
-    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # (JSON: a person can read it too)
+    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # JSON, so that a person can read it too
         json.dump({**state, "files": files}, f, indent=1)
 
 
@@ -461,7 +461,7 @@ def load_optimizer_state(agent, agent_path):
 
 def restore_rng(path):
     """The random number generators as checkpoint `path` saved them."""
-    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # (Python's state is a tuple)
+    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # Python's state is a tuple
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] and torch.cuda.is_available():
@@ -497,7 +497,7 @@ def latest_checkpoint(out):
         problem = checkpoint_problem(path)
         if problem is None:
             return step, path
-        # An older complete checkpoint loses some steps; a broken one would lose the run: say which.
+        # An older complete checkpoint loses some steps and a broken one would lose the run, so we say which.
         warnings.warn(f"skipping {path}: {problem}; trying the one before")
     return None
 
@@ -546,16 +546,16 @@ def model_names(args):
     return [m.strip() for spec in (args.model or [TINY]) for m in spec.split(",") if m.strip()]
 
 
-# torch's thread count when this module was first imported: one per core, or OMP_NUM_THREADS.
+# torch's thread count when this module was first imported, one per core or OMP_NUM_THREADS.
 TORCH_THREADS = torch.get_num_threads()
 
 
 def cpu_threads(flag, tiny):
     """The CPU threads a run uses: --cpu-threads, else OMP_NUM_THREADS, else 1 for the tiny model
     and torch's own count (one per core) for real ones."""
-    # The tiny model's matrices (64 wide) are too small to split among threads: the threads' start
+    # The tiny model's matrices (64 wide) are too small to split among threads. The threads' start
     # and wait cost more than they save, and on a busy machine OpenMP's waiting threads spin on the
-    # cores that another process needs (docs/benchmarks.md: 20x slower steps on 2 busy cores).
+    # cores that another process needs (20x slower steps on 2 busy cores, docs/benchmarks.md).
     if flag is not None:
         if flag < 1:
             raise ValueError(f"--cpu-threads: must be >= 1, got {flag}")
@@ -580,7 +580,7 @@ def agent_devices(device, n, local_rank=0, local_world=1):
     devices, gpus = [d.strip() for d in device.split(",") if d.strip()], torch.cuda.device_count()
     if devices != ["auto"] or not gpus:
         return per_agent(devices if devices != ["auto"] else ["cpu"], n, "--device")
-    # torchrun: this node's GPUs are split among its processes; process k's agents use its share.
+    # Under torchrun this node's GPUs are split among its processes, and process k's agents use its share.
     share = gpus // local_world
     if share < 1:
         raise ValueError(f"--device: {local_world} processes on this node but {gpus} GPUs")
@@ -596,6 +596,6 @@ def load_expert(args, device):
     if not args.feedback_model:
         raise ValueError("--feedback: expert needs --feedback-model NAME_OR_PATH (a local causal LM)")
     expert = load_agent(args.feedback_model, device, args.dtype, seed=12345, flag="--feedback-model")
-    # A reviewer is asked a question, not continued as a file: an instruct model's chat format.
+    # A reviewer is asked a question, not continued as a file, so it uses an instruct model's chat format.
     expert.chat_template = expert.tokenizer.chat_template is not None
     return expert
