@@ -782,7 +782,7 @@ def test_resume_accepts_the_nones_an_earlier_version_saved_for_what_is_filled_no
     train.train(train.parse_args(["--steps", "1", *flags]))
     path = out / "checkpoint-1" / models.CHECKPOINT_STATE
     state = json.loads(path.read_text())
-    state["args"].update(dict.fromkeys(train.FILLED))  # as a run of the earlier version saved it
+    state["args"].update(dict.fromkeys(runs.FILLED))  # as a run of the earlier version saved it
     path.write_text(json.dumps(state))
     train.train(train.parse_args(["--steps", "2", "--resume", *flags]))
     assert [r["step"] for r in rows_of(out)] == [0, 1]
