@@ -1,7 +1,7 @@
 """
 Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Sec. 3).
 
-    python train.py                     # CPU demo: two tiny random-init agents, offline, ~30 s
+    python train.py                     # CPU demo: two tiny random-init agents, offline, ~45 s
     python train.py --num-turns 2       # with a revision turn: feedback on the joint answer, revise
     python train.py --env coding --dataset humaneval --model Qwen/Qwen2.5-Coder-3B --out runs/code
     python train.py --env coding --model Qwen/Qwen2.5-Coder-3B --dtype bfloat16 --lora-r 16  # 1 GPU
