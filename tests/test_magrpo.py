@@ -460,6 +460,20 @@ def test_train_step_update_skips_a_non_finite_step(tok):
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
+def test_train_step_logs_the_drift_between_the_samplers_and_the_trainers_logprobs(tok):
+    """logprob_drift_i: about 0 when the trainer sees the policy that sampled; large when it does not
+    (here, log-probs the sampler never computed), the bug class the metric is there to catch."""
+    model = models.tiny_model(tok, init_std=0.3)
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
+    r = generate(model, tok, ["ab", "c"], num_generations=2, max_new_tokens=6, temperature=0.7, seed=1)
+    cfg = magrpo.Config(temperature=0.7)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] < 1e-5
+    r.logprobs = torch.zeros_like(r.logprobs)
+    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] > 0.1
+    assert update_on(agent, [(r, torch.zeros(4))], cfg)["logprob_drift"] is None  # no row trained
+
+
 def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     """Two turns with weights and micro-batches: with SGD (lr 1) the step is minus the gradient of
     sum_t w_t * policy_loss(turn t), written out here on the whole batch."""
