@@ -125,6 +125,8 @@ def start_out(args, start):
 def undo_start(out, made):
     """A run that failed before its first step leaves --out as it found it: the files of a start go
     (a run that never stepped is no work to keep), and --out too if this run made it."""
+    if models.checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
+        return
     for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, name))

@@ -404,10 +404,12 @@ def fill_resolved(args, env, cfg):
     args.num_agents = env.num_agents
     if args.dataset is None and (takes is None or "dataset" in takes):
         args.dataset = getattr(env, "dataset", None)  # coding: humaneval; tldr, arxiv: builtin
+    # train.py trains on the train split; an env whose constructor takes no split has none to name.
     if args.split is None and (takes is None or "split" in takes):
         args.split = "train"
     if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
         args.termination_threshold = getattr(env, "max_reward", None)
+    # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.
     if args.turn_weights is None:
         args.turn_weights = ",".join(["1"] * cfg.num_turns)
     lora = models.lora_from_flags(args)  # It checks the LoRA flags too, before any model loads.

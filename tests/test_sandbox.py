@@ -931,7 +931,9 @@ def test_run_tests_many_exception_in_the_caller_ends_the_batch(level, tagged):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - t0 < 1.0 + 2.0
+    # At once, not after the 30 s the jobs would take: the bound is that, not a speed, which a
+    # loaded machine could break (the alarm fires at 1 s; killing 4 sandboxes may take seconds).
+    assert time.monotonic() - t0 < 20.0
     assert_nothing_left(tag, wait=0.5)
 
 
