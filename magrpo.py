@@ -172,7 +172,9 @@ def group_advantages(rewards, mode="mean", baseline=None):
     """Eq. 1 over the last dim (the G joint actions of one prompt). mean: A = R - mean R (the paper;
     no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; std: the
     original GRPO z-score (R - mean) / std, 0 where the group's std is 0; none: A = R (REINFORCE);
-    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023)."""
+    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023).
+    rewards: [..., G], a tensor or (nested) lists, G >= 2 (else ValueError); the std is the unbiased
+    one (divided by G - 1, torch.std's default). -> float32 tensor of the rewards' shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     G = rewards.shape[-1]
     if G < 2:
@@ -193,7 +195,9 @@ def group_advantages(rewards, mode="mean", baseline=None):
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2), at the sampling
     temperature: the distribution the tokens came from, before any top-p/k cut, as TRL's GRPO
-    (greedy: T = 1). -> [rows, T]; the positions after a row's EOS are to be masked by the caller."""
+    (greedy: T = 1). rollout: a sampler.Rollout (its prompt ids and mask, [rows, P], left-padded; its
+    completion ids and mask, [rows, T]). -> float32 [rows, T], with grad; the positions after a row's EOS
+    are to be masked by the caller."""
     from transformers import DynamicCache
     T = temperature if temperature > 0 else 1.0
     P = rollout.prompt_ids.shape[1]
@@ -224,8 +228,9 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     seq_sum    -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
     token_mean -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
     seq_mean   -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
-    mask: 1 up to EOS. normalizer: counted once over the whole batch (loss_normalizer), so that
-    micro-batch losses add up to the batch's (default: this batch's)."""
+    logprobs, mask: [rows, T], mask 1 up to and including EOS; advantages: [rows], a tensor or a list.
+    normalizer: counted once over the whole batch (loss_normalizer), so that micro-batch losses add up
+    to the batch's (default: this batch's). -> a scalar tensor, with grad."""
     mask = mask.to(logprobs.dtype)
     adv = torch.as_tensor(advantages, dtype=logprobs.dtype, device=logprobs.device).reshape(-1)
     masked = (logprobs * mask).sum(-1)  # per sequence; 0 * lp gives padding no gradient
@@ -254,7 +259,8 @@ def micro_batches(num_rows, group_size, micro_batch_size):
 
 
 def node_return(reward, child_returns, gamma):
-    """R_t = r_t + gamma * mean(R_{t+1} of the node's children); a node without children: r_t."""
+    """R_t = r_t + gamma * mean(R_{t+1} of the node's children); a node without children: r_t. reward and
+    child_returns: anything float() takes (an env's number, a tensor, a ScoreError). -> a Python float."""
     child_returns = [float(r) for r in child_returns]
     if not child_returns:
         return float(reward)

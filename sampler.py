@@ -161,8 +161,11 @@ def forward_kwargs(model, cache=None, last=None, slot=None):
 
 def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
     """One token per row from softmax(logits / temperature) cut to the top_k tokens (0: all), then to
-    the nucleus (the fewest tokens whose probability reaches top_p); temperature 0 is greedy. The token
-    is the first whose cumulative probability exceeds the row's `uniform` (default torch.rand)."""
+    the nucleus of what is left (the fewest tokens whose probability reaches top_p); temperature 0 is
+    greedy (argmax). The token is the first, in vocabulary order, whose cumulative kept probability
+    exceeds the row's `uniform` times the kept mass, so that a seed draws the same tokens everywhere.
+    logits: [rows, vocab], any float dtype; uniform: [rows] in (0, 1), float64 (default torch.rand).
+    -> [rows] token ids (long)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
@@ -187,9 +190,10 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
 def decode_step(model, cache, tokens, mask, positions, slot=None):
     """One step of the decode loop: each row's newest token, at its position id, goes through the model
     with the KV cache of the row's earlier tokens, and the cache takes the token's keys and values.
-    tokens, positions: [rows]; mask: [rows, cache positions], 0 on left padding and on positions not
-    written yet. slot: [1], the cache position the token goes to (a static cache; None: a dynamic
-    cache's end). -> next logits [rows, vocab], float32."""
+    tokens, positions: [rows] (long); mask: [rows, cache positions], 0 on left padding and on positions
+    not written yet; cache: a transformers Cache holding the earlier tokens; slot: [1], the cache
+    position the token goes to (a StaticCache; None: a DynamicCache's end).
+    -> the next-token logits [rows, vocab], float32."""
     return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
                  **forward_kwargs(model, cache, slot=slot)).logits[:, -1, :].float()
 

@@ -8,7 +8,9 @@ sampled text): rewards differ within each group and the update can be checked.
 
 The suite runs in the code's dependency order: the unit tests of each function first, end-to-end
 runs last, so when a course blanks a function the first failures name it."""
+import hashlib
 import os
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -79,8 +81,8 @@ def broken_fork_server(monkeypatch):
 # Unit tests by module, in the dependency order of the code (sandbox <- rewards <- envs, magrpo
 # before what uses it): a blanked function fails first in its own module's tests, not in a later
 # module's test that happens to call it.
-FILE_ORDER = ["test_sandbox.py", "test_rewards.py", "test_sampler.py", "test_magrpo.py", "test_envs.py", "test_eval.py",
-              "test_team.py", "test_lora.py", "test_train.py"]
+FILE_ORDER = ["test_sandbox.py", "test_rewards.py", "test_sampler.py", "test_magrpo.py", "test_envs.py",
+              "test_eval.py", "test_team.py", "test_lora.py", "test_train.py"]
 
 
 def pytest_collection_modifyitems(items):
@@ -89,6 +91,18 @@ def pytest_collection_modifyitems(items):
         name = os.path.basename(str(item.path))
         return kind, FILE_ORDER.index(name) if name in FILE_ORDER else len(FILE_ORDER)
     items.sort(key=rank)  # stable: within a rank, the file's own order
+
+
+# -----------------------------------------------------------------------------
+# The reference of completion_logprobs' tests. In the repository it is computed here, each row run
+# alone (logprobs_row_by_row). A course copy in which completion_logprobs is blanked must not hold it:
+# it would be the answer. There the course kit (tests/make_assignment.py) removes logprobs_row_by_row
+# and writes RECORDED, the values and gradients that the copy's tests ask for, computed by this very
+# code in the repository; the tests read them through reference_logprobs and reference_gradient,
+# which work the same in both places.
+
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "reference_logprobs.pt"
+DIRECTIONS = 16  # gradients are compared along this many fixed random directions
 
 
 def logprobs_row_by_row(model, rollout, temperature=1.0):
@@ -101,7 +115,99 @@ def logprobs_row_by_row(model, rollout, temperature=1.0):
         prompt = rollout.prompt_ids[r][rollout.prompt_mask[r].bool()]
         n = int(rollout.completion_mask[r].sum())
         completion = rollout.completion_ids[r, :n]
-        logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1:-1].float() / T
+        logits = model(input_ids=torch.cat([prompt, completion])[None]).logits[0, len(prompt) - 1:-1]
+        logits = logits.float() / T
         lp = torch.log_softmax(logits, -1).gather(-1, completion[:, None]).squeeze(-1)
         rows.append(torch.nn.functional.pad(lp, (0, rollout.completion_ids.shape[1] - n)))
     return torch.stack(rows)
+
+
+def reference_logprobs(model, rollout, temperature=1.0, hint=""):
+    """The log-prob of every completion token that completion_logprobs must return, [rows, T], 0
+    after EOS, without grad: the row-by-row pass, or in a course copy its recorded values (`hint`:
+    what to check when none was recorded for this call)."""
+    def compute():
+        with torch.no_grad():
+            return logprobs_row_by_row(model, rollout, temperature)
+    return _reference("logprobs", model, rollout, temperature, None, compute, hint)
+
+
+def token_weights(rollout):
+    """Fixed weights, one per completion token (in [-1, 1], 0 after EOS): the loss of the gradient
+    checks is minus the weighted sum of the log-probs, any loss of the form of Eq. 2's."""
+    n = rollout.completion_ids.numel()
+    weights = ((torch.arange(n) * 7919) % 23 - 11).double() / 11  # integers: the same on every machine
+    return weights.view(rollout.completion_ids.shape) * rollout.completion_mask
+
+
+def weighted_loss(logprobs, rollout):
+    return -(token_weights(rollout).to(logprobs.dtype) * logprobs * rollout.completion_mask).sum()
+
+
+def projected_gradient(model):
+    """The gradient of the model's trainable parameters (None counts as 0) along DIRECTIONS fixed
+    random +-1 directions -> [DIRECTIONS], float64. The directions come from sampler.row_uniforms, an
+    integer hash, so that a machine that records and one that compares see the same ones."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().flatten()
+                      for p in trainable])
+    keys = torch.arange(flat.numel())
+    return torch.stack([(sampler.row_uniforms(keys, k) > 0.5).double().mul(2).sub(1) @ flat
+                        for k in range(DIRECTIONS)])
+
+
+def reference_gradient(model, rollout, temperature=1.0):
+    """projected_gradient of weighted_loss on the reference log-probs (the model's own gradients are
+    left at None): what completion_logprobs' gradient must be, seen along fixed directions."""
+    def compute():
+        model.zero_grad(set_to_none=True)
+        weighted_loss(logprobs_row_by_row(model, rollout, temperature), rollout).backward()
+        projected = projected_gradient(model)
+        model.zero_grad(set_to_none=True)
+        return projected
+    return _reference("gradient", model, rollout, temperature, token_weights(rollout), compute, "")
+
+
+def _fingerprint(model):
+    """Two numbers that tell models apart: the sum of the parameters and of their squares."""
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    return torch.stack([flat.sum(), flat.square().sum()])
+
+
+def _case(kind, model, rollout, temperature, weights):
+    """The recording's key of a call: what is asked, the rollout's tokens, the temperature, the dtype."""
+    digest = hashlib.sha256(f"{kind} {float(temperature)} {next(model.parameters()).dtype}".encode())
+    for t in (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask):
+        digest.update(t.long().cpu().numpy().tobytes())
+    if weights is not None:
+        digest.update(weights.double().numpy().tobytes())
+    return digest.hexdigest()
+
+
+_recording = []
+
+
+def _reference(kind, model, rollout, temperature, weights, compute, hint):
+    """compute(), here; in a course copy, the value recorded for the same call. While the kit
+    records (MAGRPO_RECORD_REFERENCE names the file), each computed value is written down too."""
+    key, fingerprint = _case(kind, model, rollout, temperature, weights), _fingerprint(model)
+    if RECORDED.exists():
+        entries = [e for e in torch.load(RECORDED, weights_only=True) if e["key"] == key]
+        for entry in entries:
+            if torch.allclose(entry["fingerprint"], fingerprint, rtol=1e-6):
+                return entry["value"]
+        why = "nothing was recorded for it"
+        if entries:
+            why = "this model differs from the one it was recorded with"
+        versions = torch.load(RECORDED, weights_only=True)[0]["versions"]
+        pytest.fail(f"the recorded reference ({kind}) has no value for this call: {why}{hint}. The course "
+                    f"kit recorded {RECORDED.name} with {versions}; other versions of torch or transformers "
+                    "may build other tiny models: ask for a copy made with yours", pytrace=False)
+    value = compute()
+    if os.environ.get("MAGRPO_RECORD_REFERENCE"):
+        import transformers
+        versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+        _recording.append({"key": key, "fingerprint": fingerprint, "value": value.detach().clone(),
+                           "versions": versions})
+        torch.save(_recording, os.environ["MAGRPO_RECORD_REFERENCE"])
+    return value

@@ -1,7 +1,9 @@
 """Tests of the algorithm in magrpo.py, one function at a time, each against an independent reference:
-a plain forward pass with log_softmax, hand-computed Eq. 1, Eq. 2 and multi-turn returns. `pytest -k
-NAME` runs a function's tests (completion_logprobs, group_advantages, policy_loss, node_return, ...).
-The sampler's are in test_sampler.py. CPU, tiny random models."""
+the row-by-row log-prob pass (conftest.reference_logprobs), hand-computed Eq. 1, Eq. 2 and multi-turn
+returns. `pytest -k NAME` runs a function's tests (completion_logprobs, group_advantages, policy_loss,
+node_return, ...), and a failure says what differs (where, by how much, and what the difference
+usually means). The sampler's are in test_sampler.py. CPU, tiny random models, hand-written rollouts:
+nothing here samples, so these tests do not wait for the sampler."""
 import math
 
 import pytest
@@ -10,9 +12,9 @@ import torch
 import magrpo
 import sampler
 import models
-from conftest import logprobs_row_by_row, scripted_rollout, update_on
+from conftest import (projected_gradient, reference_gradient, reference_logprobs, scripted_rollout, update_on,
+                      weighted_loss)
 from magrpo import completion_logprobs, group_advantages, node_return, policy_loss
-from sampler import generate
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
 
@@ -28,16 +30,7 @@ def build(tok, arch, seed=0):
 
 
 # -----------------------------------------------------------------------------
-# completion_logprobs: against a plain forward pass of each row alone
-
-
-def reference_logprobs(model, tok, prompt, completion_ids, temperature):
-    """log_softmax(logits / T) of each completion token, the row alone, unpadded."""
-    p = tok(prompt, add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([p + completion_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(p) - 1:-1].float()
-    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
+# completion_logprobs: against each row run alone (conftest.reference_logprobs)
 
 
 TEXTS = ["hello world", "x", "", "a longer completion, with more tokens"]  # EOS alone too
@@ -49,32 +42,101 @@ def hand_rollout(model, tok, size=3):
     return scripted_rollout(magrpo.Agent(model, tok), PROMPTS, size, lambda b, g: TEXTS[(b + g) % 4])
 
 
-def gradients(model, logprobs, rollout, advantages, loss_type):
+def logprob_mismatch(got, rollout, want, temperature, at_one=None, tolerance=1e-5):
+    """None when completion_logprobs' output `got` is `want` at every completion token (the values
+    after EOS are the caller's to mask); else what differs, in words: the worst row and token, the
+    ratio to the reference, and what a pattern of differences usually means. at_one: the reference
+    at T = 1, to tell a forgotten temperature."""
+    shape = list(rollout.completion_ids.shape)
+    if not isinstance(got, torch.Tensor) or list(got.shape) != shape or not got.is_floating_point():
+        what = type(got).__name__
+        if isinstance(got, torch.Tensor):
+            what = f"a {got.dtype} tensor of shape {list(got.shape)}"
+        return (f"completion_logprobs returned {what}; want a float tensor [rows, T] = {shape}, one log-prob "
+                "per completion token (rollout.completion_ids' shape)")
+    mask = rollout.completion_mask.bool()
+    values = got.detach().float()
+    bad = ~torch.isfinite(values) & mask
+    if bad.any():
+        r, t = bad.nonzero()[0].tolist()
+        return (f"completion_logprobs is not finite ({values[r, t].item()}) at row {r}, token {t}, and at "
+                f"{int(bad.sum())} tokens in all (temperature {temperature}: T = 0 means T = 1, greedy "
+                "sampling's log-probs, not a division by 0)")
+    diff = (values - want).abs().masked_fill(~mask, 0.0)
+    if diff.max() <= tolerance:
+        return None
+    G = rollout.num_generations
+    r, t = divmod(int(diff.argmax()), shape[1])
+    lines = [f"completion_logprobs differs from the reference (each row run alone) at "
+             f"{int((diff > tolerance).sum())} of {int(mask.sum())} completion tokens "
+             f"(tolerance {tolerance:g}); the worst: row {r} (prompt {r // G}, completion {r % G}), "
+             f"token {t} of {int(mask[r].sum())}: got {values[r, t]:.5f}, want {want[r, t]:.5f}",
+             f"got / want over the completion tokens: median {(values / want)[mask].median():.3f} "
+             f"(temperature {temperature})"]
+    if at_one is not None and temperature != 1 and (values - at_one).abs()[mask].max() <= tolerance:
+        lines.append(f"yours are the log-probs at T = 1: divide the logits by the temperature "
+                     f"({temperature}) before the log-softmax")
+    shifts = ((1, "token t holds the reference's token t + 1"), (-1, "token t + 1 holds token t's"))
+    for shift, words in shifts:
+        ours = values[:, :-1] if shift == 1 else values[:, 1:]
+        theirs = want[:, 1:] if shift == 1 else want[:, :-1]
+        both = mask[:, 1:]
+        if both.any() and (ours - theirs).abs()[both].max() <= tolerance:
+            lines.append(f"shifted by one: your {words}; the logit at the prompt's last token predicts the "
+                         "first completion token, the logit at completion token t predicts token t + 1")
+    padded = rollout.prompt_mask.min(-1).values == 0
+    wrong = (diff > tolerance).any(-1)
+    if padded.any() and (~padded).any() and wrong[padded].all() and not wrong[~padded].any():
+        lines.append("only the rows whose prompt is left-padded differ: give each row its own position ids "
+                     "(0 at its first real token) and an attention mask that is 0 on the padding")
+    return "\n".join(lines)
+
+
+def expect_logprobs(got, rollout, want, temperature, at_one=None):
+    why = logprob_mismatch(got, rollout, want, temperature, at_one)
+    if why:
+        pytest.fail(why, pytrace=False)
+    if not got.requires_grad:
+        pytest.fail("completion_logprobs' values are right but carry no gradient (requires_grad is False): "
+                    "they were computed under torch.no_grad or detached, and Eq. 2 differentiates them",
+                    pytrace=False)
+
+
+def expect_gradient(model, logprobs, rollout, temperature, tolerance=1e-4):
+    """The gradient of a weighted sum of the log-probs (Eq. 2's loss is one) against the reference's,
+    seen along fixed random directions (conftest.projected_gradient)."""
     model.zero_grad(set_to_none=True)
-    policy_loss(logprobs, rollout.completion_mask, advantages, loss_type).backward()
-    return torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
-
-
-def relative(a, b):
-    return ((a - b).norm() / b.norm()).item()
+    weighted_loss(logprobs, rollout).backward()
+    ours = projected_gradient(model)
+    want = reference_gradient(model, rollout, temperature)
+    error = ((ours - want).norm() / want.norm()).item()
+    if not error <= tolerance:
+        pytest.fail(f"completion_logprobs' values are right but their gradient differs from the reference's "
+                    f"by {error:.2%} (relative, along {len(want)} fixed random directions of the weights; "
+                    f"tolerance {tolerance:g}): part of the computation does not carry it, e.g. the "
+                    "prompt's pass under torch.no_grad or its cache detached (the prompt's keys and values "
+                    "depend on the weights too), a .detach() or a .item()", pytrace=False)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
-@pytest.mark.parametrize("loss_type", ["seq_sum", "token_mean", "seq_mean"])
-def test_completion_logprobs_equal_the_row_by_row_pass(tok, arch, loss_type):
+def test_completion_logprobs_equal_the_row_by_row_pass(tok, arch):
     """Each group's prompt runs once and its rows share its cache: the log-probs equal each row run
-    alone, unpadded (within 1e-5), and so does Eq. 2's gradient (within 1e-4, relative)."""
+    alone, unpadded (within 1e-5), and so does the gradient of a weighted sum of them, of which Eq. 2's
+    loss is one (within 1e-4, relative)."""
     model = models.tiny_model(tok, arch=arch, init_std=0.15, seed=4)
     r = hand_rollout(model, tok)
     assert (r.completion_mask == 0).any() and (r.prompt_mask == 0).any(), "want ragged rows"
-    advantages = torch.randn(len(r), generator=torch.Generator().manual_seed(0))
     lp = completion_logprobs(model, r, temperature=0.7)
-    reference = logprobs_row_by_row(model, r, temperature=0.7)
-    assert lp.shape == r.completion_ids.shape and lp.requires_grad
-    mask = r.completion_mask.bool()
-    assert (lp - reference)[mask].abs().max() < 1e-5
-    ours = gradients(model, lp, r, advantages, loss_type)
-    assert relative(ours, gradients(model, reference, r, advantages, loss_type)) < 1e-4
+    expect_logprobs(lp, r, reference_logprobs(model, r, 0.7), 0.7, at_one=reference_logprobs(model, r, 1.0))
+    expect_gradient(model, lp, r, 0.7)
+
+
+def test_completion_logprobs_at_temperature_0_are_those_of_t_1(tok):
+    """Greedy sampling (T = 0) has no distribution of its own: the trainer, as the sampler, takes the
+    log-probs at T = 1 (the docstring's "greedy: T = 1")."""
+    model = models.tiny_model(tok, init_std=0.15, seed=4)
+    r = hand_rollout(model, tok)
+    expect_logprobs(completion_logprobs(model, r, temperature=0), r, reference_logprobs(model, r, 1.0), 0)
 
 
 def test_completion_logprobs_of_a_model_without_logits_to_keep(tok, monkeypatch):
@@ -82,59 +144,55 @@ def test_completion_logprobs_of_a_model_without_logits_to_keep(tok, monkeypatch)
     log-probs must still read the prompt's last one."""
     model = models.tiny_model(tok, init_std=0.15, seed=4)
     r = hand_rollout(model, tok)
-    expected = completion_logprobs(model, r, temperature=0.7)
     accepted = sampler._forward_parameters(type(model)) - {"logits_to_keep"}
     monkeypatch.setattr(sampler, "_forward_parameters", lambda model_class: accepted)
-    mask = r.completion_mask.bool()
-    assert (completion_logprobs(model, r, temperature=0.7) - expected)[mask].abs().max() < 1e-6
+    with torch.no_grad():
+        lp = completion_logprobs(model, r, temperature=1.0)
+    why = logprob_mismatch(lp, r, reference_logprobs(model, r, 1.0), 1.0)
+    assert not why, f"a model without logits_to_keep (it returns the logits of every prompt token): {why}"
 
 
 def test_completion_logprobs_of_a_micro_batch_that_cuts_a_group(tok):
-    """Rows 2-6 of groups of 3 (parts of two groups, padding trimmed): the same values."""
+    """Rows 2-6 of groups of 3 (parts of two groups, padding trimmed by Rollout.rows): the same values."""
     model = models.tiny_model(tok, init_std=0.15, seed=4)
-    r = hand_rollout(model, tok)
-    whole = completion_logprobs(model, r, temperature=0.7)
-    part = r.rows(2, 7)
-    mask = part.completion_mask.bool()
-    assert torch.allclose(completion_logprobs(model, part, temperature=0.7)[mask], whole[2:7, :mask.shape[1]][mask],
-                          atol=1e-5)
+    part = hand_rollout(model, tok).rows(2, 7)
+    with torch.no_grad():
+        lp = completion_logprobs(model, part, temperature=0.7)
+    why = logprob_mismatch(lp, part, reference_logprobs(model, part, 0.7), 0.7)
+    assert not why, f"rows 2-6 of groups of 3 (a micro-batch that cuts two groups): {why}"
 
 
 def test_completion_logprobs_of_lora_agents_on_a_shared_base(tok):
-    """Two LoRA agents on one frozen base: each agent's adapter gradient equals the row-by-row pass's."""
+    """Two LoRA agents on one frozen base: each agent's log-probs and adapter gradient are the
+    reference's."""
     base = models.tiny_model(tok, init_std=0.15, seed=4)
     for seed in (1, 2):
         model = models.add_lora(base, models.LoRAConfig(4), seed=seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "lora_B" in name:
-                    p.normal_(0, 0.05)  # a trained adapter: its B is not 0
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(seed))  # a trained adapter
         r = hand_rollout(model, tok)
-        advantages = torch.randn(len(r))
         lp = completion_logprobs(model, r, temperature=1.0)
-        reference = logprobs_row_by_row(model, r)
-        assert (lp - reference)[r.completion_mask.bool()].abs().max() < 1e-5
-        ours = gradients(model, lp, r, advantages, "seq_sum")
-        assert ours.numel() > 0 and all(p.grad is None for p in base.parameters())
-        assert relative(ours, gradients(model, reference, r, advantages, "seq_sum")) < 1e-4
+        expect_logprobs(lp, r, reference_logprobs(model, r), 1.0)
+        expect_gradient(model, lp, r, 1.0)
 
 
 def test_completion_logprobs_in_bf16(tok):
-    """bf16: the shared pass is as close to the fp32 truth as the row-by-row bf16 pass is (within
-    bf16's own error), and its gradient within 5% of the row-by-row bf16 gradient."""
+    """bf16: the log-probs are as close to the fp32 truth as the row-by-row bf16 pass is (within
+    bf16's own error), and the gradient within 5% of the row-by-row bf16 gradient."""
     model = models.tiny_model(tok, init_std=0.15, seed=4)
     r = hand_rollout(model, tok)
     mask = r.completion_mask.bool()
-    with torch.no_grad():
-        truth = logprobs_row_by_row(model, r)
+    truth = reference_logprobs(model, r)
     model = model.to(torch.bfloat16)
     lp = completion_logprobs(model, r)
-    reference = logprobs_row_by_row(model, r)
-    bf16_error = (reference - truth)[mask].abs().max().item()
-    assert (lp - truth)[mask].abs().max().item() <= 1.5 * bf16_error + 1e-3
-    advantages = torch.randn(len(r))
-    assert relative(gradients(model, lp, r, advantages, "seq_sum"),
-                    gradients(model, reference, r, advantages, "seq_sum")) < 0.05
+    bf16_error = (reference_logprobs(model, r) - truth)[mask].abs().max().item()
+    error = (lp.detach().float() - truth)[mask].abs().max().item()
+    assert error <= 1.5 * bf16_error + 1e-3, (
+        f"a bf16 model: your log-probs are {error:.4f} from the fp32 truth at worst, the row-by-row bf16 "
+        f"pass {bf16_error:.4f}: take the log-softmax of the logits in float32")
+    expect_gradient(model, lp, r, 1.0, tolerance=0.05)
 
 
 def test_completion_logprobs_never_holds_the_logits_of_every_position(tok):
@@ -166,7 +224,7 @@ def test_completion_logprobs_never_holds_the_logits_of_every_position(tok):
         lp = completion_logprobs(model, rollout, temperature=0.7)
         lp.sum().backward()
     assert Largest.numel < rows * n * vocab / 2, f"a tensor of {Largest.numel} elements"
-    reference = logprobs_row_by_row(model, rollout, temperature=0.7)
+    reference = reference_logprobs(model, rollout, temperature=0.7)
     assert torch.allclose(lp, reference, atol=1e-4), (lp - reference).abs().max()
 
 
@@ -199,45 +257,107 @@ def test_micro_batches_hold_whole_groups_where_they_can():
 # -----------------------------------------------------------------------------
 # Eq. 1, Eq. 2, the multi-turn return
 
+R = [[1.0, 2.0, 3.0, 6.0], [2.0, 2.0, 2.0, 2.0]]  # group 0's mean 3; group 1 all equal (no signal)
+STD = math.sqrt(((1 - 3) ** 2 + 1 + 0 + 9) / 3)  # group 0's unbiased std: divided by G - 1 = 3
+
+
+def rounded(values, G):
+    """Groups of G numbers, 4 decimals each, as a list of lists (for messages)."""
+    return [[round(x, 4) for x in group] for group in values.reshape(-1, G).tolist()]
+
+
+def expect_advantages(rewards, mode, want, wrong=(), baseline=None):
+    """group_advantages(rewards, mode, baseline) must be `want` (a float tensor of the rewards' shape);
+    wrong: (words, what a wrong answer returns), named in the message when the result is that."""
+    got = group_advantages(rewards, mode, baseline=baseline)
+    want = torch.tensor(want)
+    call = f"group_advantages({rewards}, {mode!r})"
+    if baseline is not None:
+        call = f"group_advantages({rewards}, {mode!r}, baseline={baseline})"
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not got.is_floating_point():
+        what = type(got).__name__
+        if isinstance(got, torch.Tensor):
+            what = f"a {got.dtype} tensor {list(got.shape)}"
+        pytest.fail(f"{call} returned {what}; want a float tensor of the rewards' shape {list(want.shape)}",
+                    pytrace=False)
+    if torch.allclose(got.float(), want, atol=1e-6):
+        return
+    lines = [f"{call} = {rounded(got, want.shape[-1])}; want {rounded(want, want.shape[-1])}"]
+    for words, value in wrong:
+        if torch.allclose(got.float(), torch.tensor(value), atol=1e-6, equal_nan=True):
+            lines.append(f"yours is {words}")
+    pytest.fail("\n".join(lines), pytrace=False)
+
 
 def test_group_advantages_eq1_by_hand():
-    r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [2.0, 2.0, 2.0, 2.0]])
-    assert torch.allclose(group_advantages(r), torch.tensor([[-2.0, -1.0, 0.0, 3.0], [0.0] * 4]))
-    rloo = group_advantages(r, "rloo")[0]  # R - mean of the other three
-    assert torch.allclose(rloo, torch.tensor([1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3]))
-    std = math.sqrt(((1 - 3) ** 2 + 1 + 0 + 9) / 3)
-    assert torch.allclose(group_advantages(r, "std")[0], torch.tensor([-2.0, -1.0, 0.0, 3.0]) / std)
-    assert (group_advantages(r, "std")[1] == 0).all() and (group_advantages(r, "rloo")[1] == 0).all()
-    assert torch.allclose(group_advantages([0.0, 4.0]), torch.tensor([-2.0, 2.0]))  # any leading dims
-    with pytest.raises(ValueError):
-        group_advantages([1.0])
+    """mean (the paper): A = R - the group's mean, over the last dim, whatever the leading dims."""
+    expect_advantages(R, "mean", [[-2.0, -1.0, 0.0, 3.0], [0.0] * 4],
+                      [("R itself: the baseline is missing", R)])
+    expect_advantages([0.0, 4.0], "mean", [-2.0, 2.0])  # one group, a list
+    expect_advantages([[[0.0, 4.0]]], "mean", [[[-2.0, 2.0]]])  # leading dims are groups too
+
+
+def test_group_advantages_rloo_and_std_by_hand():
+    """rloo: R minus the mean of the other G - 1 rewards; std: (R - mean) / std with the unbiased std
+    (divided by G - 1, torch.std's default, as TRL's GRPO), and 0 where a group's std is 0."""
+    expect_advantages(R, "rloo", [[1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3], [0.0] * 4],
+                      [("R minus the mean of all G rewards: leave the completion's own reward out",
+                        [[-2.0, -1.0, 0.0, 3.0], [0.0] * 4])])
+    population = math.sqrt((4 + 1 + 0 + 9) / 4)
+    centered = [-2.0, -1.0, 0.0, 3.0]
+    expect_advantages(R, "std", [[a / STD for a in centered], [0.0] * 4],
+                      [("divided by the population std (over G): the unbiased std divides by G - 1",
+                        [[a / population for a in centered], [0.0] * 4]),
+                       ("nan where a group's std is 0: such a group's advantages are 0",
+                        [[a / STD for a in centered], [float("nan")] * 4])])
 
 
 def test_group_advantages_none_and_remax_by_hand():
     """none: REINFORCE, A = R; remax: A = R - the group's greedy reward (one baseline per group)."""
-    r = torch.tensor([[1.0, 2.0, 3.0, 6.0], [2.0, 2.0, 2.0, 2.0]])
-    assert torch.equal(group_advantages(r, "none"), r)
-    remax = group_advantages(r, "remax", baseline=[2.5, 3.0])
-    assert torch.equal(remax, torch.tensor([[-1.5, -0.5, 0.5, 3.5], [-1.0, -1.0, -1.0, -1.0]]))
-    assert group_advantages([4.0, 0.0], "remax", baseline=4.0).tolist() == [0.0, -4.0]
+    expect_advantages(R, "none", R)
+    expect_advantages(R, "remax", [[-1.5, -0.5, 0.5, 3.5], [-1.0, -1.0, -1.0, -1.0]], baseline=[2.5, 3.0])
+    expect_advantages([4.0, 0.0], "remax", [0.0, -4.0], baseline=4.0)
+
+
+def test_group_advantages_refuses_a_group_of_one():
+    with pytest.raises(ValueError):
+        group_advantages([1.0])  # no group to compare with: Eq. 1 is 0, and std is nan
 
 
 def test_policy_loss_eq2_by_hand_with_padding():
+    """Two sequences, row 0 ended by its EOS at t = 1 (t = 2 is padding): each loss type's value and
+    its gradient with respect to the log-probs, by hand."""
     lp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]], requires_grad=True)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0: EOS at t=1, t=2 is padding
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     adv = torch.tensor([2.0, -1.0])
-    cases = {"seq_sum": (-(2 * -3 + -1 * -10) / 2, [[-1.0, -1.0, 0.0], [0.5, 0.5, 0.5]]),
-             "token_mean": (-(2 * -3 + -1 * -10) / 5, [[-0.4, -0.4, 0.0], [0.2, 0.2, 0.2]]),
-             "seq_mean": (-(2 * -3 / 2 + -1 * -10 / 3) / 2, [[-0.5, -0.5, 0.0], [1 / 6, 1 / 6, 1 / 6]])}
-    for loss_type, (value, grad) in cases.items():
+    cases = {"seq_sum": (-(2 * -3 + -1 * -10) / 2, [[-1.0, -1.0, 0.0], [0.5, 0.5, 0.5]], -(2 * -6 + 10) / 2),
+             "token_mean": (-(2 * -3 + -1 * -10) / 5, [[-0.4, -0.4, 0.0], [0.2, 0.2, 0.2]],
+                            -(2 * -6 + 10) / 6),
+             "seq_mean": (-(2 * -3 / 2 + -1 * -10 / 3) / 2, [[-0.5, -0.5, 0.0], [1 / 6, 1 / 6, 1 / 6]],
+                          -(2 * -2 + 10 / 3) / 2)}
+    for loss_type, (value, grad, unmasked) in cases.items():
         lp.grad = None
         loss = policy_loss(lp, mask, adv, loss_type)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+            pytest.fail(f"policy_loss(..., {loss_type!r}) returned {loss!r}; want a scalar tensor with grad "
+                        "(the loss that backward() differentiates)", pytrace=False)
         loss.backward()
-        assert loss.item() == pytest.approx(value), loss_type
-        assert torch.allclose(lp.grad, torch.tensor(grad)), loss_type
+        if loss.item() != pytest.approx(value) or not torch.allclose(lp.grad, torch.tensor(grad)):
+            lines = [f"policy_loss(logprobs {lp.tolist()}, mask {mask.tolist()}, advantages {adv.tolist()}, "
+                     f"{loss_type!r}) = {loss.item():.4f} with gradient {lp.grad.tolist()}; want {value:.4f} "
+                     f"with gradient {grad}"]
+            named = {"-value: the sign (a loss to minimise is -A * log pi)": -value,
+                     "the value with the padding counted: multiply by the mask (1 up to and including EOS)":
+                     unmasked}
+            named.update({f"{other}'s value: {other} divides by another count": cases[other][0]
+                          for other in cases if other != loss_type})
+            lines += [f"yours is {words}" for words, wrong in named.items()
+                      if loss.item() == pytest.approx(wrong)]
+            pytest.fail("\n".join(lines), pytrace=False)
 
 
 def test_policy_loss_micro_batches_add_up_to_the_batch():
+    """normalizer, counted once over the whole batch: the micro-batches' losses add up to the batch's."""
     torch.manual_seed(0)
     lp, adv = torch.randn(6, 5), torch.randn(6)
     mask = (torch.rand(6, 5) > 0.3).long()
@@ -245,16 +365,44 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
     for loss_type in magrpo.Config.CHOICES["loss_type"]:
         whole = policy_loss(lp, mask, adv, loss_type)
         norm = magrpo.loss_normalizer(mask, loss_type)
-        parts = sum(policy_loss(lp[i:i + 2], mask[i:i + 2], adv[i:i + 2], loss_type, norm) for i in range(0, 6, 2))
-        assert parts.item() == pytest.approx(whole.item(), abs=1e-6), loss_type
+        parts = sum(policy_loss(lp[i:i + 2], mask[i:i + 2], adv[i:i + 2], loss_type, norm)
+                    for i in range(0, 6, 2))
+        assert parts.item() == pytest.approx(whole.item(), abs=1e-6), (
+            f"{loss_type}: three micro-batches of 2 rows, each given normalizer={norm} (the whole batch's "
+            f"count), add up to {parts.item():.5f}, the batch's loss is {whole.item():.5f}: divide by "
+            "`normalizer` when it is given, by this batch's own count only when it is None")
+
+
+def expect_return(reward, children, gamma, want):
+    got = node_return(reward, children, gamma)
+    call = f"node_return({reward!r}, {children!r}, {gamma})"
+    if type(got) is not float:
+        pytest.fail(f"{call} returned {type(got).__name__} {got!r}; want a Python float (float(...) of it): "
+                    "episode_returns makes a tensor of the returns, and a reward may be an env's number, a "
+                    "tensor or a ScoreError", pytrace=False)
+    if got != pytest.approx(want):
+        total = sum(float(c) for c in children)
+        hints = {float(reward) + gamma * total: "the children's sum, not their mean",
+                 gamma * (float(reward) + total / max(1, len(children))):
+                 "gamma times the node's own reward too (R_t = r_t + gamma * mean of the children)"}
+        named = [f"\nyours is {words}" for value, words in hints.items() if got == pytest.approx(value)]
+        pytest.fail(f"{call} = {got}; want {want}" + "".join(named[:1]), pytrace=False)
 
 
 def test_node_return_by_hand():
-    assert node_return(2.0, [], 0.9) == 2.0  # a leaf: its reward
-    assert node_return(1.0, [2.0, 4.0], 0.9) == pytest.approx(1.0 + 0.9 * 3.0)
-    assert node_return(1.0, [2.0, 4.0], 0.0) == 1.0
-    assert node_return(1.5, [3.0], 1.0) == pytest.approx(4.5)
-    assert node_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5) == pytest.approx(1.5)
+    expect_return(2.0, [], 0.9, 2.0)  # a leaf: its reward
+    expect_return(1.0, [2.0, 4.0], 0.9, 1.0 + 0.9 * 3.0)
+    expect_return(1.0, [2.0, 4.0], 0.0, 1.0)
+    expect_return(1.5, [3.0], 1.0, 4.5)
+
+
+def test_node_return_is_a_float_whatever_the_rewards_type():
+    """A reward or a child's return may be a tensor element, an int, or a ScoreError (whose float is
+    0): the return is a Python float."""
+    expect_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5, 1.5)
+    expect_return(1, [2, 4], 0.5, 2.5)
+    expect_return(magrpo.ScoreError("raised"), [1.0, 3.0], 0.5, 1.0)
+    expect_return(torch.tensor(2.0), [], 0.9, 2.0)
 
 
 def test_node_return_of_a_solved_node_is_an_absorbing_state():
@@ -430,7 +578,8 @@ def test_episode_advantages_cross_credits_each_completion():
 @pytest.mark.parametrize("field, value, flag", [
     ("num_turns", 0, "--num-turns"), ("discount", 1.5, "--discount"), ("discount", -0.1, "--discount"),
     ("expand", "some", "--expand"), ("feedback", "loud", "--feedback"), ("top_p", 0.0, "--top-p"),
-    ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"), ("advantage", "max", "--advantage"),
+    ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"),
+    ("advantage", "max", "--advantage"),
     ("joint", "all", "--joint"), ("top_k", -1, "--top-k"),
 ])
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
@@ -452,7 +601,7 @@ def test_config_turn_weights_need_one_per_turn():
 def test_train_step_update_skips_a_non_finite_step(tok):
     model = models.tiny_model(tok)
     agent = magrpo.Agent(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2))
-    r = generate(model, tok, ["a", "b"], num_generations=2, max_new_tokens=4, seed=0)
+    r = scripted_rollout(agent, ["a", "b"], 2, lambda b, g: TEXTS[b + g])
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.warns(UserWarning, match="non-finite"):
         out = update_on(agent, [(r, torch.tensor([1.0, float("nan"), -1.0, 0.0]))], magrpo.Config())
@@ -465,13 +614,14 @@ def test_train_step_logs_the_drift_between_the_samplers_and_the_trainers_logprob
     (here, log-probs the sampler never computed), the bug class the metric is there to catch."""
     model = models.tiny_model(tok, init_std=0.3)
     agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
-    r = generate(model, tok, ["ab", "c"], num_generations=2, max_new_tokens=6, temperature=0.7, seed=1)
+    r = hand_rollout(model, tok, size=2)
+    r.logprobs = reference_logprobs(model, r, temperature=0.7).float()  # what a sampler would record
     cfg = magrpo.Config(temperature=0.7)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
     assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] < 1e-5
     r.logprobs = torch.zeros_like(r.logprobs)
     assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] > 0.1
-    assert update_on(agent, [(r, torch.zeros(4))], cfg)["logprob_drift"] is None  # no row trained
+    assert update_on(agent, [(r, torch.zeros(8))], cfg)["logprob_drift"] is None  # no row trained
 
 
 def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
@@ -481,11 +631,11 @@ def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     model = models.tiny_model(tok, init_std=0.3)
     ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
-    r1 = generate(model, tok, ["ab", "c"], num_generations=2, max_new_tokens=5, seed=1)
-    r2 = generate(model, tok, ["abc d"], num_generations=3, max_new_tokens=4, seed=2)
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    r1 = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
+    r2 = scripted_rollout(agent, ["abc d"], 3, lambda b, g: TEXTS[3 - g])
     a1, a2 = torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([2.0, 0.0, -2.0])
     cfg = magrpo.Config(micro_batch_size=2, num_turns=2, turn_weights=(1.2, 0.8), loss_type="token_mean")
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
     out = update_on(agent, [(r1, a1), (r2, a2)], cfg)
     loss = sum(w * policy_loss(completion_logprobs(ref, r, 1.0), r.completion_mask, a, "token_mean")
                for r, a, w in ((r1, a1, 1.2), (r2, a2, 0.8)))
@@ -501,24 +651,29 @@ def test_tiny_model_saves_and_loads_back(tok, tmp_path):
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     loaded, tok2 = models.load_model(str(tmp_path / "m"))
-    a = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0)
-    b = generate(loaded, tok2, PROMPTS, max_new_tokens=8, temperature=0)
-    assert a.texts == b.texts
+    ids = tok(PROMPTS[0], return_tensors="pt")["input_ids"]
+    assert torch.equal(tok2(PROMPTS[0], return_tensors="pt")["input_ids"], ids)
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
     with pytest.raises(ValueError, match="not a directory"):
         models.load_model(str(tmp_path / "missing"))
 
 
-def test_sampling_and_logprobs_print_no_deprecation_warning():
+def test_completion_logprobs_prints_no_deprecation_warning():
     """transformers 5 names the KV cache `cache`: the old name warns on stderr (once per process, so
-    a fresh process), as would any other deprecated use in the sampler or the log-prob pass."""
+    a fresh process), as would any other deprecated use in the log-prob pass (the sampler's:
+    test_sampler.py)."""
     import subprocess
     import sys
     code = """if True:
-        import magrpo, models, sampler
+        import sys
+        sys.path.insert(0, "tests")
+        import magrpo, models
+        from conftest import scripted_rollout
         tok = models.tiny_tokenizer()
         for arch in ("qwen2", "llama", "gpt2"):
             model = models.tiny_model(tok, arch=arch)
-            rollout = sampler.generate(model, tok, ["ab", "c"], 2, 4, seed=0)
+            rollout = scripted_rollout(magrpo.Agent(model, tok), ["ab", "c"], 2, lambda b, g: "xy"[b:] * g)
             magrpo.completion_logprobs(model, rollout).sum().backward()
         """
     root = __import__("pathlib").Path(__file__).resolve().parent.parent

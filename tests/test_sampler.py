@@ -2,12 +2,14 @@
 softmax by hand and by counting, transformers' own generate, a plain forward pass. `pytest -k NAME`
 runs a function's tests (sample_token, decode_step, generate, row_uniforms, mix_seed). CPU, tiny
 random models."""
+import math
+
 import pytest
 import torch
 
 import models
 import sampler
-from conftest import logprobs_row_by_row
+from conftest import reference_logprobs
 from sampler import generate, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
@@ -36,6 +38,88 @@ def total_variation(freq, probs):
 
 # -----------------------------------------------------------------------------
 # sample_token and the seeded uniforms
+
+
+def expected_draws(logits, uniforms, temperature=1.0, top_p=1.0, top_k=0, sorted_order=False,
+                   top_p_first=False):
+    """The tokens sample_token must draw, worked out in plain Python: p = softmax(logits / T); the
+    top_k most likely kept (0: all), renormalised; then the nucleus, the most likely tokens while the
+    mass before them is below top_p, renormalised; then the first token, in vocabulary order, whose
+    cumulative probability exceeds u. sorted_order and top_p_first give two wrong answers' draws,
+    which the failure messages name."""
+    z = [x / temperature for x in logits]
+    e = [math.exp(x - max(z)) for x in z]
+    p = [x / sum(e) for x in e]
+    likely = sorted(range(len(p)), key=lambda i: -p[i])  # no ties in the cases below
+
+    def top_k_cut(p):
+        kept = set(likely[:top_k]) if 0 < top_k < len(p) else set(range(len(p)))
+        return [p[i] if i in kept else 0.0 for i in range(len(p))]
+
+    def nucleus(p):
+        kept, before = set(), 0.0
+        for i in likely:
+            if before < top_p:
+                kept.add(i)
+            before += p[i]
+        return [p[i] if i in kept else 0.0 for i in range(len(p))]
+
+    for cut in ((nucleus, top_k_cut) if top_p_first else (top_k_cut, nucleus)):
+        p = cut(p) if top_p < 1.0 or cut is top_k_cut else p
+        p = [x / sum(p) for x in p]
+    order = likely if sorted_order else range(len(p))
+    draws = []
+    for u in uniforms:
+        total, drawn = 0.0, None
+        for i in order:
+            total += p[i]
+            if drawn is None and total > u:
+                drawn = i
+        draws.append(drawn)
+    return draws, p
+
+
+# Probabilities out of vocabulary order (a cumulative sum in sorted order draws other tokens), and
+# uniform numbers away from every boundary of the cumulative sums.
+PROBS = [0.05, 0.20, 0.12, 0.30, 0.25, 0.08]
+UNIFORMS = [0.02, 0.13, 0.31, 0.44, 0.58, 0.69, 0.86, 0.98]
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [
+    (1.0, 1.0, 0), (0.5, 1.0, 0), (1.0, 1.0, 3), (1.0, 0.8, 0), (1.0, 0.6, 3)])
+def test_sample_token_draws_the_inverse_cdf_in_vocabulary_order(temperature, top_p, top_k):
+    """For given uniform numbers the drawn tokens are fixed: a student's seeded run then reproduces the
+    reference's exactly. Together, top_k cuts first and top_p then cuts the renormalised rest."""
+    logits = torch.log(torch.tensor(PROBS)).repeat(len(UNIFORMS), 1)
+    u = torch.tensor(UNIFORMS, dtype=torch.float64)
+    z = logits[0].tolist()
+    want, kept = expected_draws(z, UNIFORMS, temperature, top_p, top_k)
+    # Wrong answers and their draws: the message names the one a failure matches.
+    wrong = {"a cumulative sum in sorted order (most likely first), not in vocabulary order":
+             expected_draws(z, UNIFORMS, temperature, top_p, top_k, sorted_order=True)[0],
+             "top_p cut before top_k (top_k cuts first, top_p the renormalised rest)":
+             expected_draws(z, UNIFORMS, temperature, top_p, top_k, top_p_first=True)[0],
+             "the logits not divided by the temperature": expected_draws(z, UNIFORMS, 1.0, top_p, top_k)[0]}
+    assert any(draws != want for draws in wrong.values()), "the case must tell a wrong answer apart"
+    got = sample_token(logits.clone(), temperature, top_p, top_k, uniform=u.clone())
+    if not isinstance(got, torch.Tensor) or got.shape != (len(UNIFORMS),) or got.dtype != torch.long:
+        what = f"{got.dtype} {list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        pytest.fail(f"sample_token returned {what}; want a long tensor [rows] = [{len(UNIFORMS)}], one token "
+                    "id per row", pytrace=False)
+    got = got.tolist()
+    if got == want:
+        return
+    lines = [f"sample_token(logits, temperature={temperature}, top_p={top_p}, top_k={top_k}, uniform=u) drew "
+             f"{got}; want {want}",
+             f"softmax(logits) {PROBS}; at the temperature, cut and renormalised "
+             f"{[round(x, 3) for x in kept]}; u {UNIFORMS}",
+             "the token is the first, in vocabulary order, whose cumulative kept probability exceeds u "
+             "(times the kept mass, if not renormalised)"]
+    for words, draws in wrong.items():
+        if got == draws and draws != want:
+            lines.append(f"yours are the draws of {words}: a seeded run would draw other tokens than the "
+                         "reference")
+    pytest.fail("\n".join(lines), pytrace=False)
 
 
 def test_sample_token_inverse_cdf_by_hand():
@@ -101,6 +185,31 @@ def test_mix_seed_is_a_deterministic_hash():
 # decode_step: one token for every running row, from the cache, against a plain forward pass
 
 
+def decode_step_mismatch(logits, refs, grew, padded, arch, step):
+    """None when decode_step's logits are the plain forward passes' (`refs`, one per row); else which
+    rows differ, by how much, and what that pattern usually means. grew: whether the cache grew by one
+    token; padded: which rows' prompts are left-padded."""
+    rows, vocab = refs.shape
+    tensor = isinstance(logits, torch.Tensor)
+    if not tensor or list(logits.shape) != [rows, vocab] or logits.dtype != torch.float32:
+        what = f"{logits.dtype} {list(logits.shape)}" if tensor else type(logits).__name__
+        return f"decode_step ({arch}) returned {what}; want float32 logits [rows, vocab] = [{rows}, {vocab}]"
+    diff = (logits.detach() - refs).abs().amax(-1)
+    wrong = [r for r in range(rows) if diff[r] > 1e-4]
+    if not wrong:
+        return None
+    lines = [f"decode_step ({arch}), decode step {step}: the next-token logits of rows {wrong} of {rows} "
+             f"differ from a plain forward pass of the row alone, unpadded (max |diff| {diff.max():.3g}, "
+             "tolerance 1e-4)"]
+    if not grew:
+        lines.append("the cache did not grow by the new token: the model did not see the cache of the "
+                     "earlier tokens (pass it as sampler.forward_kwargs(model, cache) does)")
+    elif set(wrong) <= {r for r in range(rows) if padded[r]}:
+        lines.append("only rows whose prompt is left-padded differ: pass the attention mask (0 on the "
+                     "padding) and each row's own position id")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
 def test_decode_step_matches_a_plain_forward_pass(tok, arch):
     """Ragged prompts prefilled into a cache, then three decode steps with chosen tokens: each row's
@@ -109,6 +218,7 @@ def test_decode_step_matches_a_plain_forward_pass(tok, arch):
     model = build(tok, arch, seed=2)
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     ids, mask = sampler.left_pad(rows, tok.pad_token_id, "cpu")
+    padded = (mask == 0).any(-1).tolist()
     cache = DynamicCache()
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=sampler.positions_from_mask(mask),
@@ -118,12 +228,16 @@ def test_decode_step_matches_a_plain_forward_pass(tok, arch):
             tokens = torch.tensor(tok(text, add_special_tokens=False)["input_ids"][:1] * len(rows))
             tokens = tokens + torch.arange(len(rows))  # a different token per row
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            cached = cache.get_seq_length()
             logits = sampler.decode_step(model, cache, tokens, mask, positions)
+            grew = cache.get_seq_length() == cached + 1
             positions = positions + 1
             for r in range(len(rows)):
                 rows[r] = rows[r] + [int(tokens[r])]
-                ref = model(input_ids=torch.tensor([rows[r]])).logits[0, -1].float()
-                assert torch.allclose(logits[r], ref, atol=1e-4), (arch, step, r)
+            refs = torch.stack([model(input_ids=torch.tensor([row])).logits[0, -1].float() for row in rows])
+            why = decode_step_mismatch(logits, refs, grew, padded, arch, step)
+            if why:
+                pytest.fail(why, pytrace=False)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
@@ -193,7 +307,8 @@ def test_generate_first_tokens_follow_softmax_at_the_temperature(tok):
 
 def test_generate_top_p_never_leaves_the_nucleus(tok):
     model = build(tok, "llama", seed=4)
-    r = generate(model, tok, ["q"], num_generations=3000, max_new_tokens=1, temperature=1.0, top_p=0.5, seed=1)
+    r = generate(model, tok, ["q"], num_generations=3000, max_new_tokens=1, temperature=1.0, top_p=0.5,
+                 seed=1)
     with torch.no_grad():
         enc = tok(["q"], return_tensors="pt", add_special_tokens=False)
         p = torch.softmax(model(**enc).logits[0, -1], -1)
@@ -221,9 +336,11 @@ def test_generate_seeded_prompt_does_not_depend_on_its_batch(tok):
     seeds = [11, 22, 33, 44]
     whole = generate(model, tok, PROMPTS, num_generations=3, max_new_tokens=10, temperature=0.9, seed=seeds)
     for b in range(len(PROMPTS)):
-        alone = generate(model, tok, [PROMPTS[b]], num_generations=3, max_new_tokens=10, temperature=0.9, seed=[seeds[b]])
+        alone = generate(model, tok, [PROMPTS[b]], num_generations=3, max_new_tokens=10, temperature=0.9,
+                         seed=[seeds[b]])
         assert alone.texts[0] == whole.texts[b]
-    fewer = generate(model, tok, PROMPTS[2:], num_generations=2, max_new_tokens=10, temperature=0.9, seed=seeds[2:])
+    fewer = generate(model, tok, PROMPTS[2:], num_generations=2, max_new_tokens=10, temperature=0.9,
+                     seed=seeds[2:])
     assert [t[:2] for t in whole.texts[2:]] == fewer.texts
 
 
@@ -242,11 +359,30 @@ def test_generate_records_the_logprob_of_each_sampled_token(tok):
     model = build(tok, "qwen2", seed=6)
     for T in (0.7, 0.0):
         r = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=10, temperature=T, seed=3)
-        with torch.no_grad():
-            reference = logprobs_row_by_row(model, r, temperature=T)
+        hint = (" (a rollout of generate: yours drew other tokens than the reference's; sample_token's and "
+                "decode_step's tests say why)")
+        reference = reference_logprobs(model, r, T, hint=hint)
         mask = r.completion_mask.bool()
         assert torch.allclose(r.logprobs[mask], reference[mask], atol=1e-4), T
         assert (r.logprobs[~mask] == 0).all()
+
+
+def test_generate_prints_no_deprecation_warning():
+    """transformers 5 names the KV cache `cache`: the old name warns on stderr (once per process, so
+    a fresh process), as would any other deprecated use in the sampler."""
+    import subprocess
+    import sys
+    code = """if True:
+        import models, sampler
+        tok = models.tiny_tokenizer()
+        for arch in ("qwen2", "llama", "gpt2"):
+            sampler.generate(models.tiny_model(tok, arch=arch), tok, ["ab", "c"], 2, 4, seed=0)
+        """
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, cwd=root,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "deprecat" not in p.stderr.lower(), p.stderr
 
 
 # -----------------------------------------------------------------------------
