@@ -68,7 +68,7 @@ def script_agents(monkeypatch):
 
 
 def scripted_generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
-                      top_p=1.0, top_k=0, seed=None):
+                      top_p=1.0, top_k=0, seed=None, compile=False):
     """A stand-in for sampler.generate, for the tests of what becomes of completions, not of how they
     are drawn: completion g of prompt b is a few words of random letters from random.Random(prompt
     b's seed, g), at most max_new_tokens - 1 bytes and an EOS; greedy (T = 0) ones come from the
