@@ -172,9 +172,8 @@ def group_advantages(rewards, mode="mean", baseline=None):
     """Eq. 1 over the last dim (the G joint actions of one prompt). mean: A = R - mean R (the paper;
     no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; std: the
     original GRPO z-score (R - mean) / std, 0 where the group's std is 0; none: A = R (REINFORCE);
-    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023).
-    rewards: [..., G], a tensor or (nested) lists, G >= 2 (else ValueError); the std is the unbiased
-    one (divided by G - 1, torch.std's default). -> float32 tensor of the rewards' shape."""
+    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023). rewards:
+    [..., G], a tensor or lists, G >= 2 (else ValueError); std is unbiased (G - 1). -> float32, same shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     G = rewards.shape[-1]
     if G < 2:
@@ -193,11 +192,10 @@ def group_advantages(rewards, mode="mean", baseline=None):
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
-    """log pi_theta(a_t | h, a_<t) of every completion token, with grad (Eq. 2), at the sampling
-    temperature: the distribution the tokens came from, before any top-p/k cut, as TRL's GRPO
-    (greedy: T = 1). rollout: a sampler.Rollout (its prompt ids and mask, [rows, P], left-padded; its
-    completion ids and mask, [rows, T]). -> float32 [rows, T], with grad; the positions after a row's EOS
-    are to be masked by the caller."""
+    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature, before
+    any top-p/k cut, as TRL's GRPO (greedy: T = 1). rollout: a sampler.Rollout, its prompt ids and mask
+    [rows, P] left-padded, its completion ids and mask [rows, T]. -> float32 [rows, T] with grad; the
+    positions after a row's EOS are to be masked by the caller."""
     from transformers import DynamicCache
     T = temperature if temperature > 0 else 1.0
     P = rollout.prompt_ids.shape[1]
@@ -228,9 +226,8 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     seq_sum    -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
     token_mean -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
     seq_mean   -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
-    logprobs, mask: [rows, T], mask 1 up to and including EOS; advantages: [rows], a tensor or a list.
-    normalizer: counted once over the whole batch (loss_normalizer), so that micro-batch losses add up
-    to the batch's (default: this batch's). -> a scalar tensor, with grad."""
+    logprobs, mask: [rows, T], mask 1 up to and including EOS; advantages: [rows], a tensor or a list;
+    normalizer: the whole batch's count (loss_normalizer; default this batch's). -> a scalar, with grad."""
     mask = mask.to(logprobs.dtype)
     adv = torch.as_tensor(advantages, dtype=logprobs.dtype, device=logprobs.device).reshape(-1)
     masked = (logprobs * mask).sum(-1)  # per sequence; 0 * lp gives padding no gradient
@@ -469,9 +466,8 @@ class Hooks:
 
 
 def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
-    """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1's
-    advantages, Eq. 2's update of every agent. -> (turns, metrics); metrics is None when
-    hooks.ready(turns) stopped the step before its update."""
+    """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1, Eq. 2's
+    update of every agent. -> (turns, metrics); metrics None when hooks.ready(turns) stopped the step."""
     hooks = hooks or Hooks()
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
@@ -492,8 +488,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
     for i, agent in enumerate(agents):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         agent.model.zero_grad(set_to_none=True)
-        # Each turn's loss is divided by its count over the whole batch (every process's rows), so
-        # that the micro-batches' losses add up to the batch's. A turn not reached here counts 0.
+        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to it.
         counts = [0.0] * cfg.num_turns
         for t, turn in enumerate(turns):
             counts[t] = loss_normalizer(turn.rollouts[i].completion_mask, cfg.loss_type)
@@ -510,8 +505,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
                                             normalizer)
                 loss.backward()
                 total = total + loss.detach()
-                # The sampler's log-probs of the same tokens should be these. A drift says that
-                # sampling and training see different policies (a dtype, a cache or a template bug).
+                # The sampler's log-probs should be these, and a drift means it sampled another policy.
                 drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
                 tokens += float(rows.completion_mask.sum())
         for name, value in optimizer_step(agent, total, hooks).items():
