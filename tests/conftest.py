@@ -67,6 +67,34 @@ def script_agents(monkeypatch):
     return install
 
 
+def scripted_generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
+                      top_p=1.0, top_k=0, seed=None):
+    """A stand-in for sampler.generate, for the tests of what becomes of completions, not of how they
+    are drawn: completion g of prompt b is a few words of random letters from random.Random(prompt
+    b's seed, g), at most max_new_tokens - 1 bytes and an EOS; greedy (T = 0) ones come from the
+    prompt's text alone, as greedy decoding ignores seeds. The texts differ within a group, and so do
+    their rewards."""
+    import random
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else None
+
+    def text(b, g):
+        key = f"{seeds[b] if seeds else sampler.mix_seed(seed or 0, b)} {g}"
+        rng = random.Random(prompts[b] if temperature == 0 else key)
+        words = []
+        for _ in range(rng.randint(1, 5)):
+            words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 6))))
+        return " ".join(words)[:max_new_tokens - 1]
+    return scripted_rollout(magrpo.Agent(model, tokenizer), list(prompts), num_generations, text)
+
+
+@pytest.fixture
+def scripted_sampling(monkeypatch):
+    """Every generate call, magrpo's and sampler's, returns scripted_generate's completions: the tests
+    of an episode's or a step's bookkeeping do not wait for the sampler, which test_sampler.py tests."""
+    monkeypatch.setattr(sampler, "generate", scripted_generate)
+    monkeypatch.setattr(magrpo, "generate", scripted_generate)
+
+
 @pytest.fixture
 def broken_fork_server(monkeypatch):
     """A sandbox whose fork server exits at once: every run is an infrastructure error

@@ -12,7 +12,7 @@ import magrpo
 import sampler
 import models
 import train
-from conftest import update_on
+from conftest import scripted_generate, update_on
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox"]
 
@@ -58,11 +58,12 @@ def storage_bytes(*models):
 
 
 def a_step(agent, tok, seed, sgd_lr=None):
-    """One update (train_step's, conftest.update_on) on a sampled rollout with fixed non-zero advantages."""
+    """One update (train_step's, conftest.update_on) on a scripted rollout (conftest.scripted_generate:
+    the update is tested, not the sampler) with fixed non-zero advantages."""
     cfg = magrpo.Config(num_generations=4, max_new_tokens=6, micro_batch_size=3)
     if sgd_lr is not None:
         agent.optimizer = torch.optim.SGD([p for p in agent.model.parameters() if p.requires_grad], lr=sgd_lr)
-    rollout = sampler.generate(agent.model, tok, PROMPTS[:2], 4, 6, seed=seed)
+    rollout = scripted_generate(agent.model, tok, PROMPTS[:2], 4, 6, seed=seed)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
     return update_on(agent, [(rollout, adv)], cfg)
 

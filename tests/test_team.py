@@ -1,6 +1,9 @@
 """Tests of a team's episode (Sec. 2 steps 1-6, Sec. 3): rollout_team and magrpo.train_step with
 tiny models on the demo env: what each agent sees at each turn, the batching of the sampler, and
-T = 1 against a single-turn MAGRPO step written out from the primitives. CPU, a few seconds."""
+T = 1 against a single-turn MAGRPO step written out from the primitives. The completions are
+scripted (conftest.scripted_generate), real tokens of random words: what is tested is what becomes of
+them, and these tests do not wait for the sampler (a course may blank it; test_sampler.py tests it).
+CPU, a few seconds."""
 import pytest
 import torch
 
@@ -10,6 +13,8 @@ import magrpo
 import sampler
 import models
 import train
+
+pytestmark = pytest.mark.usefixtures("scripted_sampling")
 
 
 def train_step(agents, env, examples, cfg, seeds):
