@@ -1,5 +1,9 @@
-"""The course kit (tests/make_assignment.py): a copy of the repository with functions blanked, whose
-tests then fail while every other listed function's pass. Runs the kit for real on two functions."""
+"""The course kit (tests/make_assignment.py): the handout it writes, the students' copy (the listed
+functions blanked, no answer left, their tests failing), and what the tests of the six core functions
+say to a student: an answer written another way than the reference passes them, and each known wrong
+answer fails them with a message that names what differs. The kit leaves this file out of a
+students' copy: the answers below, right and wrong, are a line away from the reference's."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,35 +12,277 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 KIT = [sys.executable, str(ROOT / "tests" / "make_assignment.py")]
-pytestmark = pytest.mark.slow  # it runs pytest on the copy (a minute or two)
+sys.path.insert(0, str(ROOT / "tests"))
+import make_assignment  # noqa: E402
+
+SIX = ["sample_token", "decode_step", "completion_logprobs", "group_advantages", "policy_loss", "node_return"]
 
 
 def kit(*args):
-    return subprocess.run([*KIT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([*KIT, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+# -----------------------------------------------------------------------------
+# Answers written another way than the reference (each must pass its function's tests), and wrong
+# answers made from them: (function, the mistake, the text of the right answer it replaces, by what,
+# words the failure message must hold); a wrong answer that is not a small edit is written whole
+# below, and named instead of a replacement.
+
+RIGHT = {
+    "sample_token": '''def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, -1)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, -1).values[:, -1:]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p
+        probs = probs * torch.zeros_like(probs).scatter(-1, order, (before < top_p).double())
+        probs = probs / probs.sum(-1, keepdim=True)
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64)
+    cdf = probs.cumsum(-1)
+    token = (cdf <= uniform.double()[:, None]).sum(-1)
+    return token.clamp(max=probs.shape[-1] - 1)
+''',
+    "decode_step": '''def decode_step(model, cache, tokens, mask, positions):
+    kwargs = forward_kwargs(model, cache)
+    out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
+                **kwargs)
+    return out.logits[:, -1].float()
+''',
+    "completion_logprobs": '''def completion_logprobs(model, rollout, temperature=1.0):
+    T = temperature if temperature > 0 else 1.0
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    L = rollout.completion_ids.shape[1]
+    scores = torch.log_softmax(logits[:, -L - 1:-1].float() / T, -1)
+    return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
+''',
+    "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None):
+    r = rewards.float() if isinstance(rewards, torch.Tensor) else torch.tensor(rewards, dtype=torch.float32)
+    G = r.shape[-1]
+    if G < 2:
+        raise ValueError("a group of at least 2")
+    if mode == "none":
+        return r
+    if mode == "remax":
+        return r - torch.tensor(baseline, dtype=torch.float32).unsqueeze(-1)
+    mean = r.mean(-1, keepdim=True)
+    if mode == "rloo":
+        return r - (r.sum(-1, keepdim=True) - r) / (G - 1)
+    if mode == "std":
+        std = r.std(-1, keepdim=True)
+        return torch.where(std > 0, (r - mean) / std, torch.zeros_like(r))
+    return r - mean
+''',
+    "policy_loss": '''def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
+    m = mask.to(logprobs.dtype)
+    adv = torch.as_tensor(advantages, dtype=logprobs.dtype).reshape(-1, 1)
+    weighted = adv * logprobs * m
+    if loss_type == "seq_mean":
+        weighted = weighted / m.sum(-1, keepdim=True).clamp(min=1)
+    if normalizer is None:
+        normalizer = m.sum() if loss_type == "token_mean" else m.shape[0]
+    return -weighted.sum() / normalizer
+''',
+    "node_return": '''def node_return(reward, child_returns, gamma):
+    value = float(reward)
+    if len(child_returns) > 0:
+        value = value + gamma * sum(float(c) for c in child_returns) / len(child_returns)
+    return value
+''',
+}
+
+WRONG = [
+    ("sample_token", "a cumulative sum in sorted order (a valid sampler, but other tokens for the same seed)",
+     "    cdf = probs.cumsum(-1)\n    token = (cdf <= uniform.double()[:, None]).sum(-1)\n",
+     "    sorted_p, order = probs.sort(-1, descending=True)\n"
+     "    index = (sorted_p.cumsum(-1) <= uniform.double()[:, None]).sum(-1, keepdim=True)\n"
+     "    token = order.gather(-1, index.clamp(max=probs.shape[-1] - 1)).squeeze(-1)\n",
+     "sorted order"),
+    ("sample_token", "top_p cut before top_k", None, "SWAPPED_CUTS", "top_p cut before top_k"),
+    ("sample_token", "the logits not divided by the temperature",
+     "logits.double() / temperature", "logits.double()", "not divided by the temperature"),
+    ("sample_token", "uniform ignored (torch.rand always)", "    if uniform is None:", "    if True:",
+     "drew"),
+    ("sample_token", "the token that crosses top_p left out of the nucleus",
+     "(before < top_p)", "(sorted_p.cumsum(-1) < top_p)", "drew"),
+    ("decode_step", "no position ids (padded rows take the wrong positions)",
+     "position_ids=positions.unsqueeze(1), ", "", "rows whose prompt is left-padded"),
+    ("decode_step", "no attention mask (padded rows attend to the padding)",
+     "attention_mask=mask, ", "", "rows whose prompt is left-padded"),
+    ("decode_step", "the cache not passed", "kwargs = forward_kwargs(model, cache)", "kwargs = {}",
+     "did not see the cache"),
+    ("completion_logprobs", "the logits not divided by the temperature",
+     "T = temperature if temperature > 0 else 1.0", "T = 1.0", "yours are the log-probs at T = 1"),
+    ("completion_logprobs", "temperature 0 divides by 0", "T = temperature if temperature > 0 else 1.0",
+     "T = temperature", "T = 0 means T = 1"),
+    ("completion_logprobs", "off by one: the logit at token t scores token t",
+     "logits[:, -L - 1:-1]", "logits[:, -L:]", "the worst: row"),
+    ("completion_logprobs", "the first token's logit (the prompt's last) left out, the rest shifted",
+     "    scores = torch.log_softmax(logits[:, -L - 1:-1].float() / T, -1)\n"
+     "    return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)\n",
+     "    scores = torch.log_softmax(logits[:, -L:-1].float() / T, -1)\n"
+     "    lp = scores.gather(-1, rollout.completion_ids[:, 1:, None]).squeeze(-1)\n"
+     "    return torch.nn.functional.pad(lp, (0, 1))\n", "shifted by one"),
+    ("completion_logprobs", "no position ids (left-padded rows shifted)",
+     "position_ids=positions_from_mask(mask)", "position_ids=None", "left-padded"),
+    ("completion_logprobs", "computed under torch.no_grad",
+     "    logits = model(", "    with torch.no_grad():\n        logits = model(", "carry no gradient"),
+    ("completion_logprobs", "the prompt's pass detached (its keys and values carry no gradient)",
+     None, "DETACHED_PROMPT", "their gradient differs"),
+    ("group_advantages", "the population std", "r.std(-1, keepdim=True)",
+     "r.std(-1, keepdim=True, correction=0)", "population std"),
+    ("group_advantages", "std without its guard: nan for a group of equal rewards",
+     "torch.where(std > 0, (r - mean) / std, torch.zeros_like(r))", "(r - mean) / std", "nan where"),
+    ("group_advantages", "rloo as mean", "r - (r.sum(-1, keepdim=True) - r) / (G - 1)", "r - mean",
+     "leave the completion's own reward out"),
+    ("group_advantages", "a list returned", "    return r - mean\n", "    return (r - mean).tolist()\n",
+     "want a float tensor"),
+    ("policy_loss", "the padding counted", "weighted = adv * logprobs * m", "weighted = adv * logprobs",
+     "padding counted"),
+    ("policy_loss", "the sign", "return -weighted.sum() / normalizer", "return weighted.sum() / normalizer",
+     "the sign"),
+    ("policy_loss", "normalizer ignored", "    if normalizer is None:", "    if True:",
+     "divide by `normalizer`"),
+    ("policy_loss", "token_mean divided by sequences",
+     "m.sum() if loss_type == \"token_mean\" else m.shape[0]", "m.shape[0]", "seq_sum's value"),
+    ("node_return", "a tensor returned", "    value = float(reward)\n", "    value = reward\n",
+     "want a Python float"),
+    ("node_return", "the children's sum", " / len(child_returns)", "", "the children's sum"),
+    ("node_return", "gamma on the node's own reward too",
+     "value = value + gamma * sum(float(c) for c in child_returns) / len(child_returns)",
+     "value = gamma * (value + sum(float(c) for c in child_returns) / len(child_returns))",
+     "gamma times the node's own reward"),
+]
+
+SWAPPED_CUTS = '''def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, -1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p
+        probs = probs * torch.zeros_like(probs).scatter(-1, order, (before < top_p).double())
+        probs = probs / probs.sum(-1, keepdim=True)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, -1).values[:, -1:]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64)
+    cdf = probs.cumsum(-1)
+    token = (cdf <= uniform.double()[:, None]).sum(-1)
+    return token.clamp(max=probs.shape[-1] - 1)
+'''
+
+DETACHED_PROMPT = '''def completion_logprobs(model, rollout, temperature=1.0):
+    from transformers import DynamicCache
+    T = temperature if temperature > 0 else 1.0
+    P = rollout.prompt_ids.shape[1]
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+    positions = positions_from_mask(mask)
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model(input_ids=rollout.prompt_ids, attention_mask=rollout.prompt_mask,
+                    position_ids=positions[:, :P], **forward_kwargs(model, cache))
+    rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions[:, P:],
+                 **forward_kwargs(model, cache)).logits
+    logits = torch.cat([out.logits[:, -1:], rest[:, :-1]], dim=1).float() / T
+    scores = torch.log_softmax(logits, -1)
+    return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
+'''
 
 
-def test_list_names_each_function_with_its_grading_command():
+def wrong_answer(function, mistake):
+    """The source of a wrong answer of WRONG."""
+    for name, what, old, new, _ in WRONG:
+        if (name, what) == (function, mistake):
+            if old is None:
+                return globals()[new]
+            assert RIGHT[name].count(old) == 1, (name, what)
+            return RIGHT[name].replace(old, new)
+    raise KeyError(mistake)
+
+
+def put(where, answers):
+    """Write each function's answer ({name: its source}) into the modules of the copy `where`."""
+    for name, source in answers.items():
+        module = Path(where) / make_assignment.TEACHABLE[name][0]
+        module.write_text(make_assignment.replace_function(module.read_text(), name, source))
+
+
+def failures(where, names):
+    """{function: [failure texts of its tests]} of a run of the functions' tests in `where`, and
+    the number of tests each has."""
+    outcomes = make_assignment.run_tests(where, "-k", make_assignment.own_expression(names),
+                                         paths=("tests/test_sampler.py", "tests/test_magrpo.py"))
+    texts, counts = {}, {}
+    for name in names:
+        tests = [why for test, why in outcomes.items() if make_assignment.selects(name, test)]
+        counts[name] = len(tests)
+        texts[name] = [why for why in tests if why is not None]
+    return texts, counts
+
+# -----------------------------------------------------------------------------
+# Fast: the list, --help, the handout
+
+
+def test_list_names_each_function_with_its_points_and_grading_command():
     out = kit("--list").stdout
-    for name in ("sample_token", "decode_step", "completion_logprobs", "group_advantages", "policy_loss",
-                 "node_return", "pass_at_k", "extract_function"):
-        assert f'pytest -k "{name}' in out, name
+    for name, (module, _, expression, points) in make_assignment.TEACHABLE.items():
+        line = rf"{name} +{re.escape(module)} +{points} points +pytest -k \"{expression}\""
+        assert re.search(line, out), name
 
 
-def test_two_functions_blanked_fail_their_tests_and_the_rest_pass(tmp_path):
-    out = tmp_path / "assignment"
-    p = kit(str(out), "--functions", "group_advantages,policy_loss")
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "group_advantages, policy_loss blanked" in p.stdout and p.stdout.count("\n") == 1
-    magrpo = (out / "magrpo.py").read_text()
-    assert 'raise NotImplementedError("group_advantages: ' in magrpo
-    assert 'raise NotImplementedError("policy_loss: ' in magrpo
-    assert "centered = rewards - rewards.mean" not in magrpo  # the body is gone, its docstring kept
-    assert "Eq. 1 over the last dim" in magrpo
-    assignment = (out / "ASSIGNMENT.md").read_text()
-    assert 'pytest -k "group_advantages"' in assignment and "Eq. 2" in assignment
-    graded = subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "policy_loss", "tests/test_magrpo.py"],
-                            cwd=out, capture_output=True, text=True, timeout=600)
-    assert graded.returncode != 0 and "NotImplementedError" in graded.stdout
+def test_help_keeps_the_line_breaks_of_its_examples():
+    out = kit("--help").stdout
+    assert "\n    python tests/make_assignment.py --list" in out
+    assert "\n    python tests/make_assignment.py --grade STUDENT" in out and "--solutions" in out
+
+
+def test_the_handout_holds_setup_order_deliverables_grading_final_check_and_experiments():
+    text = make_assignment.assignment_text(SIX)
+    sections = re.findall(r"^## (.*)$", text, flags=re.MULTILINE)
+    assert sections == ["Setup", "Order of work", "The functions", "What is graded", "The final check",
+                        "Written experiments"]
+    assert "pip install -r requirements.txt" in text and 'pytest -m "not slow"' in text
+    steps = re.findall(r"^\d+\. (.*)$", text, flags=re.MULTILINE)
+    assert [re.match(r"`(\w+)`", step).group(1) for step in steps[:6]] == SIX
+    assert "then `pytest -k generate`" in steps[1] and "the final check" in steps[6]
+    for name in SIX:  # each function's problem: its signature, its docstring indented as in the module
+        module, _, _, points = make_assignment.TEACHABLE[name]
+        assert f"### `{name}` ({module}, {points} points)" in text
+        assert f'Its tests: `pytest -k "{name}"`' in text
+    assert "    the nucleus of what is left" in text  # a docstring's second line keeps its indentation
+    assert "| `completion_mask` | [rows, T], long |" in text  # Rollout's fields
+    assert "0.2372" in text and "logprob_drift_0" in text and "python train.py" in text
+    for run in ("--advantage none", "--loss-type seq_mean", "--num-turns 2"):
+        assert run in text
+    assert "For the TA" not in text and "expected figures" not in text.lower()  # no answers to experiments
+    assert re.search(r"50 points for the functions, 20 for the final check and the written experiments", text)
+
+
+def test_course_md_gives_each_function_the_points_of_the_kits_list():
+    sections = make_assignment.course_sections()
+    for name, (_, _, _, points) in make_assignment.TEACHABLE.items():
+        assert f"Points: {points}." in sections[name], name
+
+
+def test_blanking_keeps_the_signature_and_docstring_and_removes_the_body_and_its_comments():
+    source = (ROOT / "magrpo.py").read_text()
+    blanked = make_assignment.blank(source, "group_advantages")
+    fn = make_assignment.find_function(blanked, "group_advantages")
+    assert "Eq. 1 over the last dim" in make_assignment.ast.get_docstring(fn)
+    assert [type(node).__name__ for node in fn.body] == ["Expr", "Raise"]
+    assert 'raise NotImplementedError("group_advantages: write it' in blanked
+    body = {line for line in make_assignment.body_lines(source, "group_advantages") if len(line) >= 30}
+    assert body and not body & {line.strip() for line in blanked.split("\n")}
+    assert "unbiased, as TRL" not in blanked  # a comment of the body
 
 
 @pytest.mark.parametrize("args, why", [
@@ -53,13 +299,79 @@ def test_an_existing_directory_is_refused(tmp_path):
     p = kit(str(tmp_path), "--functions", "group_advantages")
     assert p.returncode != 0 and "already exists" in p.stderr and p.stderr.count("\n") == 1
 
+# -----------------------------------------------------------------------------
+# Slow: the copies for real, and what the tests say to students
 
+
+@pytest.mark.slow
 def test_a_function_whose_tests_pass_blanked_is_refused(tmp_path):
     """The check itself: a copy where group_advantages is NOT blanked passes its tests, which the kit
     must call out (an assignment whose tests cannot fail grades nothing)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import make_assignment
     make_assignment.copy_repository(tmp_path)
     with pytest.raises(SystemExit) as stop:
         make_assignment.check(tmp_path, ["group_advantages"])
     assert "group_advantages: its tests do not fail when it is blanked" in str(stop.value.code)
+
+
+@pytest.mark.slow
+def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_way(tmp_path):
+    """completion_logprobs and node_return blanked: the copy has no kit tests, no row-by-row pass, no
+    bench_logprobs.py, but a recording; its tests fail, the other tests that call the two are named
+    by the error they raise; then a right answer written another way passes there, against the
+    recording, and a wrong one fails with its message; grading gives the points."""
+    out = tmp_path / "hw"
+    p = kit(str(out), "--functions", "node_return,completion_logprobs")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.split("\n")
+    assert "completion_logprobs, node_return blanked" in lines[0]
+    waiting = r"\d+ other tests of the fast suite call node_return and wait for it \(test_magrpo"
+    assert any(re.search(waiting, line) for line in lines), p.stdout
+    assert "fail without calling a blanked function" not in p.stdout, p.stdout
+    assert not (out / "tests" / "test_make_assignment.py").exists()
+    assert not (out / "tests" / "bench_logprobs.py").exists()
+    assert "def logprobs_row_by_row" not in (out / "tests" / "conftest.py").read_text()
+    assert (out / make_assignment.RECORDING).exists() and (out / "ASSIGNMENT.md").exists()
+    assert make_assignment.TA_SECTION not in (out / "docs" / "course.md").read_text()
+    assert 'raise NotImplementedError("completion_logprobs: write it' in (out / "magrpo.py").read_text()
+    put(out, {"completion_logprobs": RIGHT["completion_logprobs"], "node_return": RIGHT["node_return"]})
+    texts, counts = failures(out, ["completion_logprobs", "node_return"])
+    assert counts["completion_logprobs"] >= 8 and not any(texts.values()), texts
+    forgot = wrong_answer("completion_logprobs", "the logits not divided by the temperature")
+    put(out, {"completion_logprobs": forgot})
+    texts, _ = failures(out, ["completion_logprobs"])
+    assert any("yours are the log-probs at T = 1" in text for text in texts["completion_logprobs"])
+    graded = kit("--grade", str(out), "--functions", "completion_logprobs,node_return")
+    assert re.search(r"node_return +\d+ of +\d+ tests pass +4.0 of 4 points", graded.stdout), graded.stdout
+    assert "divide the logits by the temperature" in graded.stdout and "total" in graded.stdout
+
+
+@pytest.mark.slow
+def test_the_tas_copy_has_the_reference_bodies_and_the_expected_figures(tmp_path):
+    p = kit(str(tmp_path / "ta"), "--functions", "group_advantages,policy_loss", "--solutions")
+    assert p.returncode == 0, p.stderr[-2000:]
+    solutions = (tmp_path / "ta" / "SOLUTIONS.md").read_text()
+    assert "def group_advantages(" in solutions and "centered = rewards - rewards.mean" in solutions
+    assert "population std" in solutions and "Expected figures" in solutions and "0.2372" in solutions
+    assert (tmp_path / "ta" / "ASSIGNMENT.md").exists()
+
+
+@pytest.mark.slow
+def test_right_answers_written_another_way_pass_and_each_wrong_answer_is_named(tmp_path):
+    """On a copy of the repository (its live reference): the RIGHT answers pass every test of the six
+    functions; then, round by round, one wrong answer per function: each fails its function's tests
+    with a message that holds the words of WRONG."""
+    make_assignment.copy_repository(tmp_path)
+    put(tmp_path, RIGHT)
+    texts, counts = failures(tmp_path, SIX)
+    assert all(counts[name] for name in SIX) and not any(texts.values()), texts
+    rounds = {}
+    for name, mistake, _, _, words in WRONG:
+        rounds.setdefault(name, []).append((mistake, words))
+    for k in range(max(len(mistakes) for mistakes in rounds.values())):
+        this = {name: mistakes[k] for name, mistakes in rounds.items() if k < len(mistakes)}
+        put(tmp_path, {name: wrong_answer(name, mistake) for name, (mistake, _) in this.items()})
+        texts, _ = failures(tmp_path, list(this))
+        for name, (mistake, words) in this.items():
+            assert texts[name], f"{name}, {mistake}: its tests pass"
+            assert any(words in text for text in texts[name]), (name, mistake, texts[name][:2])
+        put(tmp_path, {name: RIGHT[name] for name in this})
