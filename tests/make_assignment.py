@@ -65,7 +65,9 @@ TOGETHER = [
 # function is blanked, the files and test helpers that hold an answer of it. The helper's tests then
 # read recorded values (docs/course.md, For the TA).
 LEFT_OUT = ["tests/test_make_assignment.py"]
-ANSWERS = {"completion_logprobs": (["tests/bench_logprobs.py"], ("tests/conftest.py", "logprobs_row_by_row"))}
+# bench_gpu.py imports bench_logprobs.py's per-row pass, and test_benchmarks.py runs bench_gpu.py.
+ANSWERS = {"completion_logprobs": (["tests/bench_logprobs.py", "tests/bench_gpu.py",
+                                    "tests/test_benchmarks.py"], ("tests/conftest.py", "logprobs_row_by_row"))}
 RECORDING = "tests/fixtures/reference_logprobs.pt"
 STUB = "{name}: write it (see its docstring and ASSIGNMENT.md)"
 TA_SECTION = "For the TA: expected figures"  # docs/course.md's last section: in SOLUTIONS.md only

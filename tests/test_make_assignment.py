@@ -47,8 +47,8 @@ RIGHT = {
     token = (cdf <= uniform.double()[:, None]).sum(-1)
     return token.clamp(max=probs.shape[-1] - 1)
 ''',
-    "decode_step": '''def decode_step(model, cache, tokens, mask, positions):
-    kwargs = forward_kwargs(model, cache)
+    "decode_step": '''def decode_step(model, cache, tokens, mask, positions, slot=None):
+    kwargs = forward_kwargs(model, cache, slot=slot)
     out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
                 **kwargs)
     return out.logits[:, -1].float()
@@ -57,10 +57,11 @@ RIGHT = {
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
+                output_hidden_states=True, **forward_kwargs(model, last=1))
     L = rollout.completion_ids.shape[1]
-    scores = torch.log_softmax(logits[:, -L - 1:-1].float() / T, -1)
-    return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
+    hidden = out.hidden_states[-1][:, -L - 1:-1]
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
 ''',
     "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None):
     r = rewards.float() if isinstance(rewards, torch.Tensor) else torch.tensor(rewards, dtype=torch.float32)
