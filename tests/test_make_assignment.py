@@ -49,8 +49,7 @@ RIGHT = {
 ''',
     "decode_step": '''def decode_step(model, cache, tokens, mask, positions, slot=None):
     kwargs = forward_kwargs(model, cache, slot=slot)
-    out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1),
-                **kwargs)
+    out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions.unsqueeze(1), **kwargs)
     return out.logits[:, -1].float()
 ''',
     "completion_logprobs": '''def completion_logprobs(model, rollout, temperature=1.0):
