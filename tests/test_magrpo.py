@@ -195,7 +195,7 @@ def test_completion_logprobs_in_bf16(tok):
     expect_gradient(model, lp, r, 1.0, tolerance=0.05)
 
 
-def test_completion_logprobs_never_holds_the_logits_of_every_position(tok):
+def test_the_log_prob_pass_never_holds_the_logits_of_every_position(tok):
     """With a large vocabulary the logits are the pass's largest tensors: no tensor of the forward or
     the backward pass holds as much as half of the [rows, tokens, vocab] logits."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -229,7 +229,7 @@ def test_completion_logprobs_never_holds_the_logits_of_every_position(tok):
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # the subclass hides which cache keyword it takes
-def test_completion_logprobs_refuses_a_model_whose_logits_are_scaled(tok):
+def test_the_log_prob_pass_refuses_a_model_whose_logits_are_scaled(tok):
     """A model that scales or caps its logits after the output layer (Gemma 2, Cohere) would get wrong
     log-probs from the output layer alone: one clear error instead."""
     model = models.tiny_model(tok, init_std=0.5)

@@ -56,11 +56,10 @@ RIGHT = {
     T = temperature if temperature > 0 else 1.0
     ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
     mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask),
-                output_hidden_states=True, **forward_kwargs(model, last=1))
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
     L = rollout.completion_ids.shape[1]
-    hidden = out.hidden_states[-1][:, -L - 1:-1]
-    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
+    scores = torch.log_softmax(logits[:, -L - 1:-1].float() / T, -1)
+    return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
 ''',
     "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None):
     r = rewards.float() if isinstance(rewards, torch.Tensor) else torch.tensor(rewards, dtype=torch.float32)
@@ -115,7 +114,7 @@ WRONG = [
      "position_ids=positions.unsqueeze(1), ", "", "rows whose prompt is left-padded"),
     ("decode_step", "no attention mask (padded rows attend to the padding)",
      "attention_mask=mask, ", "", "rows whose prompt is left-padded"),
-    ("decode_step", "the cache not passed", "kwargs = forward_kwargs(model, cache)", "kwargs = {}",
+    ("decode_step", "the cache not passed", "kwargs = forward_kwargs(model, cache, slot=slot)", "kwargs = {}",
      "did not see the cache"),
     ("completion_logprobs", "the logits not divided by the temperature",
      "T = temperature if temperature > 0 else 1.0", "T = 1.0", "yours are the log-probs at T = 1"),
