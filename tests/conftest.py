@@ -17,7 +17,19 @@ import pytest
 import torch
 
 import magrpo
+import models
 import sampler
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny byte tokenizer the tests' models are built with."""
+    return models.tiny_tokenizer()
+
+
+def build(tok, arch, seed=0):
+    # A wide init makes logits spread out, so greedy decoding is not one repeated token.
+    return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
 
 
 def scripted_rollout(agent, prompts, size, texts_of):

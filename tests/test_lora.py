@@ -17,11 +17,6 @@ from conftest import scripted_generate, update_on
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox"]
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return models.tiny_tokenizer()
-
-
 def base_model(tok, arch="qwen2", seed=0):
     return models.tiny_model(tok, arch=arch, init_std=0.4, seed=seed)
 

@@ -12,21 +12,11 @@ import torch
 import magrpo
 import sampler
 import models
-from conftest import (projected_gradient, reference_gradient, reference_logprobs, scripted_rollout, update_on,
-                      weighted_loss)
+from conftest import (build, projected_gradient, reference_gradient, reference_logprobs, scripted_rollout,
+                      update_on, weighted_loss)
 from magrpo import completion_logprobs, group_advantages, node_return, policy_loss
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return models.tiny_tokenizer()
-
-
-def build(tok, arch, seed=0):
-    # A wide init makes logits spread out, so greedy decoding is not one repeated token.
-    return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
 
 
 # -----------------------------------------------------------------------------

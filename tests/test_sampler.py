@@ -9,20 +9,10 @@ import torch
 
 import models
 import sampler
-from conftest import reference_logprobs
+from conftest import build, reference_logprobs
 from sampler import generate, sample_token
 
 PROMPTS = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]  # ragged: left padding matters
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return models.tiny_tokenizer()
-
-
-def build(tok, arch, seed=0):
-    # A wide init makes logits spread out, so greedy decoding is not one repeated token.
-    return models.tiny_model(tok, arch=arch, init_std=0.5, seed=seed).eval()
 
 
 def hf_greedy(model, tok, prompts, max_new_tokens):

@@ -24,11 +24,6 @@ def train_step(agents, env, examples, cfg, seeds):
     return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return models.tiny_tokenizer()
-
-
 def team(tok, lr=1e-2, n=2, sgd=False):
     """n tiny agents; with sgd, plain SGD (AdamW's first step is sign-like: exact comparisons of
     weights after it are at the mercy of gradients near 0)."""
