@@ -118,6 +118,29 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
             assert torch.allclose(p, q, atol=1e-5)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(advantage="rloo", loss_type="token_mean", micro_batch_size=3),
+                                     dict(advantage="std", loss_type="seq_mean", turn_weights=(0.5,))])
+def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, options):
+    """Sec. 2 written straight (single_turn_step) and Sec. 3's tree (train_step) with one turn: the same
+    completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""
+    env = envs.DemoEnv()
+    examples, seeds = env.examples[:3], [7, 8, 9]
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
+    straight, tree = team(tok), team(tok)
+    rollouts, rewards, advantages, metrics = magrpo.single_turn_step(straight, env, examples, cfg, seeds)
+    turns, tree_metrics = magrpo.train_step(tree, env, examples, cfg, seeds)
+    turn = magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)
+    assert len(turns) == 1 and [r.texts for r in rollouts] == [r.texts for r in turns[0].rollouts]
+    assert turn.outputs == turns[0].outputs and turn.solved == turns[0].solved
+    assert [float(r) for r in rewards] == [float(r) for r in turns[0].rewards]
+    assert all(torch.equal(a, b) for a, b in zip(turn.advantages, turns[0].advantages))
+    assert metrics == tree_metrics and metrics["grad_norm_0"] > 0
+    assert evaluation.episode_summary([turn]) == evaluation.episode_summary(turns)
+    assert train.completion_rows(0, [0, 1, 2], [turn]) == train.completion_rows(0, [0, 1, 2], turns)
+    for a, b in zip(straight, tree):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
 def test_train_step_two_turns_updates_both_agents_on_every_turn(tok):
     env = envs.DemoEnv()
     agents = team(tok)
