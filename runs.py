@@ -391,7 +391,8 @@ def world():
 
 
 def my_share(items):
-    """This process's contiguous share of a step's items (N processes sample what one samples)."""
+    """This process's contiguous share of a step's items (N processes sample what one samples, in
+    float32; in bfloat16 a row's tokens can change with its batch: docs/scale.md)."""
     # Contiguous shares keep each prompt's seed with it, so sampling does not depend on the split.
     rank, size = world()
     return items[rank * len(items) // size:(rank + 1) * len(items) // size]
