@@ -33,7 +33,7 @@ import eval as evaluation
 import magrpo
 import models
 import runs
-from sampler import mix_seed
+from sampler import compiled_graphs, mix_seed
 
 
 def train(args):
@@ -211,6 +211,8 @@ class Run:
                     runs.save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
                     out = self.args.out
                     print(f"wrote {self.log.path} and {len(self.agents)} agents under {out}/agent_*")
+                if self.cfg.compile:  # Each new shape of the decode step is a compile of its own.
+                    print(f"--compile: torch.compile made {compiled_graphs()} graphs in this run")
         except runs.SaveFailed as e:
             print(f"train.py: error: {e}", file=sys.stderr)  # One line says what failed and how to resume.
             self.error = self.error or 1
