@@ -11,8 +11,9 @@ Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/che
 (--resume continues from the newest) and OUT/agent_i. The loop is train(), right below; one MAGRPO
 step is magrpo.train_step; what keeps a run safe (checkpoints, signals, torchrun) is runs.py. The
 flags that TRL's GRPOConfig also has keep its names: --num-generations, --temperature, --top-p,
---top-k, --learning-rate, --weight-decay, --loss-type (with our own values), --seed and
---save-total-limit. docs/flags.md lists them all; docs/runs.md, docs/scale.md.
+--top-k, --learning-rate, --weight-decay, --loss-type (ours and TRL's values), --scale-rewards,
+--mask-truncated-completions, --max-grad-norm, --seed and --save-total-limit. docs/flags.md lists
+them all, and TRL's fields beside ours; docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
@@ -383,6 +384,8 @@ def resolve_flags(args):
     cfg = runs.config_from_flags(args)
     envs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = runs.world()[1]
+    if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
+        raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
     # A group needs G >= 2 for its baseline (Eq. 1), and a step at least a prompt per process.
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
                  save_every=0, log_completions_every=0)
