@@ -94,6 +94,12 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def sample_std(xs):
+    """The sample standard deviation (Bessel's n - 1, torch.std in float32), 0 for fewer than 2 values:
+    the one std of the report and of metrics.jsonl."""
+    return torch.tensor(xs).std().item() if len(xs) > 1 else 0.0
+
+
 def test_metrics(problems, ks):
     """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
     best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
@@ -124,11 +130,11 @@ def aggregate(problems, ks):
         metrics.update(test_metrics(problems, ks))
     if any("coop" in r["fields"] for r in samples):
         metrics["coop_rate"] = _mean(r["fields"].get("coop", 0.0) > 0 for r in samples)
-    # Every env reports the shared reward itself, the number the team was trained on; its std is a
-    # population std over samples, not a standard error.
+    # Every env reports the shared reward itself, the number the team was trained on; its std is the
+    # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]
     metrics["reward"] = _mean(rewards)
-    metrics["reward_std"] = math.sqrt(_mean((x - metrics["reward"]) ** 2 for x in rewards))
+    metrics["reward_std"] = sample_std(rewards)
     metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
     metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
@@ -323,7 +329,7 @@ def episode_metrics(nodes, num_turns):
     Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
     first = [node for node in nodes if node["turn"] == 1]
     rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
-    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
+    m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
          "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
     # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
     # the columns of metrics.jsonl stay the same from the first row to the last.
@@ -548,6 +554,8 @@ def unsupported(env, examples, method):
     try:
         if method == "single":
             env.single_prompt(examples[0])
+        elif method == "discussion":
+            env.discussion_prompt(examples[0], 0, [""] * env.num_agents)
         elif method == "oracle":
             for ex in examples:
                 env.oracle_outputs(ex)
@@ -575,8 +583,9 @@ class Team:
             if key not in self.cache:
                 agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
                                           self.args.chat_template, bases=self.bases)
-                # one-off first-call costs (allocations, kernel choice) stay out of the timings
-                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
+                # One-off first-call costs (allocations, kernel choice, --compile's compilation) stay
+                # out of the timings. A prompt length the warm-up did not have still compiles anew.
+                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=self.args.compile)
                 self.cache[key] = agent  # the key has no method, as concat's agents are discussion's too
             agents.append(self.cache[key])
         return agents
@@ -613,7 +622,7 @@ def setup(args):
     check_flags(args)
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
-    args.split = args.split or "test"
+    args.split = env.split  # the rows scored: a split's name, or a slice (":" for a whole file)
     examples = env.examples[:args.limit]  # the first --limit, the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
@@ -629,8 +638,8 @@ def setup(args):
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling, so that a bad --agents or --single-model fails at once.
-    torch.set_num_threads(args.cpu_threads)
     team = Team(args, models.model_names(args), env.num_agents)
+    models.set_torch(args.cpu_threads, team.devices)
     for m in args.methods:
         team.for_method(m)
     return env, examples, team

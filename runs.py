@@ -192,9 +192,8 @@ def save_checkpoint(out, step, agents, args, logs=()):
         for log in logs:
             log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
-        # The data position is the step, since batch_at derives step k's examples from (seed, k) alone.
-        models.write_checkpoint(tmp, agents, {"step": step, "data_position": step * args.batch_size,
-                                              "args": vars(args)})
+        # The step is the data's position too, since batch_at derives step k's examples from (seed, k).
+        models.write_checkpoint(tmp, agents, {"step": step, "args": vars(args)})
         # On disk before the rename, and the rename on disk after it, so that after a power loss the name
         # checkpoint-<step> never points at data that was still in the page cache.
         fsync_tree(tmp)

@@ -420,11 +420,11 @@ def fill_resolved(args, env, cfg):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
-    torch.set_num_threads(args.cpu_threads)  # for the whole process, since torch has one thread pool
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
+    models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
     if checkpoint is not None:
