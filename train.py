@@ -181,7 +181,7 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(runs.write_atomic, self.curve.path, evaluation.curve_svg(self.history))
+            self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
         if save:
             try:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
@@ -249,9 +249,9 @@ class RunHooks(magrpo.Hooks):
         if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
             return False
         nodes = []  # Every process's nodes, so that the metrics and the check are the same everywhere.
-        for process_nodes in runs.gather(evaluation.episode_summary(turns)):
+        for process_nodes in runs.gather(runs.episode_summary(turns)):
             nodes += process_nodes
-        self.scored = {"step": self.step, **evaluation.episode_metrics(nodes, self.run.cfg.num_turns)}
+        self.scored = {"step": self.step, **runs.episode_metrics(nodes, self.run.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
         bad, total = sandbox + scoring, len(nodes)
         why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named

@@ -17,6 +17,7 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import runs
 import sampler
 import rewards
 
@@ -131,7 +132,7 @@ def test_the_report_and_metrics_jsonl_have_one_std_bessels():
     nodes = [{"turn": 1, "reward": v, "gain": None, "solved": False, "levels": {}, "sandbox_error": False,
               "score_error": False} for v in values]
     bessel = math.sqrt(sum((v - 4 / 3) ** 2 for v in values) / 2)
-    assert m["reward_std"] == pytest.approx(bessel) == ev.episode_metrics(nodes, 1)["reward_std"]
+    assert m["reward_std"] == pytest.approx(bessel) == runs.episode_metrics(nodes, 1)["reward_std"]
 
 
 def test_writing_reward_levels_and_fields_are_reported():
@@ -149,15 +150,15 @@ def test_writing_reward_levels_and_fields_are_reported():
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
 
 def test_ticks_are_round_values_across_the_axis():
-    assert ev.ticks(0.0, 2.87) == [0, 1, 2]
-    assert ev.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
-    assert ev.ticks(0, 149, least=1) == [0, 50, 100] and ev.ticks(5, 7, least=1) == [5, 6, 7]
+    assert runs.ticks(0.0, 2.87) == [0, 1, 2]
+    assert runs.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert runs.ticks(0, 149, least=1) == [0, 50, 100] and runs.ticks(5, 7, least=1) == [5, 6, 7]
 
 
 def test_curve_has_axis_titles_and_ticks():
     rows = [{"step": s, "reward_mean": 3.0 * s / 149, "reward_mean_turn1": 3.0 * s / 149, "level_ratio": 0.5}
             for s in range(150)]
-    svg = ev.curve_svg(rows)
+    svg = runs.curve_svg(rows)
     assert ">step</text>" in svg and "reward and its levels (each point the mean of 5 steps)" in svg
     for label in ("0", "1", "2", "3", "50", "100"):  # the y-axis's 0..3 and the x-axis's steps
         assert f">{label}</text>" in svg, label
