@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import forward_kwargs, generate, mix_seed, positions_from_mask, token_logprobs
+from sampler import eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask, token_logprobs
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
@@ -56,8 +56,17 @@ class Config:
     top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
     compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
-    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper), rloo, std, none or remax")
-    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean")
+    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, "
+                                     "none (REINFORCE: no baseline) or remax; std: mean with "
+                                     "--scale-rewards group")
+    scale_rewards: str = option("none", "Eq. 1's advantages divided by the std + 1e-4 of their group "
+                                        "(GRPO), of the turn's whole batch, or none (the paper); as TRL's")
+    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (the paper), token_mean (TRL's "
+                                       "dapo), seq_mean (grpo), token_budget (dr_grpo); TRL's bnpo, a token "
+                                       "mean per micro-batch, is token_mean here (TRL's, one micro-batch)")
+    mask_truncated_completions: bool = option(False, "completions that never reached EOS get no gradient")
+    max_grad_norm: float = option(None, "clip each agent's gradient norm to this (None: off, as the "
+                                        "paper; TRL's default is 1.0)")
     micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
     num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
     expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
@@ -68,9 +77,17 @@ class Config:
     feedback: str = option("level", "between turns: level, plain or expert")
     feedback_max_new_tokens: int = option(256, "bound on the expert's review (--feedback expert)")
 
-    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
-               "loss_type": ("seq_sum", "token_mean", "seq_mean"), "expand": ("best", "all"),
+    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax"),
+               "scale_rewards": ("none", "group", "batch"),
+               "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
                "feedback": ("level", "plain", "expert")}
+    # Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
+    # (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
+    SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
+                 ("loss_type", "dapo"): {"loss_type": "token_mean"},
+                 ("loss_type", "bnpo"): {"loss_type": "token_mean"},
+                 ("loss_type", "dr_grpo"): {"loss_type": "token_budget"},
+                 ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
 
     def __post_init__(self):
         if self.turn_weights is not None:
@@ -80,8 +97,16 @@ class Config:
                 self.turn_weights = tuple(float(w) for w in weights)
             except ValueError:
                 raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
+        for (name, spelling), settings in self.SPELLINGS.items():
+            if getattr(self, name) != spelling:
+                continue
+            for key, value in settings.items():
+                free = key == name or getattr(self, key) in (value, self.__dataclass_fields__[key].default)
+                self.check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
+                setattr(self, key, value)
         for name, choices in self.CHOICES.items():
-            self.check(name, getattr(self, name) in choices, f"use one of {', '.join(choices)}")
+            names = choices + tuple(spelling for field, spelling in self.SPELLINGS if field == name)
+            self.check(name, getattr(self, name) in choices, f"use one of {', '.join(names)}")
         for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
                      "feedback_max_new_tokens"):
             self.check(name, getattr(self, name) >= 1, "must be >= 1")
@@ -89,8 +114,15 @@ class Config:
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
+        self.check("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0")
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
+
+    def on_the_tree(self):
+        """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
+        single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, turn weights, truncation masks)."""
+        options = (self.joint != "aligned", self.advantage == "remax", self.mask_truncated_completions)
+        return self.num_turns > 1 or any(options) or self.turn_weights not in (None, (1.0,))
 
     def check(self, name, ok, why):
         if not ok:
@@ -173,27 +205,34 @@ def score_joint(env, examples, outputs, one=None):
 # Eq. 1 and Eq. 2
 
 
-def group_advantages(rewards, mode="mean", baseline=None):
-    """Eq. 1 over the last dim (the G joint actions of one prompt). mean: A = R - mean R (the paper;
-    no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; std: the
-    original GRPO z-score (R - mean) / std, 0 where the group's std is 0; none: A = R (REINFORCE);
-    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023). rewards:
-    [..., G], a tensor or lists, G >= 2 (else ValueError); std is unbiased (G - 1). -> float32, same shape."""
+def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
+    """Eq. 1 over the last dim (the G joint actions of one prompt). mode, the baseline: mean: A = R - mean R
+    (the paper; no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; none:
+    A = R (REINFORCE); remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et
+    al. 2023). scale: none (the paper), or A divided by the std + 1e-4 of its group (the original GRPO) or
+    of all the rewards given (batch); stds are unbiased (G - 1), as TRL's. rewards: [..., G], a tensor or
+    lists, G >= 2 (else ValueError). -> float32, the rewards' shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     G = rewards.shape[-1]
     if G < 2:
         raise ValueError(f"group_advantages needs a group of at least 2, got {G}")
-    if mode == "none":
-        return rewards
-    if mode == "remax":
-        return rewards - torch.as_tensor(baseline, dtype=torch.float32)[..., None]
     centered = rewards - rewards.mean(-1, keepdim=True)
-    if mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
-        return centered * G / (G - 1)
-    if mode == "std":
-        std = rewards.std(-1, keepdim=True)  # unbiased, as TRL's GRPO
-        return torch.where(std > 1e-6, centered / std.clamp(min=1e-6), torch.zeros_like(centered))
-    return centered
+    if mode == "mean":
+        advantages = centered
+    elif mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
+        advantages = centered * G / (G - 1)
+    elif mode == "none":
+        advantages = rewards
+    elif mode == "remax":
+        advantages = rewards - torch.as_tensor(baseline, dtype=torch.float32)[..., None]
+    else:  # std is mean with scale="group" (Config resolves the name)
+        raise ValueError(f"group_advantages: no baseline {mode!r}: use mean, rloo, none or remax")
+    # The 1e-4 keeps a group of equal rewards at 0 (not 0 / 0), and makes near-equal ones large, not huge.
+    if scale == "group":
+        return advantages / (rewards.std(-1, keepdim=True) + 1e-4)  # unbiased, as TRL's GRPO
+    if scale == "batch":
+        return advantages / (rewards.std() + 1e-4)
+    return advantages
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
@@ -228,9 +267,10 @@ def completion_logprobs(model, rollout, temperature=1.0):
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
     """Eq. 2 as a loss to minimise, -A^(g) * log pi(a^(g) | h), one advantage per sequence:
-    seq_sum    -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
-    token_mean -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
-    seq_mean   -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
+    seq_sum      -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
+    token_mean   -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
+    seq_mean     -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
+    token_budget -sum_{s,t}(A_s * m * lp) / (rows * T) (Dr. GRPO: T the token budget, default the mask's)
     logprobs, mask: [rows, T], mask 1 up to and including EOS; advantages: [rows], a tensor or a list;
     normalizer: the whole batch's count (loss_normalizer; default this batch's). -> a scalar, with grad."""
     mask = mask.to(logprobs.dtype)
@@ -242,9 +282,24 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     return -total / (normalizer if normalizer is not None else loss_normalizer(mask, loss_type))
 
 
-def loss_normalizer(mask, loss_type):
-    """policy_loss's denominator: tokens for token_mean, sequences otherwise."""
-    return float(mask.sum()) if loss_type == "token_mean" else mask.shape[0]
+def loss_normalizer(mask, loss_type, max_new_tokens=None):
+    """policy_loss's denominator: tokens for token_mean, sequences for seq_sum and seq_mean, and for
+    token_budget sequences times the budget, max_new_tokens (default: the mask's width)."""
+    if loss_type == "token_mean":
+        return float(mask.sum())
+    if loss_type == "token_budget":
+        return mask.shape[0] * (max_new_tokens or mask.shape[1])
+    return mask.shape[0]
+
+
+def loss_mask(rollout, eos_ids=None):
+    """The completion mask of Eq. 2's loss; given eos_ids, 0 on the rows that never reached EOS (cut at
+    max_new_tokens), which then teach nothing (DAPO's overlong filtering)."""
+    mask = rollout.completion_mask
+    if eos_ids is None:
+        return mask
+    last = rollout.completion_ids.gather(1, mask.sum(-1, keepdim=True).clamp(min=1) - 1)
+    return mask * torch.isin(last, torch.tensor(eos_ids, device=last.device))
 
 
 def micro_batches(num_rows, group_size, micro_batch_size):
@@ -268,22 +323,20 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     for i, agent in enumerate(agents):
         rollouts.append(sample_agent(agent, i, [env.prompts(ex)[i] for ex in examples], G, cfg, turn_seeds))
     # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
-    outputs = []
-    for b in range(len(examples)):  # prompt b's G joint actions, each agent's g-th completion in the g-th
-        outputs += zip(*[rollout.texts[b] for rollout in rollouts])
+    outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
     if go_on is not None and not go_on(rewards):
         return rollouts, rewards, None, None
     # Eq. 1 among each prompt's G joint actions; every agent's g-th completion gets the g-th advantage.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
-    advantages = group_advantages(values, cfg.advantage).view(-1)
+    advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
     # A group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
-        (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type)])
+        (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
         loss_sum, drift, tokens = 0.0, 0.0, 0.0
         for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
             if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
@@ -291,13 +344,12 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
             rows = rollout.rows(start, stop)
             logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
             loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
-            loss = loss * (cfg.turn_weights or [1.0])[0]  # the turn's weight (--turn-weights), 1 by default
             loss.backward()
             loss_sum = loss_sum + loss.detach()
             # The sampler's log-probs should be these, and a drift means it sampled another policy.
             drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
             tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, total).items():
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
         drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
@@ -517,7 +569,8 @@ def episode_advantages(turns, cfg):
         # remax compares with the greedy joint answer, which only turn 1 has, so later turns use the mean.
         mode = "mean" if cfg.advantage == "remax" and not turn.baseline else cfg.advantage
         credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
-        advantages.append([group_advantages(credit, mode, turn.baseline).view(-1) for credit in credits])
+        advantages.append([group_advantages(credit, mode, turn.baseline, cfg.scale_rewards).view(-1)
+                           for credit in credits])
     return advantages
 
 # -----------------------------------------------------------------------------
@@ -549,14 +602,16 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     for i, agent in enumerate(agents):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         agent.model.zero_grad(set_to_none=True)
+        eos_ids = eos_token_ids(agent.model, agent.tokenizer) if cfg.mask_truncated_completions else None
+        masks = [loss_mask(turn.rollouts[i], eos_ids) for turn in turns]
         # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to
         # it. The counts are summed over the processes, where an episode may stop at another turn, so
         # every process sends one count per turn of cfg.num_turns (0 for a turn it did not reach).
         counts = [0.0] * cfg.num_turns
-        for t, turn in enumerate(turns):
-            counts[t] = loss_normalizer(turn.rollouts[i].completion_mask, cfg.loss_type)
+        for t, mask in enumerate(masks):
+            counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
         loss_sum, drift, tokens = 0.0, 0.0, 0.0
-        for turn, weight, normalizer in zip(turns, weights, total(counts)):
+        for turn, mask, weight, normalizer in zip(turns, masks, weights, total(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
                 advantages = turn.advantages[i][start:stop]
@@ -564,23 +619,23 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
                     continue
                 rows = rollout.rows(start, stop)
                 logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
-                loss = weight * policy_loss(logprobs, rows.completion_mask, advantages, cfg.loss_type,
-                                            normalizer)
+                rows_mask = mask[start:stop, :logprobs.shape[1]]
+                loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
                 # The sampler's log-probs should be these, and a drift means it sampled another policy.
                 drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
                 tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, total).items():
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
         drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
     return turns, metrics
 
 
-def optimizer_step(agent, loss, total=lambda x: x):
-    """An agent's step: its gradients summed over the processes (total, as single_turn_step's), their
-    norm (logged; the paper clips nothing), then AdamW, skipped with a warning if anything is not finite."""
+def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
+    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (None: off, as the
+    paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
     # A gradient that some process has is summed (0 where one has none); one that none has stays None.
     for p, anyone in zip(params, total([p.grad is not None for p in params])):
@@ -593,6 +648,8 @@ def optimizer_step(agent, loss, total=lambda x: x):
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
     agent.model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}

@@ -11,8 +11,9 @@ Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/che
 (--resume continues from the newest) and OUT/agent_i. The loop is train(), right below; one MAGRPO
 step is magrpo.train_step; what keeps a run safe (checkpoints, signals, torchrun) is runs.py. The
 flags that TRL's GRPOConfig also has keep its names: --num-generations, --temperature, --top-p,
---top-k, --learning-rate, --weight-decay, --loss-type (with our own values), --seed and
---save-total-limit. docs/flags.md lists them all; docs/runs.md, docs/scale.md.
+--top-k, --learning-rate, --weight-decay, --loss-type (ours and TRL's values), --scale-rewards,
+--mask-truncated-completions, --max-grad-norm, --seed and --save-total-limit. docs/flags.md lists
+them all, and TRL's fields beside ours; docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
@@ -33,7 +34,7 @@ import eval as evaluation
 import magrpo
 import models
 import runs
-from sampler import mix_seed
+from sampler import compiled_graphs, mix_seed
 
 
 def train(args):
@@ -181,7 +182,7 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(runs.write_atomic, self.curve.path, evaluation.curve_svg(self.history))
+            self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
         if save:
             try:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
@@ -211,6 +212,8 @@ class Run:
                     runs.save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
                     out = self.args.out
                     print(f"wrote {self.log.path} and {len(self.agents)} agents under {out}/agent_*")
+                if self.cfg.compile:  # Each new shape of the decode step is a compile of its own.
+                    print(f"--compile: torch.compile made {compiled_graphs()} graphs in this run")
         except runs.SaveFailed as e:
             print(f"train.py: error: {e}", file=sys.stderr)  # One line says what failed and how to resume.
             self.error = self.error or 1
@@ -231,7 +234,7 @@ def magrpo_step(run, batch, seeds, go_on):
     3's tree on the same functions, for every other setting (turns, cross, remax). Both sum over torchrun's
     processes with runs.all_sum; go_on is StepGate's."""
     agents, env, cfg = run.agents, run.env, run.cfg
-    if cfg.num_turns > 1 or cfg.joint != "aligned" or cfg.advantage == "remax":
+    if cfg.on_the_tree():
         return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on)
     rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
                                                                     runs.all_sum, go_on)
@@ -278,11 +281,11 @@ class StepGate:
 
 
 def reward_metrics(step, turns, num_turns):
-    """The step's reward metrics (eval.episode_metrics) over every process's nodes, the same everywhere."""
+    """The step's reward metrics (runs.episode_metrics) over every process's nodes, the same everywhere."""
     nodes = []
-    for process_nodes in runs.gather(evaluation.episode_summary(turns)):
+    for process_nodes in runs.gather(runs.episode_summary(turns)):
         nodes += process_nodes
-    return {"step": step, **evaluation.episode_metrics(nodes, num_turns)}
+    return {"step": step, **runs.episode_metrics(nodes, num_turns)}
 
 
 def length_metrics(turns, num_agents):
@@ -392,6 +395,8 @@ def resolve_flags(args):
     cfg = runs.config_from_flags(args)
     envs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = runs.world()[1]
+    if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
+        raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
     # A group needs G >= 2 for its baseline (Eq. 1), and a step at least a prompt per process.
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
                  save_every=0, log_completions_every=0)
@@ -431,11 +436,11 @@ def fill_resolved(args, env, cfg):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
-    torch.set_num_threads(args.cpu_threads)  # for the whole process, since torch has one thread pool
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
+    models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
     if checkpoint is not None:

@@ -10,6 +10,7 @@ import torch
 import envs
 import eval as evaluation
 import magrpo
+import runs
 import sampler
 import models
 import train
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("scripted_sampling")
 def train_step(agents, env, examples, cfg, seeds):
     """One step as train.py takes it: magrpo.train_step, and the reward metrics train.py logs."""
     turns, update = magrpo.train_step(agents, env, examples, cfg, seeds)
-    rewards = evaluation.episode_metrics(evaluation.episode_summary(turns), cfg.num_turns)
+    rewards = runs.episode_metrics(runs.episode_summary(turns), cfg.num_turns)
     return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
@@ -83,7 +84,7 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
     assert len(turns) == 1 and all(turns[0].solved)
-    m = evaluation.episode_metrics(evaluation.episode_summary(turns), 2)
+    m = runs.episode_metrics(runs.episode_summary(turns), 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
@@ -119,13 +120,15 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
 
 
 @pytest.mark.parametrize("options", [dict(), dict(advantage="rloo", loss_type="token_mean", micro_batch_size=3),
-                                     dict(advantage="std", loss_type="seq_mean", turn_weights=(0.5,))])
+                                     dict(advantage="std", loss_type="seq_mean", max_grad_norm=0.05),
+                                     dict(scale_rewards="batch", loss_type="token_budget", turn_weights=(1.0,))])
 def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, options):
     """Sec. 2 written straight (single_turn_step) and Sec. 3's tree (train_step) with one turn: the same
     completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""
     env = envs.DemoEnv()
     examples, seeds = env.examples[:3], [7, 8, 9]
     cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
+    assert not cfg.on_the_tree()  # train.py runs these settings with single_turn_step
     straight, tree = team(tok), team(tok)
     rollouts, rewards, advantages, metrics = magrpo.single_turn_step(straight, env, examples, cfg, seeds)
     turns, tree_metrics = magrpo.train_step(tree, env, examples, cfg, seeds)
@@ -135,10 +138,17 @@ def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, optio
     assert [float(r) for r in rewards] == [float(r) for r in turns[0].rewards]
     assert all(torch.equal(a, b) for a, b in zip(turn.advantages, turns[0].advantages))
     assert metrics == tree_metrics and metrics["grad_norm_0"] > 0
-    assert evaluation.episode_summary([turn]) == evaluation.episode_summary(turns)
+    assert runs.episode_summary([turn]) == runs.episode_summary(turns)
     assert train.completion_rows(0, [0, 1, 2], [turn]) == train.completion_rows(0, [0, 1, 2], turns)
     for a, b in zip(straight, tree):
         assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_step():
+    assert not magrpo.Config().on_the_tree()
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(turn_weights=(0.5,)),
+                    dict(mask_truncated_completions=True)):
+        assert magrpo.Config(**options).on_the_tree(), options
 
 
 def test_train_step_two_turns_updates_both_agents_on_every_turn(tok):
@@ -202,7 +212,7 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert bad and len(t2.groups) == 8
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
+    assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):

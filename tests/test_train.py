@@ -77,6 +77,8 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--top-k", "-3"], "--top-k"),
     (["--log-completions-every", "-1"], "--log-completions-every"),
     (["--advantage", "greedy"], "--advantage"),
+    (["--advantage", "std", "--scale-rewards", "batch"], "--scale-rewards"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -588,6 +590,20 @@ def test_real_model_defaults_come_from_the_authors_configs(tmp_path):
     args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults
     _, cfg = train.resolve_flags(args)
     assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 3.0)
+
+
+def test_trls_flags_resolve_and_args_json_keeps_them_as_given(monkeypatch):
+    """TRL's spellings become our settings in Config; args.json records the flags as given and fills
+    the rest (a resume resolves them again). Batch scaling needs every reward in one process."""
+    args = train.parse_args(["--loss-type", "dr_grpo", "--advantage", "std", "--mask-truncated-completions",
+                             "--max-grad-norm", "1.0"])
+    _, cfg = train.resolve_flags(args)
+    assert (cfg.loss_type, cfg.advantage, cfg.scale_rewards) == ("token_budget", "mean", "group")
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (True, 1.0)
+    assert (args.loss_type, args.advantage, args.scale_rewards) == ("dr_grpo", "std", "group")
+    monkeypatch.setattr(runs, "world", lambda: (0, 2))
+    with pytest.raises(ValueError, match="^--scale-rewards: batch needs"):
+        train.resolve_flags(train.parse_args(["--scale-rewards", "batch", "--batch-size", "2"]))
 
 
 def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
