@@ -239,7 +239,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once,
     its keys and values go G times into a preallocated cache, then decode_step runs a token at a time.
     seed: None (torch's RNG), an int, or one int per prompt (row_keys). compile: torch.compile the
-    decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end."""
+    decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end, on rows and
+    a cache padded to a few sizes (bucket), so that a run compiles a few graphs, not one per call."""
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
@@ -249,20 +250,27 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
         raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
-    keys = row_keys(seed, len(ids), G, device)
     N, P = len(ids) * G, prompt_ids.shape[1]
-    logits, cache = prefill(model, prompt_ids, prompt_mask, G, P + max_new_tokens)
+    # Compiled, the step's shapes come from buckets, not from the batch, so that a run compiles a few
+    # graphs, not one per batch: the rows padded to a power of 2 (at least 8) with copies of the last
+    # row, the cache to a power of 2 (at least 256) with positions that stay masked. Neither changes a
+    # real row's tokens, since every row attends to its own cache only (tests/test_sampler.py).
+    rows, length = (bucket(N, 8), bucket(P + max_new_tokens, 256)) if compile else (N, P + max_new_tokens)
+    source = torch.arange(rows, device=device).clamp(max=N - 1)  # the real row each row copies
+    keys = row_keys(seed, len(ids), G, device)
+    keys = keys[source] if keys is not None else None
+    logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
     # Every input of a decode step has one shape from the first token to the last: the mask covers
     # every position a row will have, 1 where its token is written, and `slot` is where the next goes.
-    mask = torch.zeros((N, P + max_new_tokens), dtype=torch.long, device=device)
-    mask[:, :P] = prompt_mask.repeat_interleave(G, dim=0)
+    mask = torch.zeros((rows, length), dtype=torch.long, device=device)
+    mask[:, :P] = prompt_mask[source // G]
     positions = mask.sum(-1)  # A row's next position id is the number of its real tokens so far.
     slot = torch.tensor([P], device=device)
-    completion = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((N, max_new_tokens), device=device)
-    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
-    finished = torch.zeros(N, dtype=torch.bool, device=device)
-    alive = torch.arange(N, device=device)  # the original row of each row in the batch
+    completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((rows, max_new_tokens), device=device)
+    lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    alive = torch.arange(rows, device=device)  # the original row of each row in the batch
     step = compiled(decode_step, device) if compile else decode_step
     for t in range(max_new_tokens):
         uniform = row_uniforms(keys[alive], t) if keys is not None and temperature > 0 else None
@@ -295,16 +303,17 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         logits = step(model, cache, token, mask, positions, slot)
         positions, slot = positions + 1, slot + 1
 
+    completion, logprobs, lengths = completion[:N], logprobs[:N], lengths[:N]  # the real rows
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
 
 
-def prefill(model, prompt_ids, prompt_mask, repeats, length):
-    """Each prompt runs once, and its keys and values go `repeats` times into a KV cache of `length`
-    positions for every row, allocated once (transformers' StaticCache), so that no decode step copies
-    or grows it. -> (each row's next-token logits [rows, vocab], float32; the cache)"""
+def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
+    """Each prompt runs once, and its keys and values go to each of its rows (prompt_of_row: [rows],
+    the prompt of each) in a KV cache of `length` positions, allocated once (transformers'
+    StaticCache). -> (each row's next-token logits [rows, vocab], float32; the cache)"""
     from transformers import DynamicCache, StaticCache  # Imported here, so that `import magrpo` stays light.
     prompt_cache = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
@@ -312,13 +321,18 @@ def prefill(model, prompt_ids, prompt_mask, repeats, length):
     cache = StaticCache(config=model.config, max_cache_len=length)
     for i, layer in enumerate(prompt_cache.layers):
         written = torch.arange(layer.keys.shape[2], device=layer.keys.device)
-        cache.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0), i,
-                     {"cache_position": written})
-    return out.logits[:, -1, :].float().repeat_interleave(repeats, dim=0), cache
+        cache.update(layer.keys[prompt_of_row], layer.values[prompt_of_row], i, {"cache_position": written})
+    return out.logits[prompt_of_row, -1, :].float(), cache
+
+
+def bucket(n, smallest):
+    """The power of 2 at least n and at least `smallest`: the few sizes a compiled step sees."""
+    return max(smallest, 1 << (n - 1).bit_length())
 
 
 def select_rows(cache, keep):
-    """Only the rows `keep` of a static cache, copied once: finished rows leave the batch."""
+    """Only the rows `keep` of a static cache: finished rows leave the batch. It copies the cache, at
+    most once every CHECK_EVERY steps and only when rows have finished (uncompiled only)."""
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys[keep], layer.values[keep]
 
@@ -334,3 +348,9 @@ def compiled(function, device):
         mode = "reduce-overhead" if key[1] == "cuda" else None
         _COMPILED[key] = torch.compile(function, mode=mode, dynamic=False)
     return _COMPILED[key]
+
+
+def compiled_graphs():
+    """How many graphs torch.compile has made in this process: one per shape of the compiled step."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]

@@ -34,7 +34,7 @@ import eval as evaluation
 import magrpo
 import models
 import runs
-from sampler import mix_seed
+from sampler import compiled_graphs, mix_seed
 
 
 def train(args):
@@ -182,7 +182,7 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(runs.write_atomic, self.curve.path, evaluation.curve_svg(self.history))
+            self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
         if save:
             try:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
@@ -212,6 +212,8 @@ class Run:
                     runs.save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
                     out = self.args.out
                     print(f"wrote {self.log.path} and {len(self.agents)} agents under {out}/agent_*")
+                if self.cfg.compile:  # Each new shape of the decode step is a compile of its own.
+                    print(f"--compile: torch.compile made {compiled_graphs()} graphs in this run")
         except runs.SaveFailed as e:
             print(f"train.py: error: {e}", file=sys.stderr)  # One line says what failed and how to resume.
             self.error = self.error or 1
@@ -250,9 +252,9 @@ class RunHooks(magrpo.Hooks):
         if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
             return False
         nodes = []  # Every process's nodes, so that the metrics and the check are the same everywhere.
-        for process_nodes in runs.gather(evaluation.episode_summary(turns)):
+        for process_nodes in runs.gather(runs.episode_summary(turns)):
             nodes += process_nodes
-        self.scored = {"step": self.step, **evaluation.episode_metrics(nodes, self.run.cfg.num_turns)}
+        self.scored = {"step": self.step, **runs.episode_metrics(nodes, self.run.cfg.num_turns)}
         sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
         bad, total = sandbox + scoring, len(nodes)
         why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
@@ -423,11 +425,11 @@ def fill_resolved(args, env, cfg):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
-    torch.set_num_threads(args.cpu_threads)  # for the whole process, since torch has one thread pool
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
+    models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
     if checkpoint is not None:

@@ -425,12 +425,48 @@ def test_generate_decode_steps_rarely_wait_for_the_device_and_copy_nothing_that_
     assert long == short, f"the largest copy grew from {short} to {long} elements with 64 more tokens"
 
 
+def varied_calls(count=12):
+    """`count` generate calls as a run makes them: 4-12 rows, prompts of 20-200 tokens."""
+    import random
+    rng = random.Random(0)
+    calls = []
+    for _ in range(count):
+        rows, longest = rng.randint(4, 12), rng.randint(20, 200)
+        calls.append(["".join(rng.choice("abcdef ():") for _ in range(rng.randint(20, longest)))
+                      for _ in range(rows)])
+    return calls
+
+
+def test_generate_padding_rows_and_positions_change_no_real_row(tok, monkeypatch):
+    """--compile pads the rows to a bucket with copies of a real row and the cache to a bucket with
+    masked positions: run eagerly on those padded shapes, every real row samples the tokens, and
+    records the log-probs, of an unpadded run."""
+    model = build(tok, "qwen2", seed=3)
+    monkeypatch.setattr(sampler, "compiled", lambda function, device: function)  # padded, not compiled
+    for prompts in varied_calls(3):
+        plain = generate(model, tok, prompts, 1, 12, temperature=1.0, seed=5)
+        padded = generate(model, tok, prompts, 1, 12, temperature=1.0, seed=5, compile=True)
+        assert torch.equal(padded.completion_ids, plain.completion_ids)
+        assert torch.allclose(padded.logprobs, plain.logprobs, atol=1e-5)
+    assert sampler.bucket(5, 8) == 8 and sampler.bucket(9, 8) == 16 and sampler.bucket(300, 256) == 512
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own internals warn
-def test_generate_compiled_decode_step_gives_the_eager_greedy_tokens(tok):
-    """--compile: torch.compile of the decode step changes how it runs, not what it computes."""
+def test_generate_compiled_decode_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok, monkeypatch):
+    """--compile: 12 calls of 4-12 rows and prompts of 20-200 tokens compile at most 6 graphs of the
+    decode step (the shapes come from buckets, not from each batch), and torch.compile changes how the
+    step runs, not what it computes: the greedy tokens are the eager ones."""
+    from torch._dynamo.testing import CompileCounterWithBackend
     model = build(tok, "qwen2", seed=3)
-    eager = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=12, temperature=0)
-    fast = generate(model, tok, PROMPTS, num_generations=2, max_new_tokens=12, temperature=0, compile=True)
-    assert torch.equal(fast.completion_ids, eager.completion_ids)
-    assert fast.texts == eager.texts
+    counter = CompileCounterWithBackend("inductor")
+    compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **options: compile(function, backend=counter,
+                                                                              dynamic=False))
+    monkeypatch.setattr(sampler, "_COMPILED", {})
+    for prompts in varied_calls():
+        eager = generate(model, tok, prompts, 1, 8, temperature=0)
+        fast = generate(model, tok, prompts, 1, 8, temperature=0, compile=True)
+        assert torch.equal(fast.completion_ids, eager.completion_ids)
+        assert fast.texts == eager.texts
+    assert 1 <= counter.frame_count <= 6, f"{counter.frame_count} graphs for 12 generate calls"

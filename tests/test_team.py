@@ -10,6 +10,7 @@ import torch
 import envs
 import eval as evaluation
 import magrpo
+import runs
 import sampler
 import models
 import train
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("scripted_sampling")
 def train_step(agents, env, examples, cfg, seeds):
     """One step as train.py takes it: magrpo.train_step, and the reward metrics train.py logs."""
     turns, update = magrpo.train_step(agents, env, examples, cfg, seeds)
-    rewards = evaluation.episode_metrics(evaluation.episode_summary(turns), cfg.num_turns)
+    rewards = runs.episode_metrics(runs.episode_summary(turns), cfg.num_turns)
     return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
@@ -83,7 +84,7 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
     assert len(turns) == 1 and all(turns[0].solved)
-    m = evaluation.episode_metrics(evaluation.episode_summary(turns), 2)
+    m = runs.episode_metrics(runs.episode_summary(turns), 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
@@ -179,7 +180,7 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert bad and len(t2.groups) == 8
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
+    assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
