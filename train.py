@@ -9,11 +9,12 @@ Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Se
 
 Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
 (--resume continues from the newest) and OUT/agent_i. The loop is train(), right below; one MAGRPO
-step is magrpo.train_step; what keeps a run safe (checkpoints, signals, torchrun) is runs.py. The
-flags that TRL's GRPOConfig also has keep its names: --num-generations, --temperature, --top-p,
---top-k, --learning-rate, --weight-decay, --loss-type (ours and TRL's values), --scale-rewards,
---mask-truncated-completions, --max-grad-norm, --seed and --save-total-limit. docs/flags.md lists
-them all, and TRL's fields beside ours; docs/runs.md, docs/scale.md.
+step is magrpo.single_turn_step (Sec. 2), or magrpo.train_step on Sec. 3's tree; what keeps a run
+safe (checkpoints, signals, torchrun) is runs.py. The flags that TRL's GRPOConfig also has keep its
+names: --num-generations, --temperature, --top-p, --top-k, --learning-rate, --weight-decay,
+--loss-type (ours and TRL's values), --scale-rewards, --mask-truncated-completions, --max-grad-norm,
+--seed and --save-total-limit. docs/flags.md lists them all, and TRL's fields beside ours;
+docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
@@ -231,8 +232,8 @@ class Run:
 def magrpo_step(run, batch, seeds, go_on):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
-    3's tree on the same functions, for every other setting (turns, cross, remax). Both sum over torchrun's
-    processes with runs.all_sum; go_on is StepGate's."""
+    3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; go_on is StepGate's."""
     agents, env, cfg = run.agents, run.env, run.cfg
     if cfg.on_the_tree():
         return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on)
@@ -454,7 +455,6 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
             models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
-
 
 
 if __name__ == "__main__":
