@@ -100,12 +100,12 @@ class Config:
         for (name, spelling), settings in self.SPELLINGS.items():
             if getattr(self, name) != spelling:
                 continue
-            for key, value in settings.items():
+            for key, value in settings.items():  # another setting it makes must be left alone, or agree
                 free = key == name or getattr(self, key) in (value, self.__dataclass_fields__[key].default)
                 self.check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
                 setattr(self, key, value)
         for name, choices in self.CHOICES.items():
-            names = choices + tuple(spelling for field, spelling in self.SPELLINGS if field == name)
+            names = choices + tuple(spelling for owner, spelling in self.SPELLINGS if owner == name)
             self.check(name, getattr(self, name) in choices, f"use one of {', '.join(names)}")
         for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
                      "feedback_max_new_tokens"):
