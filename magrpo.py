@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask, token_logprobs
+from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask,
+                     shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
@@ -235,34 +236,36 @@ def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     return advantages
 
 
+def row_logprobs(model, rollout, temperature=1.0):
+    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2), the textbook way: each row,
+    prompt and completion, in one forward pass, where the logits at position t score token t + 1.
+    The reference that completion_logprobs, which computes the same with less, is tested against."""
+    T = temperature if temperature > 0 else 1.0
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    scores = torch.log_softmax(logits[:, :-1].float() / T, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return scores[:, rollout.prompt_ids.shape[1] - 1:]  # ids[:, :-1] predicts ids[:, 1:]: the completion's
+
+
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature, before
-    any top-p/k cut, as TRL's GRPO (greedy: T = 1). rollout: a sampler.Rollout, its prompt ids and mask
-    [rows, P] left-padded, its completion ids and mask [rows, T]. -> float32 [rows, T] with grad; the
-    positions after a row's EOS are to be masked by the caller."""
-    from transformers import DynamicCache
+    any top-p/k cut, as TRL's GRPO (greedy: T = 1): row_logprobs' values, with less work. rollout: a
+    sampler.Rollout, its prompt ids and mask [rows, P] left-padded, its completion ids and mask
+    [rows, T]. -> float32 [rows, T] with grad; the positions after a row's EOS are to be masked by
+    the caller."""
     T = temperature if temperature > 0 else 1.0
-    P = rollout.prompt_ids.shape[1]
-    # A group's G rows continue the same prompt, so each distinct prompt runs once (Prefix Grouper, Liu
-    # et al. 2025), with gradients, since its keys and values depend on the weights too.
-    prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1),
-                                          dim=0, return_inverse=True)
-    prompt_mask = prompts[:, P:]
-    cache = DynamicCache()
-    out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask, output_hidden_states=True,
-                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
-    first = out.hidden_states[-1][prompt_of_row, -1:]  # A prompt's last position predicts its rows' first.
-    # Each row attends to its prompt's cache, then runs its tokens. The cache is repeated by indexing,
-    # so autograd adds up each prompt's rows' gradients and the result equals running every row whole.
-    cache.batch_select_indices(prompt_of_row)
-    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    positions = positions_from_mask(mask)[:, P:]
-    rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions,
-                 output_hidden_states=True, **forward_kwargs(model, cache, last=1))
-    # Position t predicts token t + 1. The logits over the whole vocabulary are made a chunk of positions
-    # at a time and never all kept (sampler.token_logprobs), since with 150k tokens they are the largest.
-    hidden = torch.cat([first, rest.hidden_states[-1][:, :-1]], dim=1)
-    return token_logprobs(model, hidden, rollout.completion_ids, T, check=rest)
+    # A group's G rows continue the same prompt, so the prompt runs once for several of its rows, in
+    # one forward pass with their completions after it, each attending to the prompt and to itself
+    # (Prefix Grouper, Liu et al. 2025). That saves the prompt's repeats, and the gradient is the same,
+    # since the prompt's keys and values are computed with it.
+    ids, mask, positions, predicting = shared_prompt_rows(model, rollout)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                use_cache=False, **forward_kwargs(model, last=1))
+    hidden = out.hidden_states[-1].flatten(0, 1)[predicting]  # [rows, T, H], each predicting a token
+    # The logits over the whole vocabulary are made a chunk of positions at a time and never all kept
+    # (sampler.token_logprobs), since with 150k tokens they are the largest tensors of the pass.
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
