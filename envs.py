@@ -30,6 +30,7 @@ class Env(abc.ABC):
     num_agents = 2
     runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
     authors_config = None  # the row of DEFAULTS with the authors' settings for real models
+    split = None  # the split `examples` are: its name, or a slice (":" for all of a file)
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -90,6 +91,9 @@ class Env(abc.ABC):
 
     def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
+        # One agent has no one to discuss with, and a prompt that spoke of partners would mislead it.
+        if len(first) < 2:
+            raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
         others = [text for agent, text in enumerate(first) if agent != i]
         # Its own prompt and first answer, the others' answers, then its prompt again to write anew.
         # A team of two has a partner; a larger one, other agents, each answer under its name.
@@ -148,7 +152,8 @@ class DemoEnv(Env):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
         # Each split draws from its own seed (train from Random(seed)); the 24 topics are shared, so the
         # demo's splits differ in their draws, not in what can be asked.
-        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or default_split))
+        self.split = split or default_split
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(self.split))
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
     def prompts(self, ex):
@@ -221,7 +226,8 @@ HUB = {
 
 
 def take_split(rows, split, named, source, default="train"):
-    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty."""
+    """(the rows of a split name (its slice in `named`) or of a slice ("33:133"), never empty; the split
+    taken: `split`, else `default`, else ":", all rows)."""
     # With no split named, the program's own is used (train for train.py, test for eval.py). A single
     # file has no test split, so eval.py scores all of it, the file the user gave it to evaluate.
     if split is None:
@@ -239,7 +245,7 @@ def take_split(rows, split, named, source, default="train"):
     # An empty split would train on nothing and evaluate to a mean of nothing, so it is refused here.
     if not part:
         raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
-    return part
+    return part, split
 
 
 def parse_at(parse, row, where):
@@ -422,7 +428,7 @@ class CodingEnv(Env):
         # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
         named = SPLITS["coophumaneval"] if self.coop else named
-        self.examples = take_split(rows, split, named, dataset, default_split)
+        self.examples, self.split = take_split(rows, split, named, dataset, default_split)
         self.authors_config = "coophumaneval" if self.coop else "humaneval"  # their sampling, per dataset
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
@@ -515,7 +521,7 @@ class CodingEnv(Env):
     def discussion_prompt(self, ex, i, first):
         """Sec. 6 discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
-            return self.prompts(ex)[0]
+            return super().discussion_prompt(ex, i, first)  # refused: no partner
         entry, aux = ex["entry_point"], shown_code(ex, first[0], "aux")
         main = as_comment(shown_code(ex, first[1], entry))
         # The helper sees both first answers as comments and rewrites aux for the main function; the
@@ -640,7 +646,7 @@ class WritingEnv(Env):
         if dataset and dataset != "builtin":
             parse = functools.partial(text_row, field=text_field)
             rows, named = load_rows(dataset, split or default_split, parse)
-            self.examples = take_split(rows, split, named, dataset, default_split)
+            self.examples, self.split = take_split(rows, split, named, dataset, default_split)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
@@ -650,7 +656,8 @@ class WritingEnv(Env):
         # held out, and eval and test are that same fifth.
         cut = len(rows) * 4 // 5
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus", default_split)
+        source = f"the built-in {self.name} corpus"
+        self.examples, self.split = take_split(rows, split, named, source, default_split)
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""

@@ -124,10 +124,6 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
 # adapter (and its AdamW holds only the adapter's moments).
 
 
-class LoRAError(ValueError):
-    """A bad LoRA setting; its message names its own flag."""
-
-
 @dataclass
 class LoRAConfig:
     """An adapter's shape, in peft's LoraConfig names: rank r, lora_alpha (the update is scaled by
@@ -197,14 +193,14 @@ def lora_targets(model, targets):
     for target in targets:  # a target that matches nothing is a typo
         if not any(n == target or n.endswith("." + target) for n in chosen):
             names = sorted({n.rsplit(".", 1)[-1] for n in linear})
-            raise LoRAError(f"--lora-target-modules: no linear layer named {target!r} in this "
+            raise ValueError(f"no linear layer named {target!r} in this "
                             f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
         if owners[id(model.get_submodule(name).weight)] > 1:
-            raise LoRAError(f"--lora-target-modules: {name} shares its weight with another layer (tied "
+            raise ValueError(f"{name} shares its weight with another layer (tied "
                             "embeddings): leave it out")
     return chosen
 
@@ -247,9 +243,9 @@ def shared_base(name, device, dtype, seed, bases):
     return bases[key]
 
 
-def load_adapter(name, device, dtype, seed, lora, bases):
+def load_adapter(name, device, dtype, seed, bases):
     """(model, tokenizer) of the adapter directory `name` (ours or peft's): its base (named in its
-    adapter_config.json, shared through `bases`) + the adapter; `lora`, if given, must match it."""
+    adapter_config.json, shared through `bases`) + the adapter."""
     # Only a plain LoRA adapter on a named base is rebuilt; anything else is refused, not loaded wrong.
     config = json.loads(Path(name, ADAPTER_CONFIG).read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
@@ -266,18 +262,14 @@ def load_adapter(name, device, dtype, seed, lora, bases):
         raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
                          f"{base_name!r}): set it to the base's hub name or path")
     saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
-    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
-        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
-                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
     # A tiny base is random, so the seed that made it is saved beside the adapter (not in peft's file).
     tiny_base = Path(name, TINY_BASE)
     tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
     base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
     try:
         model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base, a fault of the directory, not a flag
-        why = str(e).split(": ", 1)[1]
-        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    except ValueError as e:  # its target_modules do not fit its base, a fault of the directory, not a flag
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {e}") from None
     model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
     load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
     return model, tok
@@ -408,24 +400,30 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use auto or one of {', '.join(DTYPES)}")
-    if torch.device(device).type == "cuda":  # fp32 matmuls on a GPU run as TF32, ~8x faster
-        torch.backends.cuda.matmul.allow_tf32 = True
     bases = {} if bases is None else bases
+    adapter = os.path.isfile(os.path.join(name, ADAPTER_CONFIG))  # an adapter directory, ours or peft's
     try:
-        if os.path.isfile(os.path.join(name, ADAPTER_CONFIG)):  # an adapter directory, ours or peft's
-            model, tok = load_adapter(name, device, dtype, seed, lora, bases)
-        elif lora is not None:  # a new adapter, drawn from its own seed, on the team's shared base
+        if adapter:
+            model, tok = load_adapter(name, device, dtype, seed, bases)
+        elif lora is not None:  # a new adapter (below) on the team's shared base
             # ./m and m are one base, and the adapter's config names a path that works from elsewhere.
             base_name = os.path.abspath(name) if name != TINY and os.path.isdir(name) else name
             base_seed = seed if base_seed is None else base_seed
             base, tok = shared_base(base_name, device, dtype, base_seed, bases)
-            model = add_lora(base, lora, seed, base_name, base_seed)
         else:
             model, tok = load_model(name, device, dtype, seed=seed)
-    except LoRAError:
-        raise  # it names its own flag
     except (ValueError, RuntimeError) as e:  # RuntimeError means weights of the wrong shape or dtype
         raise ValueError(f"{flag}: {e}") from None
+    if lora is not None and not adapter:  # drawn from its own seed
+        try:
+            model = add_lora(base, lora, seed, base_name, base_seed)
+        except ValueError as e:
+            raise ValueError(f"--lora-target-modules: {e}") from None
+    elif lora is not None:  # a saved adapter is trained further as it is, and must be what the flags say
+        r, alpha = model.lora_config["r"], model.lora_config["lora_alpha"]
+        if (lora.r, lora.alpha) != (r, alpha):
+            raise ValueError(f"--lora-r: {name} holds an adapter with r={r}, lora_alpha={alpha:g}, "
+                             f"not r={lora.r}, lora_alpha={lora.alpha:g}")
     if chat_template and tok.chat_template is None:
         raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
     return Agent(model, tok, chat_template=chat_template)
@@ -436,7 +434,7 @@ def write_checkpoint(path, agents, state):
     RNG states (resuming must sample exactly what the uninterrupted run would), then, last, CHECKPOINT_STATE
     (the step, the run's flags, every file's size: checkpoint_problem tells a checkpoint cut short)."""
     # Each agent saves as a model (or an adapter) that from_pretrained or peft load, so a checkpoint
-    # is also a usable agent; the optimizer's state lies beside it (train.py leaves it out of agent_i).
+    # is also a usable agent; the optimizer's state lies beside it (runs.save_final leaves it out of agent_i).
     for i, agent in enumerate(agents):
         save_agent(agent, os.path.join(path, f"agent_{i}"))
         torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
@@ -572,6 +570,14 @@ def per_agent(values, n, flag):
     if len(values) not in (1, n):
         raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
     return values * (n // len(values))
+
+
+def set_torch(cpu_threads, devices):
+    """The process-wide torch settings of a run, set where train.py and eval.py start one: torch's CPU
+    threads, and TF32 for fp32 matmuls where an agent is on a GPU (~8x faster; docs/scale.md)."""
+    torch.set_num_threads(cpu_threads)  # for the whole process, since torch has one thread pool
+    if any(torch.device(device).type == "cuda" for device in devices):
+        torch.backends.cuda.matmul.allow_tf32 = True
 
 
 def agent_devices(device, n, local_rank=0, local_world=1):

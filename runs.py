@@ -1,6 +1,7 @@
 """
 What a run needs besides the algorithm, for train.py and eval.py: Config's flags, the run directory
-(checkpoints written atomically, logs that survive a full disk), signals, and torchrun's processes.
+(checkpoints written atomically, logs that survive a full disk), signals, torchrun's processes, and
+what a step scored (metrics.jsonl) with its learning curve (curve.svg).
 magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
@@ -9,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import shutil
 import signal
@@ -192,9 +194,8 @@ def save_checkpoint(out, step, agents, args, logs=()):
         for log in logs:
             log.sync()
         shutil.rmtree(tmp, ignore_errors=True)
-        # The data position is the step, since batch_at derives step k's examples from (seed, k) alone.
-        models.write_checkpoint(tmp, agents, {"step": step, "data_position": step * args.batch_size,
-                                              "args": vars(args)})
+        # The step is the data's position too, since batch_at derives step k's examples from (seed, k).
+        models.write_checkpoint(tmp, agents, {"step": step, "args": vars(args)})
         # On disk before the rename, and the rename on disk after it, so that after a power loss the name
         # checkpoint-<step> never points at data that was still in the page cache.
         fsync_tree(tmp)
@@ -336,9 +337,9 @@ class Signals:
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs). Every
-# process runs the same loop on its share of each step's prompts (my_share); train_step sums the loss
-# counts and the gradients through train.py's hooks (all_sum, sum_gradients), and the collectives here
-# keep the processes in step (gather).
+# process runs the same loop on its share of each step's prompts (my_share); a MAGRPO step sums the loss
+# counts and the gradients with the all_sum that train.py gives it, and the collectives here keep the
+# processes in step (gather).
 
 # Process 0 saves while the others wait in a collective; NCCL's default timeout (10 minutes) would
 # kill a run whose save of a large agent and its optimizer state takes longer on a slow disk.
@@ -391,7 +392,8 @@ def world():
 
 
 def my_share(items):
-    """This process's contiguous share of a step's items (N processes sample what one samples)."""
+    """This process's contiguous share of a step's items (N processes sample what one samples, in
+    float32; in bfloat16 a row's tokens can change with its batch: docs/scale.md)."""
     # Contiguous shares keep each prompt's seed with it, so sampling does not depend on the split.
     rank, size = world()
     return items[rank * len(items) // size:(rank + 1) * len(items) // size]
@@ -403,23 +405,155 @@ def data_parallel():
 
 
 def all_sum(values, device="cpu"):
-    """The element-wise sum of a list of numbers over the processes (float64: a count or a sum of
-    losses loses nothing on the way)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    """The element-wise sum over the processes of a tensor (in place: a gradient), or of a list of
+    numbers -> a list (in float64, so that a count or a sum of losses loses nothing on the way)."""
+    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64, device=device)
     if data_parallel():
         torch.distributed.all_reduce(t)
-    return t.tolist()
+    return t if torch.is_tensor(values) else t.tolist()
+
+# -----------------------------------------------------------------------------
+# What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve
 
 
-@torch.no_grad()
-def sum_gradients(model):
-    """Each gradient summed over the processes (each loss is already divided by the whole batch's
-    count). A gradient no process has stays None."""
-    if not data_parallel():
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    has_grad = all_sum([float(p.grad is not None) for p in params], params[0].device)
-    for p, processes_with_grad in zip(params, has_grad):
-        if processes_with_grad:
-            p.grad = p.grad if p.grad is not None else torch.zeros_like(p)  # another process has one
-            torch.distributed.all_reduce(p.grad)
+def mean(xs):
+    """The mean of the numbers `xs`, 0 for none."""
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def sample_std(xs):
+    """The sample standard deviation (Bessel's n - 1, torch.std in float32), 0 for fewer than 2 values:
+    the one std of the report and of metrics.jsonl."""
+    return torch.tensor(xs).std().item() if len(xs) > 1 else 0.0
+
+
+def episode_summary(turns):
+    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
+    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
+    nodes = []
+    for t, turn in enumerate(turns, 1):
+        for node, reward in enumerate(turn.rewards):
+            # The mean over a turn of a revised answer's gain over the one it revises is the metric
+            # improvement_turn<t>; every group of a turn has the same number of nodes.
+            parent = turn.groups[turn.place(node)[0]].parent
+            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
+            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
+                          "levels": dict(getattr(reward, "levels", None) or {}),
+                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
+                          "score_error": isinstance(reward, magrpo.ScoreError)})
+    return nodes
+
+
+def level_means(levels, suffix=""):
+    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
+    counts 0: it was gated off by a level before it."""
+    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
+    means = {}
+    for name in names:
+        means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
+    return means
+
+
+def episode_metrics(nodes, num_turns):
+    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
+    first = [node for node in nodes if node["turn"] == 1]
+    rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
+    m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
+         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
+    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
+    # the columns of metrics.jsonl stay the same from the first row to the last.
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
+        if t > 1:
+            keys.append(f"improvement_turn{t}")
+        turn = [node for node in nodes if node["turn"] == t]
+        if not turn:
+            m.update(dict.fromkeys(keys))
+            continue
+        rewards = torch.tensor([node["reward"] for node in turn])
+        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
+        if t > 1:  # how much revising gained over the answers it revised
+            values.append(mean(node["gain"] for node in turn))
+        m.update(zip(keys, values))
+        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
+    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
+    m["score_errors"] = sum(node["score_error"] for node in nodes)
+    return m
+
+# The learning curve, OUT/curve.svg, drawn from metrics.jsonl's rows
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def curve_series(rows):
+    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
+    reward when there are several turns, and the in-training eval's reward."""
+    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
+    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
+    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    if last > 1:
+        names.append(f"reward_mean_turn{last}")
+    names.append("eval_reward_mean")
+    series = {}
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+        if points:  # without an eval there is no line
+            series[name] = points
+    return series
+
+
+def ticks(lo, hi, count=5, least=0.0):
+    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
+    `least`: steps are whole), for an axis."""
+    raw = (hi - lo) / max(1, count - 1)
+    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def curve_svg(rows, width=760, height=400, pad=50, legend=190):
+    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
+    curve_series, smoothed, on axes with titles and ticks."""
+    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
+    series = curve_series(rows)
+    steps = [step for points in series.values() for step, _ in points]
+    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
+    top = max(value for points in series.values() for _, value in points) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
+    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
+
+    def x_of(step):
+        return pad + (step - x0) / (x1 - x0) * (right - pad)
+
+    def y_of(value):
+        return bottom - max(0.0, value) / top * (bottom - pad)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
+    # A tick is a short mark and its label; round values let a reader place a point between them.
+    for value in ticks(0.0, top):
+        y = y_of(value)
+        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for step in ticks(x0, x1, least=1):
+        x = x_of(step)
+        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
+                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
+    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
+              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
+              f'reward and its levels{smoothed}</text>']
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        values = [value for _, value in points]
+        # Each value averaged with the window - 1 before it (the first ones, with what there is).
+        values = [mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
+        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
+        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
+    return "\n".join(parts + ["</svg>\n"])

@@ -77,6 +77,8 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--top-k", "-3"], "--top-k"),
     (["--log-completions-every", "-1"], "--log-completions-every"),
     (["--advantage", "greedy"], "--advantage"),
+    (["--advantage", "std", "--scale-rewards", "batch"], "--scale-rewards"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -338,13 +340,13 @@ class FullDisk:
 
     def from_update(self, monkeypatch, k):
         """The disk fills during the k-th update (counted from 1) and stays full."""
-        real, done = magrpo.episode_advantages, []
+        real, done = magrpo.group_advantages, []
 
-        def episode_advantages(*a, **kw):
+        def group_advantages(*a, **kw):  # once a step (single_turn_step), after its sampling
             done.append(1)
             self.full = self.full or len(done) >= k
             return real(*a, **kw)
-        monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+        monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
 
 
 @pytest.mark.parametrize("writer, cause", [("safetensors", "SafetensorError: .*No space left"),
@@ -469,18 +471,18 @@ def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_p
     """From step 3 on every reward raises: the run stops before step 3's update, saves
     checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
     import envs
-    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.episode_advantages, []
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.group_advantages, []
 
     def reward(self, example, outputs):
         if len(done) >= 3:
             raise ValueError("the scorer is broken")
         return real_reward(self, example, outputs)
 
-    def episode_advantages(*a, **k):
+    def group_advantages(*a, **k):  # once a step (single_turn_step), after its sampling
         done.append(1)
         return real_update(*a, **k)
     monkeypatch.setattr(envs.DemoEnv, "reward", reward)
-    monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+    monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
         train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
@@ -588,6 +590,20 @@ def test_real_model_defaults_come_from_the_authors_configs(tmp_path):
     args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults
     _, cfg = train.resolve_flags(args)
     assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 3.0)
+
+
+def test_trls_flags_resolve_and_args_json_keeps_them_as_given(monkeypatch):
+    """TRL's spellings become our settings in Config; args.json records the flags as given and fills
+    the rest (a resume resolves them again). Batch scaling needs every reward in one process."""
+    args = train.parse_args(["--loss-type", "dr_grpo", "--advantage", "std", "--mask-truncated-completions",
+                             "--max-grad-norm", "1.0"])
+    _, cfg = train.resolve_flags(args)
+    assert (cfg.loss_type, cfg.advantage, cfg.scale_rewards) == ("token_budget", "mean", "group")
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (True, 1.0)
+    assert (args.loss_type, args.advantage, args.scale_rewards) == ("dr_grpo", "std", "group")
+    monkeypatch.setattr(runs, "world", lambda: (0, 2))
+    with pytest.raises(ValueError, match="^--scale-rewards: batch needs"):
+        train.resolve_flags(train.parse_args(["--scale-rewards", "batch", "--batch-size", "2"]))
 
 
 def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
