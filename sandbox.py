@@ -104,10 +104,10 @@ globals().update(_LINUX)  # the same names as globals here, where a reader (or a
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
-import _thread, builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
+import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (_thread, builtins, ctypes, json, marshal, os, resource, select, signal,
-                                  socket, sys, time)}
+space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys,
+                                  time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -789,9 +789,13 @@ def _relay(job, asks, answers):
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one, so nothing of the broken call (a
     # thread still running, a half-done change) reaches the next test. The calls that measure the
-    # helper's use go to another, whose helper's results are altered (started at the first of them).
+    # helper's use come after the tests, and go to another, whose helper's results are altered; the
+    # first one ends the other (so nothing it started, processes or sockets, outlives the tests).
     procs = {False: _spawn(job, False), True: None}  # the first loads while the tester reads the test
     for seconds, call, altered in _messages(asks):
+        if altered and procs[False]:
+            _end(procs[False], 0)
+            procs[False] = None
         proc = procs[altered] = procs[altered] or _spawn(job, altered)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
