@@ -317,8 +317,8 @@ def micro_batches(num_rows, group_size, micro_batch_size):
 
 
 def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on=None):
-    """One MAGRPO step of Sec. 2 (one turn, aligned joint actions), seeds one per example. total(x):
-    numbers (a list) or a tensor summed over the processes that share the batch (default: one process);
+    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
+    list of numbers or a tensor summed over the processes sharing the batch (default: one process);
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
