@@ -120,6 +120,38 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
             assert torch.allclose(p, q, atol=1e-5)
 
 
+@pytest.mark.parametrize("options", [dict(), dict(advantage="rloo", loss_type="token_mean", micro_batch_size=3),
+                                     dict(advantage="std", loss_type="seq_mean", max_grad_norm=0.05),
+                                     dict(scale_rewards="batch", loss_type="token_budget", turn_weights=(1.0,))])
+def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, options):
+    """Sec. 2 written straight (single_turn_step) and Sec. 3's tree (train_step) with one turn: the same
+    completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""
+    env = envs.DemoEnv()
+    examples, seeds = env.examples[:3], [7, 8, 9]
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
+    assert not cfg.on_the_tree()  # train.py runs these settings with single_turn_step
+    straight, tree = team(tok), team(tok)
+    rollouts, rewards, advantages, metrics = magrpo.single_turn_step(straight, env, examples, cfg, seeds)
+    turns, tree_metrics = magrpo.train_step(tree, env, examples, cfg, seeds)
+    turn = magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)
+    assert len(turns) == 1 and [r.texts for r in rollouts] == [r.texts for r in turns[0].rollouts]
+    assert turn.outputs == turns[0].outputs and turn.solved == turns[0].solved
+    assert [float(r) for r in rewards] == [float(r) for r in turns[0].rewards]
+    assert all(torch.equal(a, b) for a, b in zip(turn.advantages, turns[0].advantages))
+    assert metrics == tree_metrics and metrics["grad_norm_0"] > 0
+    assert runs.episode_summary([turn]) == runs.episode_summary(turns)
+    assert train.completion_rows(0, [0, 1, 2], [turn]) == train.completion_rows(0, [0, 1, 2], turns)
+    for a, b in zip(straight, tree):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_step():
+    assert not magrpo.Config().on_the_tree()
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(turn_weights=(0.5,)),
+                    dict(mask_truncated_completions=True)):
+        assert magrpo.Config(**options).on_the_tree(), options
+
+
 def test_train_step_with_trls_settings_is_trls_single_turn_step(tok, monkeypatch):
     """--advantage std, --loss-type dr_grpo, --mask-truncated-completions and --max-grad-norm through
     a whole step, against the step written out from TRL's formulas: A = (R - mean) / (std + 1e-4);
