@@ -66,8 +66,8 @@ class Config:
                                        "dapo), seq_mean (grpo), token_budget (dr_grpo); TRL's bnpo, a token "
                                        "mean per micro-batch, is token_mean here (TRL's, one micro-batch)")
     mask_truncated_completions: bool = option(False, "completions that never reached EOS get no gradient")
-    max_grad_norm: float = option(None, "clip each agent's gradient norm to this (None: off, as the "
-                                        "paper; TRL's default is 1.0)")
+    max_grad_norm: float = option(0.0, "clip each agent's gradient norm to this (0: off, as the paper; "
+                                       "TRL's default is 1.0)")
     micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
     num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
     expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
@@ -115,7 +115,7 @@ class Config:
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
-        self.check("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0")
+        self.check("max_grad_norm", self.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
 
@@ -637,8 +637,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     return turns, metrics
 
 
-def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
-    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (None: off, as the
+def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
+    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
     paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
     # A gradient that some process has is summed (0 where one has none); one that none has stays None.
@@ -652,7 +652,7 @@ def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
-        if max_grad_norm is not None and grad_norm > max_grad_norm:  # as torch's clip_grad_norm_ (TRL's)
+        if 0 < max_grad_norm < grad_norm:  # as torch's clip_grad_norm_ (TRL's)
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))

@@ -716,7 +716,7 @@ def test_episode_advantages_cross_credits_each_completion():
     ("expand", "some", "--expand"), ("feedback", "loud", "--feedback"), ("top_p", 0.0, "--top-p"),
     ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"),
     ("advantage", "max", "--advantage"), ("scale_rewards", "std", "--scale-rewards"),
-    ("max_grad_norm", 0.0, "--max-grad-norm"),
+    ("max_grad_norm", -1.0, "--max-grad-norm"),
     ("joint", "all", "--joint"), ("top_k", -1, "--top-k"),
 ])
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
@@ -740,7 +740,7 @@ def test_config_resolves_trls_loss_types_and_advantage_std_to_ours():
         magrpo.Config(loss_type="sapo")
     cfg = magrpo.Config()
     assert cfg == magrpo.Config(advantage="mean", scale_rewards="none", loss_type="seq_sum")
-    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, None)
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, 0.0)
 
 
 def test_group_advantages_of_advantage_std_are_the_original_grpos_z_score():
