@@ -368,6 +368,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
+    runs.show_defaults(p, "eval", {})
     return p.parse_args(argv)
 
 
@@ -427,18 +428,17 @@ def check_flags(args):
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
     tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
-    defaults = envs.run_defaults(tiny, "eval")
+    defaults = runs.run_defaults("eval", tiny)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
-    envs.fill_defaults(args, defaults)
+    runs.fill_defaults(args, defaults)
     # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag}: must be >= {least}, got {value}")
     # Config checks the sampling flags (one line naming the flag); the report records each value used.
-    cfg = sample_cfg(args)
-    vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
+    runs.fill_defaults(args, dataclasses.asdict(sample_cfg(args)))
     # The paper's k (1, 3, 5, 10) are kept where --num-samples allows, as pass@10 of 5 samples means nothing.
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
@@ -461,8 +461,6 @@ def check_flags(args):
 def unsupported(env, examples, method):
     """Why the env cannot run `method` on these problems, or None. Asked before any model loads: by
     default eval.py runs every method the env can, and a method asked for by name must run."""
-    if method == "oracle" and not hasattr(env, "oracle_outputs"):
-        return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
     try:
         if method == "single":
             env.single_prompt(examples[0])
@@ -535,6 +533,8 @@ def setup(args):
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
     args.split = env.split  # the rows scored: a split's name, or a slice (":" for a whole file)
+    if env.runs_code:  # what the sandbox runs the model's code with, for the report
+        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
     examples = env.examples[:args.limit]  # the first --limit, the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")

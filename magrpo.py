@@ -31,7 +31,7 @@ from sampler import eos_token_ids, forward_kwargs, generate, mix_seed, positions
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
 # becomes --num-generations), with the help written beside it here. The defaults are the paper's
-# (Sec. 2); envs.DEFAULTS holds the few that depend on the run (the tiny model, the env).
+# (Sec. 2); runs.RUN_DEFAULTS and each env's settings hold the few that depend on the run.
 
 
 

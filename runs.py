@@ -39,12 +39,66 @@ def add_config_flags(parser, names=None):
     can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(magrpo.Config):
         if names is None or f.name in names:
-            text = f"{f.metadata['help']} (default {f.default})".replace("%", "%%")  # argparse formats %
+            text = f.metadata["help"].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
             flag = f"--{f.name.replace('_', '-')}"
             if f.type is bool:  # a switch, None when not given, like the others
                 parser.add_argument(flag, action="store_true", default=None, help=text)
             else:
                 parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+
+
+# The defaults that depend on the run, the one place they are set. Config's own are the paper's
+# (magrpo.py, Sec. 2), and an env's own for training a real model are its `settings` (the authors').
+RUN_DEFAULTS = {
+    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1),  # the paper's
+    # The tiny model learns from scratch in minutes, with a high lr, short outputs and bigger groups.
+    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2),
+    "eval": dict(temperature=0.8, top_p=0.95),  # the paper's evaluation (Sec. 6)
+}
+
+
+def run_defaults(purpose, tiny, settings=None):
+    """The defaults of a run ("train" or "eval") that are not Config's own, by flag: training's (the
+    tiny model's, or the paper's and the env's `settings`) or evaluation's (the paper's sampling; the
+    tiny model's length). Config then fills the rest (fill_defaults(args, asdict(cfg)))."""
+    defaults = {}
+    if purpose == "eval":
+        defaults.update(RUN_DEFAULTS["eval"])
+        if tiny:  # as long as the tiny model writes in training
+            defaults["max_new_tokens"] = RUN_DEFAULTS["tiny"]["max_new_tokens"]
+    else:
+        defaults.update(RUN_DEFAULTS["tiny"] if tiny else {**RUN_DEFAULTS["train"], **(settings or {})})
+    return defaults
+
+
+def fill_defaults(args, defaults):
+    """Each flag of `defaults` that the program has and the user did not give (None) takes its default."""
+    for name, value in defaults.items():
+        if name in vars(args) and getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def show_defaults(parser, purpose, env_settings):
+    """Each flag's help ends with the defaults a run uses (run_defaults), per model and per env
+    ({name: settings}) where they differ, so that --help shows what a run will use."""
+    config = dataclasses.asdict(magrpo.Config())
+    tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
+    for action in parser._actions:
+        if action.dest not in tiny:
+            continue
+        name = action.dest
+        # The envs whose value differs from a real model's default, grouped by value: "tldr/arxiv 5e-06".
+        by_env = {}
+        for env, settings in env_settings.items():
+            value = {**real, **run_defaults(purpose, False, settings)}[name]
+            if value != real[name]:
+                by_env.setdefault(value, []).append(env)
+        text = f"default {real[name]}"
+        if tiny[name] != real[name]:
+            text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
+        if by_env:
+            text += "; a real model on " + ", ".join(f"{'/'.join(e)} {value}" for value, e in by_env.items())
+        action.help = f"{action.help or ''} ({text})".strip()
 
 
 def config_from_flags(args, **overrides):

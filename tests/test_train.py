@@ -587,9 +587,35 @@ def test_real_model_defaults_come_from_the_authors_configs(tmp_path):
     args = train.parse_args(["--env", "coding", "--dataset", che, "--split", ":", "--model", "m/m", "--temperature", "0.5"])
     _, cfg = train.resolve_flags(args)
     assert (cfg.temperature, cfg.top_p) == (0.5, 0.95)  # a flag given wins over the env's default
-    args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults
+    args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults; one test timeout
     _, cfg = train.resolve_flags(args)
-    assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 3.0)
+    assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 10.0)
+
+
+def test_help_shows_the_defaults_a_run_uses(capsys):
+    """--help prints the demo's defaults (the tiny model's) and a real model's on the coding env, from
+    runs.run_defaults, the one place they are set; eval.py's, the paper's evaluation sampling."""
+    import eval as ev
+
+    def help_of(parse_args):
+        with pytest.raises(SystemExit):
+            parse_args(["--help"])
+        return " ".join(capsys.readouterr().out.split())
+    text = help_of(train.parse_args)
+    assert "G, completions per agent per prompt (Sec. 2 step 1) (default: the tiny model 8, a real model 4)" in text
+    assert "tokens per completion at most (default: the tiny model 24, a real model 256)" in text
+    assert "sampling temperature (0: greedy) (default 1.0; a real model on coding/tldr/arxiv 0.7)" in text
+    assert "(default 1.0; a real model on coding/tldr/arxiv 0.9)" in text  # top-p
+    assert "(default: the tiny model 0.003, a real model 1e-05; a real model on tldr/arxiv 5e-06)" in text
+    assert "seconds per sandbox test (default 10)" in text
+    for flags, real in (([], dict(num_generations=8, max_new_tokens=24, temperature=1.0, learning_rate=3e-3)),
+                        (["--env", "coding", "--model", "m/m"], dict(temperature=0.7, top_p=0.9, learning_rate=1e-5))):
+        args = train.parse_args(flags)
+        train.resolve_flags(args)
+        assert {k: getattr(args, k) for k in real} == real  # what --help says is what a run gets
+    text = help_of(ev.parse_args)
+    assert "sampling temperature (0: greedy) (default 0.8)" in text and "(default 0.95)" in text
+    assert "tokens per completion at most (default: the tiny model 24, a real model 256)" in text
 
 
 def test_trls_flags_resolve_and_args_json_keeps_them_as_given(monkeypatch):
