@@ -538,6 +538,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
     for i, agent in enumerate(agents):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         agent.model.zero_grad(set_to_none=True)
+        # Eq. 2's masks; --mask-truncated-completions leaves out the rows cut before their EOS.
         eos_ids = eos_token_ids(agent.model, agent.tokenizer) if cfg.mask_truncated_completions else None
         masks = [loss_mask(turn.rollouts[i], eos_ids) for turn in turns]
         # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to it.
@@ -580,8 +581,10 @@ def optimizer_step(agent, loss, hooks, max_grad_norm=None):
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if max_grad_norm is not None and grad_norm > max_grad_norm:  # as torch's clip_grad_norm_ (TRL's)
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
     model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}

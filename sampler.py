@@ -12,7 +12,15 @@ decode_step a token at a time, in steps of one shape that --compile can capture;
 each token from the row's own seeded uniform number, so a completion never depends on its batch.
 Greedy output equals model.generate's (tests/test_sampler.py). token_logprobs serves the log-prob
 pass of Eq. 2 (magrpo.completion_logprobs) without holding the logits of every position.
+
+These equalities hold in float32: a completion independent of its batch, greedy output equal to
+model.generate's, a compiled step's tokens equal to the eager one's. In bfloat16 they hold only
+approximately, since a matmul's rounding depends on the shapes and on the kernel: greedy tokens may
+part from model.generate's after a few hundred tokens, a compiled step may sample other tokens than
+the eager one, and the sampler's log-probs differ from the trainer's by a few hundredths of a nat
+(train.py logs it as logprob_drift_i).
 """
+import contextlib
 import inspect
 import itertools
 import math
@@ -20,9 +28,11 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
 CHECK_EVERY = 8  # decode steps between two looks at which rows have finished (a host sync each)
+BLOCK = 1024  # sample_token's cumulative sums: of blocks of this many tokens, then inside one
 
 # -----------------------------------------------------------------------------
 # Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
@@ -73,8 +83,9 @@ def row_keys(seed, num_prompts, num_generations, device):
 
 def row_uniforms(keys, t):
     """The uniform number in (0, 1) of each row's t-th token: splitmix64's finaliser over (key, t) on
-    int64 tensors (the multiplications wrap around, as the hash wants)."""
-    x = keys + _int64((t + 1) * _GOLDEN)
+    int64 tensors (the multiplications wrap around, as the hash wants). t: an int, or a tensor of steps
+    that broadcasts with keys (keys[:, None] and arange(T) give every row's T numbers at once)."""
+    x = keys + torch.as_tensor(t, device=keys.device).add(1).mul(_int64(_GOLDEN))
     x = (x ^ _shr(x, 30)) * _int64(_MIX1)
     x = (x ^ _shr(x, 27)) * _int64(_MIX2)
     x = x ^ _shr(x, 31)
@@ -144,11 +155,13 @@ def _forward_parameters(model_class):
 
 
 def forward_kwargs(model, cache=None, last=None, slot=None):
-    """model(...)'s keyword arguments for a KV `cache` written at `slot`, and for the logits of the
-    `last` positions only (with a 150k vocabulary the full logits are a step's largest tensor), as
-    this model takes them."""
+    """model(...)'s keyword arguments for a KV `cache` (a transformers Cache, or generate's own, a list
+    of each layer's (keys, values), written at `slot`), and for the logits of the `last` positions
+    only (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
     accepted = _forward_parameters(type(model))
     kwargs = {}
+    if isinstance(cache, list):  # generate's own cache, which cached_attention reads and writes at slot
+        return {"kv_cache": cache, "slot": slot, "use_cache": False}
     if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
         kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
         kwargs["use_cache"] = True
@@ -179,20 +192,28 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
         probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
     if uniform is None:
         uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
-    # Inverse-CDF sampling in float64; the cut probabilities need no renormalising, since the uniform
-    # number is scaled by the row's remaining mass.
-    cdf = probs.double().cumsum(-1)
-    target = uniform.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]
-    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return token.clamp(max=probs.shape[-1] - 1)  # (a uniform at the very top of the cdf)
+    # Inverse-CDF sampling in float64 (the cut probabilities need no renormalising, since the uniform
+    # number is scaled by the row's remaining mass), in two levels, so that no float64 copy of [rows,
+    # vocab] is made: the cumulative mass of blocks of BLOCK tokens finds the block that holds the
+    # target, then the cumulative sum inside that block alone finds the token.
+    rows, vocab = probs.shape
+    blocks = F.pad(probs, (0, -vocab % BLOCK)).view(rows, -1, BLOCK)
+    ends = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [rows, blocks]: the mass up to each block's end
+    target = uniform.to(ends)[:, None] * ends[:, -1:]
+    block = torch.searchsorted(ends, target, right=True).clamp(max=ends.shape[1] - 1)  # [rows, 1]
+    inside = blocks.gather(1, block[:, :, None].expand(-1, -1, BLOCK))[:, 0].double().cumsum(-1)
+    before = F.pad(ends, (1, 0)).gather(1, block)  # the mass of the blocks before it
+    token = block * BLOCK + torch.searchsorted(before + inside, target, right=True)
+    return token.squeeze(-1).clamp(max=vocab - 1)  # (a uniform at the very top of the cdf)
 
 
 def decode_step(model, cache, tokens, mask, positions, slot=None):
     """One step of the decode loop: each row's newest token, at its position id, goes through the model
     with the KV cache of the row's earlier tokens, and the cache takes the token's keys and values.
-    tokens, positions: [rows] (long); mask: [rows, cache positions], 0 on left padding and on positions
-    not written yet; cache: a transformers Cache holding the earlier tokens; slot: [1], the cache
-    position the token goes to (a StaticCache; None: a DynamicCache's end).
+    tokens, positions: [rows] (long); cache: a transformers Cache holding the earlier tokens, with mask
+    [rows, cache positions] 0 on left padding and on positions not written yet; or generate's own
+    (prefill), with mask [rows, 1, 1, cache positions] 0 on the row's tokens and -inf elsewhere, and
+    slot [1] the cache position the token is written to (cached_attention).
     -> the next-token logits [rows, vocab], float32."""
     return model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None],
                  **forward_kwargs(model, cache, slot=slot)).logits[:, -1, :].float()
@@ -257,52 +278,57 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     # real row's tokens, since every row attends to its own cache only (tests/test_sampler.py).
     rows, length = (bucket(N, 8), bucket(P + max_new_tokens, 256)) if compile else (N, P + max_new_tokens)
     source = torch.arange(rows, device=device).clamp(max=N - 1)  # the real row each row copies
+    # Each row's uniform number for each of its tokens, made at once (row_uniforms), not a step at a time.
     keys = row_keys(seed, len(ids), G, device)
-    keys = keys[source] if keys is not None else None
+    steps = torch.arange(max_new_tokens, device=device)
+    uniforms = row_uniforms(keys[source, None], steps) if keys is not None and temperature > 0 else None
     logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
     # Every input of a decode step has one shape from the first token to the last: the mask covers
-    # every position a row will have, 1 where its token is written, and `slot` is where the next goes.
-    mask = torch.zeros((rows, length), dtype=torch.long, device=device)
-    mask[:, :P] = prompt_mask[source // G]
-    positions = mask.sum(-1)  # A row's next position id is the number of its real tokens so far.
+    # every position a row will have, 0 where its token is written, -inf elsewhere (it is added to the
+    # attention scores), and `slot` is the position the next token is written to.
+    real = prompt_mask[source // G]
+    mask = torch.full((rows, 1, 1, length), -math.inf, dtype=model.dtype, device=device)
+    mask[:, 0, 0, :P] = torch.where(real == 1, 0.0, -math.inf)
+    positions = real.sum(-1)  # A row's next position id is the number of its real tokens so far.
     slot = torch.tensor([P], device=device)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
-    lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)  # EOS included
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
     alive = torch.arange(rows, device=device)  # the original row of each row in the batch
+    done = torch.zeros(rows, dtype=torch.bool, device=device)  # whether each row of the batch is done
     step = compiled(decode_step, device) if compile else decode_step
-    for t in range(max_new_tokens):
-        uniform = row_uniforms(keys[alive], t) if keys is not None and temperature > 0 else None
-        token = sample_token(logits, temperature, top_p, top_k, uniform)
-        # The sampler's own log-prob of the token, log softmax(logits / T) before any top-k/p cut, as
-        # the trainer computes it (greedy decoding counts as T = 1 there too).
-        scaled = logits / (temperature if temperature > 0 else 1.0)
-        logprob = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
-        # A row that has finished runs on, masked: it writes padding, and its tokens are never read.
-        was_done = finished[alive]
-        completion[alive, t] = torch.where(was_done, pad_id, token)
-        logprobs[alive, t] = torch.where(was_done, 0.0, logprob)
-        ends = torch.isin(token, eos) & ~was_done
-        lengths[alive] = torch.where(ends, t + 1, lengths[alive])
-        finished[alive] = was_done | ends
-        if t == max_new_tokens - 1:
-            break
-        # The host looks at the rows once every CHECK_EVERY tokens, not at every token: it stops when
-        # all are done and, uncompiled, drops the finished rows from the batch and the cache.
-        if (t + 1) % CHECK_EVERY == 0:
-            running = ~finished[alive]
-            count = int(running.sum())  # the loop's one host sync
-            if count == 0:
+    with attention(model, CACHED):
+        for t in range(max_new_tokens):
+            uniform = None if uniforms is None else uniforms[:, t]
+            token = sample_token(logits, temperature, top_p, top_k, uniform)
+            # The sampler's own log-prob of the token, log softmax(logits / T) before any top-k/p cut, as
+            # the trainer computes it (greedy decoding counts as T = 1 there too).
+            scaled = logits / (temperature if temperature > 0 else 1.0)
+            logprob = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
+            # A row that is done runs on, masked: it writes padding, and its tokens are never read.
+            token = token.masked_fill(done, pad_id)
+            completion[alive, t] = token
+            logprobs[alive, t] = logprob.masked_fill(done, 0.0)
+            done = done | torch.isin(token, eos)
+            if t == max_new_tokens - 1:
                 break
-            if count < len(alive) and not compile:
-                keep = running.nonzero().squeeze(-1)
-                select_rows(cache, keep)
-                alive, token, mask, positions = alive[keep], token[keep], mask[keep], positions[keep]
-        mask[:, P + t] = 1
-        logits = step(model, cache, token, mask, positions, slot)
-        positions, slot = positions + 1, slot + 1
+            # The host looks at the rows once every CHECK_EVERY tokens, not at every token: it stops when
+            # all are done and, uncompiled, drops the finished rows from the batch and the cache.
+            if (t + 1) % CHECK_EVERY == 0:
+                count = int((~done).sum())  # the loop's one host sync
+                if count == 0:
+                    break
+                if count < len(alive) and not compile:
+                    keep = (~done).nonzero().squeeze(-1)
+                    cache = select_rows(cache, keep)
+                    alive, token, mask, done = alive[keep], token[keep], mask[keep], done[keep]
+                    positions, uniforms = positions[keep], None if uniforms is None else uniforms[keep]
+            mask[..., P + t] = 0.0  # the token's own position, where the step writes its keys and values
+            logits = step(model, cache, token, mask, positions, slot)
+            positions, slot = positions + 1, slot + 1
 
+    # A row ends at its first EOS, included (padding after it may be EOS too), or at max_new_tokens.
+    ends = torch.isin(completion, eos)
+    lengths = torch.where(ends.any(-1), ends.int().argmax(-1) + 1, max_new_tokens)
     completion, logprobs, lengths = completion[:N], logprobs[:N], lengths[:N]  # the real rows
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
@@ -312,17 +338,57 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
     """Each prompt runs once, and its keys and values go to each of its rows (prompt_of_row: [rows],
-    the prompt of each) in a KV cache of `length` positions, allocated once (transformers'
-    StaticCache). -> (each row's next-token logits [rows, vocab], float32; the cache)"""
-    from transformers import DynamicCache, StaticCache  # Imported here, so that `import magrpo` stays light.
+    the prompt of each) in a KV cache of `length` positions, allocated once: a list of each layer's
+    (keys, values), plain tensors [rows, KV heads, length, head dim], which cached_attention reads and
+    writes. -> (each row's next-token logits [rows, vocab], float32; the cache)"""
+    from transformers import DynamicCache  # Imported here, so that `import magrpo` stays light.
     prompt_cache = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prompt_cache, last=1))
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    for i, layer in enumerate(prompt_cache.layers):
-        written = torch.arange(layer.keys.shape[2], device=layer.keys.device)
-        cache.update(layer.keys[prompt_of_row], layer.values[prompt_of_row], i, {"cache_position": written})
+    cache = []
+    for layer in prompt_cache.layers:
+        free = (0, 0, 0, length - layer.keys.shape[2])  # the positions after the prompt, zeros
+        cache.append((F.pad(layer.keys[prompt_of_row], free), F.pad(layer.values[prompt_of_row], free)))
+    if torch.device(model.device).type == "cuda":  # A CUDA graph reads the cache where it is, not a copy.
+        for tensor in itertools.chain(*cache):
+            torch._dynamo.mark_static_address(tensor, guard=False)
     return out.logits[prompt_of_row, -1, :].float(), cache
+
+
+CACHED = "magrpo_cached"  # cached_attention's name in transformers' AttentionInterface
+
+
+def cached_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_cache=None,
+                     slot=None, **kwargs):
+    """A decode step's attention on generate's own KV cache (prefill), as transformers' attention hook
+    (AttentionInterface) calls it in every layer: the new token's keys and values are written at
+    `slot`, then the token attends to its row's cache, read once, and the padding comes in
+    attention_mask [rows, 1, 1, positions], made once per step, not per layer.
+    -> ([rows, 1, heads, head dim], None)"""
+    if kwargs.get("sliding_window"):
+        raise ValueError("generate does not support sliding-window attention")
+    keys, values = kv_cache[module.layer_idx]
+    keys.index_copy_(2, slot, key)
+    values.index_copy_(2, slot, value)
+    # The query heads that share a KV head go in as that head's queries (transformers' pack_gqa), so
+    # each row's cache is read once and never copied out per query head, on any device and compiled.
+    rows, heads, _, dim = query.shape
+    packed = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+
+
+@contextlib.contextmanager
+def attention(model, name):
+    """Inside the block, the model's layers call the attention function `name` (AttentionInterface)."""
+    from transformers import AttentionInterface
+    AttentionInterface.register(CACHED, cached_attention)
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
 
 
 def bucket(n, smallest):
@@ -331,10 +397,9 @@ def bucket(n, smallest):
 
 
 def select_rows(cache, keep):
-    """Only the rows `keep` of a static cache: finished rows leave the batch. It copies the cache, at
+    """Only the rows `keep` of generate's cache: finished rows leave the batch. It copies the cache, at
     most once every CHECK_EVERY steps and only when rows have finished (uncompiled only)."""
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+    return [(keys[keep], values[keep]) for keys, values in cache]
 
 
 _COMPILED = {}  # (function, device type) -> the function, compiled

@@ -150,6 +150,49 @@ def test_sample_token_top_k_and_greedy():
     assert sample_token(logits[:2], 0).tolist() == [1, 1]
 
 
+class Float64Watch:
+    """The largest float64 tensor that the operations of a block make (a TorchDispatchMode)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        watch = self
+        self.largest = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                        watch.largest = max(watch.largest, t.numel())
+                return out
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_sampling_draws_as_one_float64_cumsum_without_a_float64_rows_by_vocab_tensor():
+    """sample_token's inverse cdf (its test's name leaves sample_token out: an answer in float64 is right
+    too). A vocabulary of several blocks (sampler.BLOCK), one of them and some scattered tokens of
+    probability 0: the two-level inverse cdf draws the tokens that one float64 cumulative sum over the
+    whole vocabulary draws, and makes no float64 tensor as large as a quarter of [rows, vocab]."""
+    rows, vocab, T = 400, 6 * sampler.BLOCK + 77, 0.8
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[:, sampler.BLOCK:2 * sampler.BLOCK] = -math.inf  # a whole block never drawn
+    logits[:, ::7] = -math.inf
+    u = sampler.row_uniforms(torch.arange(rows), 0)
+    with Float64Watch() as watch:
+        got = sample_token(logits, T, uniform=u)
+    assert watch.largest < rows * vocab / 4, f"a float64 tensor of {watch.largest} elements"
+    cdf = torch.softmax(logits / T, -1).double().cumsum(-1)
+    want = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    assert torch.equal(got, want)
+    assert len(set(got.tolist())) > rows / 2 and not (got % 7 == 0).any()
+
+
 def test_row_uniforms_are_uniform_and_keyed():
     keys = torch.arange(20000)
     u = sampler.row_uniforms(keys, 3)
@@ -228,6 +271,32 @@ def test_decode_step_matches_a_plain_forward_pass(tok, arch):
             why = decode_step_mismatch(logits, refs, grew, padded, arch, step)
             if why:
                 pytest.fail(why, pytrace=False)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_decode_step_writes_the_token_at_slot(tok, arch):
+    """On generate's own cache (sampler.prefill), the token's keys and values go to position `slot` of
+    every layer and nowhere else, and the token attends to the prompt and to itself there: its logits
+    are a plain forward pass's over the row alone, whatever free positions lie between."""
+    model = build(tok, arch, seed=2)
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    ids, mask = sampler.left_pad(rows, tok.pad_token_id, "cpu")
+    P, length, slot = ids.shape[1], ids.shape[1] + 6, ids.shape[1] + 3
+    with torch.no_grad():
+        _, cache = sampler.prefill(model, ids, mask, torch.arange(len(rows)), length)
+        before = [keys.clone() for keys, _ in cache]
+        attend = torch.full((len(rows), 1, 1, length), -math.inf)
+        attend[:, 0, 0, :P] = torch.where(mask == 1, 0.0, -math.inf)
+        attend[..., slot] = 0.0
+        tokens = torch.tensor([65, 66, 67, 68])
+        with sampler.attention(model, sampler.CACHED):
+            logits = sampler.decode_step(model, cache, tokens, attend, mask.sum(-1), torch.tensor([slot]))
+        refs = torch.stack([model(input_ids=torch.tensor([row + [int(t)]])).logits[0, -1] for row, t in
+                            zip(rows, tokens)])
+    for (keys, _), old in zip(cache, before):
+        changed = (keys != old).any(-1).any(1).any(0)  # the positions written, over rows and heads
+        assert changed.nonzero().flatten().tolist() == [slot]
+    assert torch.allclose(logits, refs, atol=1e-4), (logits - refs).abs().max()
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
@@ -449,6 +518,56 @@ def test_generate_padding_rows_and_positions_change_no_real_row(tok, monkeypatch
         assert torch.equal(padded.completion_ids, plain.completion_ids)
         assert torch.allclose(padded.logprobs, plain.logprobs, atol=1e-5)
     assert sampler.bucket(5, 8) == 8 and sampler.bucket(9, 8) == 16 and sampler.bucket(300, 256) == 512
+
+
+class DispatchCount:
+    """How many operations torch dispatches in a block (a TorchDispatchMode)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        count = self
+        self.ops = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                count.ops += 1
+                return func(*args, **(kwargs or {}))
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_generate_eager_dispatches_no_more_ops_a_step_than_model_generate(tok, monkeypatch):
+    """Eager decoding is bound by launching kernels on a GPU: a decode step of ours (8 layers, 8 rows,
+    sampling at T = 1, every row running to the cap), sampling and bookkeeping included, dispatches no
+    more operations than one of transformers' model.generate. Each is counted as the difference between
+    a run of 24 new tokens and one of 8, over 16 steps."""
+    model = models.tiny_model(tok, layers=8, init_std=0.5).eval()
+    model.generation_config.eos_token_id = None
+    monkeypatch.setattr(sampler, "eos_token_ids", lambda model, tokenizer: [10 ** 6])  # never drawn
+    prompts = ["def add(a, b):", "Hi", "The quick brown fox", "x"] * 2
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def ours(n):
+        generate(model, tok, prompts, max_new_tokens=n, temperature=1.0, seed=0)
+
+    def theirs(n):
+        with torch.no_grad():
+            model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=n,
+                           pad_token_id=tok.pad_token_id, eos_token_id=None)
+    per_step = {}
+    for name, run in (("ours", ours), ("model.generate", theirs)):
+        counts = []
+        for n in (8, 24):
+            with DispatchCount() as count:
+                run(n)
+            counts.append(count.ops)
+        per_step[name] = (counts[1] - counts[0]) / 16
+    assert per_step["ours"] <= per_step["model.generate"], per_step
 
 
 @pytest.mark.slow
