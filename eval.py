@@ -516,7 +516,7 @@ def trained_dirs(out, n):
     # final.json is written after the last OUT/agent_i. Without it those may be an older run's, or
     # half-written by a run that was killed, and the newest complete checkpoint is the run's truth.
     if not os.path.isfile(os.path.join(out, "final.json")):
-        checkpoint = models.latest_checkpoint(out)
+        checkpoint = runs.latest_checkpoint(out)
         if checkpoint is not None:
             print(f"eval.py: note: the run in {out} did not finish: using its latest checkpoint, "
                   f"{checkpoint[1]} (step {checkpoint[0]})", file=sys.stderr)

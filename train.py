@@ -126,7 +126,7 @@ class Run:
         random.seed(args.seed)
         if checkpoint is not None:
             print(f"resuming {args.out} at step {self.start} from {checkpoint[1]}", file=sys.stderr)
-            models.restore_rng(checkpoint[1])
+            runs.load_checkpoint(checkpoint[1], self.agents)
         self.log, self.curve, self.completions = (runs.RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
         self.logs = (self.log, self.completions)  # what a checkpoint writes out first
@@ -437,8 +437,6 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
-        if checkpoint is not None:  # AdamW's moments too, so a resumed run steps as the uninterrupted one.
-            models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
 
