@@ -47,11 +47,10 @@ def read_rows(source, parse, hub_split=None):
     if hub_split is not None:
         try:
             import datasets  # imported here, because offline runs and the tests never need the package
+            data = datasets.load_dataset(source, split=hub_split)
         except ImportError:
             raise ValueError(f"{source!r} is not a local file; to load it from the hub, pip install datasets "
                              "(or pass a local JSON/JSONL file)") from None
-        try:
-            data = datasets.load_dataset(source, split=hub_split)
         except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ValueError(f"cannot load {source!r} split {hub_split!r} from the hub ({first}); offline, "

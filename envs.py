@@ -281,9 +281,8 @@ class CodingEnv(Env):
     splits = {"humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
               "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"}}
     hub = {"coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test")}
-    # The authors' sampling per dataset (docs/envs.md names their configs).
-    settings = dict(temperature=0.7, top_p=0.9)
-    coop_settings = dict(temperature=0.8, top_p=0.95)
+    # The authors' sampling per dataset (docs/envs.md names their configs): HumanEval's, CoopHumanEval's.
+    settings, coop_settings = dict(temperature=0.7, top_p=0.9), dict(temperature=0.8, top_p=0.95)
 
     def __init__(self, dataset="humaneval", split=None, num_agents=2, timeout=TEST_TIMEOUT, authors=False,
                  default_split="train", isolation=None):
@@ -338,13 +337,10 @@ class CodingEnv(Env):
         """Each agent's Python file; neither shows the partner's code (Sec. 1: its own prompt only)."""
         return [self.file_prompt(ex, head) for head in self.heads]
 
-    def functions(self, ex):
-        """The function each agent writes."""
-        return self.mine("aux", ex["entry_point"])
-
     def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
-        entry, names = ex["entry_point"], self.functions(ex)
+        entry = ex["entry_point"]
+        names = self.mine("aux", entry)
         lines = ["Feedback:"]
         # Each agent hears about both functions (the program is joint) and which of them is its own.
         for name, found in zip(names, self.mine(reward.has_aux, reward.has_main)):
@@ -380,7 +376,7 @@ class CodingEnv(Env):
 
     def revision_prompt(self, ex, i, history):
         """Its own file again, with its earlier answers and their feedback as comments."""
-        own = self.functions(ex)[i]
+        own = self.mine("aux", ex["entry_point"])[i]
         # As comments, so that the file stays a valid Python file that ends on the stub to complete.
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
@@ -388,7 +384,7 @@ class CodingEnv(Env):
 
     def expert_prompt(self, ex, outputs, i):
         """The problem, both functions and a request to review agent i's: a bug may lie in how they fit."""
-        names = self.functions(ex)
+        names = self.mine("aux", ex["entry_point"])
         code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
         return (f"Problem:\n```python\n{ex['prompt'].strip()}\n```\n\n{code}You are an expert Python "
@@ -648,10 +644,9 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     if split is not None:  # train.py's in-training eval, on --eval-split
         given["split"], flags["split"] = split, flag or "--split"
     params = inspect.signature(cls).parameters
-    takes_any = any(param.kind is param.VAR_KEYWORD for param in params.values())
-    options = {"default_split": default_split} if takes_any or "default_split" in params else {}
+    options = {"default_split": default_split} if "default_split" in params else {}
     for key, value in given.items():
-        if takes_any or key in params:
+        if key in params:
             options[key] = value
         elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
             raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")

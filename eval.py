@@ -42,7 +42,7 @@ PAPER_K = (1, 3, 5, 10)
 # Every method on every problem, the same seeds for each (Sec. 6)
 
 
-def evaluate(args, env, examples, team):
+def evaluate(args, env, examples, agents, expert=None):
     """Every method on every problem -> the report without its config (docs/eval.md: the JSON report). A ^C
     reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
@@ -54,10 +54,10 @@ def evaluate(args, env, examples, team):
     try:
         for method in args.methods:
             bar.set_description(method)
-            run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
+            run, team, records = RUNNERS[method], agents[method], [[] for _ in turns]
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
-                by_turn = run(env, agents, batch, cfg, seeds[start:start + args.batch_size], team.expert)
+                by_turn = run(env, team, batch, cfg, seeds[start:start + args.batch_size], expert)
                 by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods keep theirs
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
@@ -71,7 +71,7 @@ def evaluate(args, env, examples, team):
             # and one sample, apart from the batched sampling above, whose per-sample time is a throughput.
             if args.latency_problems and method != "oracle":
                 one = dataclasses.replace(cfg, num_generations=1)
-                times = [run(env, agents, [ex], one, seeds[p:p + 1], team.expert)[-1][0].seconds
+                times = [run(env, team, [ex], one, seeds[p:p + 1], expert)[-1][0].seconds
                          for p, ex in enumerate(examples[:args.latency_problems])]
                 turns[-1]["methods"][method]["latency_seconds"] = runs.mean(times)
     except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
@@ -427,7 +427,7 @@ def check_flags(args):
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
+    tiny = tiny_base and not args.agents
     defaults = runs.run_defaults("eval", tiny)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
@@ -474,39 +474,28 @@ def unsupported(env, examples, method):
     return None
 
 
-class Team:
-    """Every method's agents; a model named twice on one device loads once (a tiny one per seed), LoRA
-    agents on one base and device share it (self.bases): a GPU holds each model once, whatever the
-    number of methods that use it."""
-
-    def __init__(self, args, names, n):
-        self.args, self.cache, self.bases = args, {}, {}
-        self.devices = models.agent_devices(args.device, n)
-        self.models = models.per_agent(names, n, "--model")
-        self.expert = models.load_expert(args, self.devices[0])
-
-    def load(self, names, flag):
-        """Agent i: names[i] on device i, seeded --seed + i (a tiny model's random weights)."""
-        agents = []
-        for i, (name, device) in enumerate(zip(names, self.devices)):
-            key = (name, device, self.args.seed + i if name == models.TINY else None)
-            if key not in self.cache:
-                agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
-                                          self.args.chat_template, bases=self.bases)
+def load_agents(args, methods, n):
+    """Each method's agents: the trained ones (magrpo with --agents), the single model, or the untrained
+    --model. A model named twice on one device loads once (a tiny one per seed), and LoRA agents on one
+    base and device share it: a GPU holds each model once, whatever the number of methods using it."""
+    loaded, bases, agents = {}, {}, {}
+    for method in methods:
+        names, flag = ([] if method == "oracle" else args.models), "--model"
+        if method == "magrpo" and args.agents:
+            names, flag = trained_dirs(args.agents, n), "--agents"
+        elif method == "single":
+            names, flag = [args.single_model or args.models[0]], "--single-model"
+        agents[method] = []
+        for i, (name, device) in enumerate(zip(names, args.devices)):
+            key = (name, device, args.seed + i if name == models.TINY else None)  # concat's are discussion's
+            if key not in loaded:
+                loaded[key] = agent = models.load_agent(name, device, args.dtype, args.seed + i, flag,
+                                                        args.chat_template, bases=bases)
                 # One-off first-call costs (allocations, kernel choice, --compile's compilation) stay
                 # out of the timings. A prompt length the warm-up did not have still compiles anew.
-                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=self.args.compile)
-                self.cache[key] = agent  # the key has no method, as concat's agents are discussion's too
-            agents.append(self.cache[key])
-        return agents
-
-    def for_method(self, method):
-        """The agents a method runs: the trained ones, the single model, or the untrained --model."""
-        if method == "magrpo" and self.args.agents:
-            return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
-        if method == "single":
-            return self.load([self.args.single_model or self.models[0]], "--single-model")
-        return [] if method == "oracle" else self.load(self.models, "--model")
+                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=args.compile)
+            agents[method].append(loaded[key])
+    return agents
 
 
 def trained_dirs(out, n):
@@ -528,7 +517,8 @@ def trained_dirs(out, n):
 
 
 def setup(args):
-    """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
+    """Every flag checked and every model loaded before any sampling: (env, examples, each method's
+    agents, the expert reviewer or None)."""
     check_flags(args)
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
@@ -550,11 +540,12 @@ def setup(args):
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling, so that a bad --agents or --single-model fails at once.
-    team = Team(args, models.model_names(args), env.num_agents)
-    models.set_torch(args.cpu_threads, team.devices)
-    for m in args.methods:
-        team.for_method(m)
-    return env, examples, team
+    args.devices = models.agent_devices(args.device, env.num_agents)  # the report records them
+    args.models = models.per_agent(models.model_names(args), env.num_agents, "--model")
+    models.set_torch(args.cpu_threads, args.devices)
+    agents = load_agents(args, args.methods, env.num_agents)
+    return env, examples, agents, models.load_expert(args, args.devices[0])
+
 
 def cell_text(value):
     """A table cell: a float to 4 significant digits, "-" for a metric the method lacks (a writing
@@ -581,13 +572,12 @@ def format_table(rows, title):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        env, examples, team = setup(args)
+        env, examples, agents, expert = setup(args)
     except ValueError as e:  # every bad flag, from any layer, ends in one line and exit 1
         sys.exit(f"eval.py: error: {e}")
-    report = evaluate(args, env, examples, team)
+    report = evaluate(args, env, examples, agents, expert)
     # The report records every setting used, so that a number in it can be reproduced.
-    report["config"] = {**vars(args), "env_name": env.name,
-                        "num_problems": len(examples), "models": team.models, "devices": team.devices}
+    report["config"] = {**vars(args), "env_name": env.name, "num_problems": len(examples)}
     for t, turn in enumerate(report["turns"], 1):
         print(format_table(turn["methods"], "method" if args.num_turns == 1 else f"turn {t}"))
     if args.num_turns > 1:

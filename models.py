@@ -188,15 +188,14 @@ def lora_targets(model, targets):
     for target in targets:  # a target that matches nothing is a typo
         if not any(n == target or n.endswith("." + target) for n in chosen):
             names = sorted({n.rsplit(".", 1)[-1] for n in linear})
-            raise ValueError(f"no linear layer named {target!r} in this "
-                            f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
+            raise ValueError(f"no linear layer named {target!r} in this {model.config.model_type} model "
+                             f"(its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
         if owners[id(model.get_submodule(name).weight)] > 1:
-            raise ValueError(f"{name} shares its weight with another layer (tied "
-                            "embeddings): leave it out")
+            raise ValueError(f"{name} shares its weight with another layer (tied embeddings): leave it out")
     return chosen
 
 
@@ -414,7 +413,7 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
             model = add_lora(base, lora, seed, base_name, base_seed)
         except ValueError as e:
             raise ValueError(f"--lora-target-modules: {e}") from None
-    elif lora is not None:  # a saved adapter is trained further as it is, and must be what the flags say
+    elif lora is not None:  # a saved adapter is trained further as it is, so the flags must say what it is
         r, alpha = model.lora_config["r"], model.lora_config["lora_alpha"]
         if (lora.r, lora.alpha) != (r, alpha):
             raise ValueError(f"--lora-r: {name} holds an adapter with r={r}, lora_alpha={alpha:g}, "

@@ -86,15 +86,14 @@ def show_defaults(parser, purpose, env_settings):
     config = dataclasses.asdict(magrpo.Config())
     tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
     for action in parser._actions:
-        if action.dest not in tiny:
-            continue
         name = action.dest
+        if name not in tiny:
+            continue
         # The envs whose value differs from a real model's default, grouped by value: "tldr/arxiv 5e-06".
         by_env = {}
         for env, settings in env_settings.items():
-            value = {**real, **run_defaults(purpose, False, settings)}[name]
-            if value != real[name]:
-                by_env.setdefault(value, []).append(env)
+            if settings.get(name, real[name]) != real[name]:
+                by_env.setdefault(settings[name], []).append(env)
         text = f"default {real[name]}"
         if tiny[name] != real[name]:
             text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
@@ -129,13 +128,10 @@ def prepare_out(args):
                                  "pick another --out")
         return None
     # With --resume the newest complete checkpoint is the start; a broken one (a kill mid-save) is skipped.
-    for leftover in names:
-        if leftover.startswith((".tmp-", ".trash-")):  # a save a kill interrupted (save_final's, or older)
-            shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
     checkpoint = latest_checkpoint(args.out)
     if checkpoint is None:
         return None
-    saved = checkpoint_state(checkpoint[1])["args"]
+    saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
         # An earlier version saved None for the flags fill_resolved fills now: the same run.
         if value is None and name in FILLED:
@@ -295,15 +291,10 @@ def load_checkpoint(path, agents):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def checkpoint_state(path):
-    """The CHECKPOINT_STATE of checkpoint `path`: its step, the run's flags ("args") and its files."""
-    return json.loads(Path(path, CHECKPOINT_STATE).read_text())
-
-
 def checkpoint_problem(path):
     """None if checkpoint `path` is complete, else what is wrong."""
     try:
-        files = checkpoint_state(path)["files"]
+        files = json.loads(Path(path, CHECKPOINT_STATE).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
     for rel, size in files.items():
