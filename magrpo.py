@@ -1,6 +1,6 @@
 """
 MAGRPO: Multi-Agent Group Relative Policy Optimization, in the paper's order (Liu et al., arXiv
-2508.04652). Read it with the paper open; train_step, at the end, is one whole step.
+2508.04652). Read it with the paper open; single_turn_step is one whole step of Sec. 2, top to bottom.
 
 n agents cooperate on one task. Each agent i sees only its own prompt h_i and samples G completions
 from its own policy (sample_agent; the sampler itself is sampler.py). The g-th completions of all
@@ -10,13 +10,16 @@ agents form the g-th joint action (joint_actions), scored with one shared reward
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ]  -> completion_logprobs, policy_loss
 
 then one AdamW step per agent per batch. On-policy: no ratio, no clipping, no KL. Multi-turn (Sec. 3):
-the env's feedback on a joint answer goes into each agent's next prompt (rollout_team); a node's
-return adds gamma times its children's mean (node_return); Eq. 1 compares siblings
-(episode_advantages).
+the env's feedback on a joint answer goes into each agent's next prompt (rollout_team), and Eq. 1
+compares siblings, the revisions of one node (episode_advantages). With the default --expand best
+(only each group's best node is revised) R is each turn's own reward; with --expand all it is the
+node's return, r + gamma * the mean of its children's returns (node_return; gamma is --discount,
+which only --expand all reads).
 
-The order below: Config; the agents; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2; Sec. 3's
-tree of turns; train_step. A course blanks some of these functions (tests/make_assignment.py --list
-names them); pytest -k NAME runs each one's tests. Try it: python train.py (the CPU demo).
+The order below: Config; the agents; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2;
+single_turn_step; Sec. 3's tree of turns and train_step, its step for every setting (turns, cross
+joint actions, ReMax). A course blanks some of these functions (tests/make_assignment.py --list names
+them); pytest -k NAME runs each one's tests. Try it: python train.py (the CPU demo).
 """
 import dataclasses
 import itertools
@@ -30,14 +33,17 @@ from sampler import eos_token_ids, forward_kwargs, generate, mix_seed, positions
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
-# becomes --num-generations), with the help written beside it here. The defaults are the paper's
-# (Sec. 2); runs.RUN_DEFAULTS and each env's settings hold the few that depend on the run.
+# becomes --num-generations), with the help written beside it here. The defaults are the paper's where
+# it fixes one (Sec. 2: G = 4, 256 new tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned
+# joint actions; Sec. 3: gamma 0.9, the best node revised, solved at the maximum reward). The others are
+# plain choices: sampling at T 1 without a cut (a run takes each env's sampling, the authors', from
+# its settings), every turn's loss weighing 1 (the authors' code of the paper's time weighed turns
+# 1.2 and 0.8: --turn-weights 1.2,0.8), and level feedback (the paper's came from an expert model).
 
 
-
-def option(default, help):
+def option(default, help_text):
     """A Config field: its default, and the help of its command-line flag."""
-    return field(default=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -94,12 +100,12 @@ class Config:
         for (name, spelling), settings in self.SPELLINGS.items():
             if getattr(self, name) != spelling:
                 continue
-            for key, value in settings.items():
+            for key, value in settings.items():  # another setting it makes must be left alone, or agree
                 free = key == name or getattr(self, key) in (value, self.__dataclass_fields__[key].default)
                 self.check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
                 setattr(self, key, value)
         for name, choices in self.CHOICES.items():
-            names = choices + tuple(spelling for field, spelling in self.SPELLINGS if field == name)
+            names = choices + tuple(spelling for owner, spelling in self.SPELLINGS if owner == name)
             self.check(name, getattr(self, name) in choices, f"use one of {', '.join(names)}")
         for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
                      "feedback_max_new_tokens"):
@@ -112,10 +118,15 @@ class Config:
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
 
+    def on_the_tree(self):
+        """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
+        single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, turn weights, truncation masks)."""
+        options = (self.joint != "aligned", self.advantage == "remax", self.mask_truncated_completions)
+        return self.num_turns > 1 or any(options) or self.turn_weights not in (None, (1.0,))
+
     def check(self, name, ok, why):
         if not ok:
             raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(self, name)!r}")
-
 
 
 @dataclass
@@ -291,14 +302,58 @@ def loss_mask(rollout, eos_ids=None):
     return mask * torch.isin(last, torch.tensor(eos_ids, device=last.device))
 
 
-
 def micro_batches(num_rows, group_size, micro_batch_size):
     """Row ranges [start, stop) of at most micro_batch_size rows: as many whole groups as fit, since a
     micro-batch runs each group's prompt once, else parts of a group (correct, a little slower)."""
-    step = micro_batch_size
-    if group_size <= micro_batch_size:
-        step = micro_batch_size // group_size * group_size
+    step = micro_batch_size // group_size * group_size or micro_batch_size
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+# -----------------------------------------------------------------------------
+# Sec. 2, one whole step, top to bottom: read it first. Sec. 3's tree below runs the other settings
+# (several turns, cross joint actions) on the same functions; with one turn it gives the same step.
+
+
+def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on=None):
+    """One MAGRPO step of Sec. 2 (one turn, aligned joint actions), seeds one per example. total(x):
+    numbers (a list) or a tensor summed over the processes that share the batch (default: one process);
+    go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
+    G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
+    # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
+    rollouts = []
+    for i, agent in enumerate(agents):
+        rollouts.append(sample_agent(agent, i, [env.prompts(ex)[i] for ex in examples], G, cfg, turn_seeds))
+    # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
+    outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
+    rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
+    if go_on is not None and not go_on(rewards):
+        return rollouts, rewards, None, None
+    # Eq. 1 among each prompt's G joint actions; every agent's g-th completion gets the g-th advantage.
+    values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
+    advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
+    # A group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
+    metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
+    # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
+    for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
+        agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+        # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
+        (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
+        loss_sum, drift, tokens = 0.0, 0.0, 0.0
+        for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
+            if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
+                continue
+            rows = rollout.rows(start, stop)
+            logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
+            loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+            # The sampler's log-probs should be these, and a drift means it sampled another policy.
+            drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
+            tokens += float(rows.completion_mask.sum())
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
+            metrics[f"{name}_{i}"] = value
+        drift, tokens = total([drift, tokens])
+        metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
+    return rollouts, rewards, advantages, metrics
 
 # -----------------------------------------------------------------------------
 # Sec. 3: the return of a node of the multi-turn tree
@@ -393,14 +448,38 @@ def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=Fals
     return turn
 
 
+def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
+    """single_turn_step's results as the tree's one Turn: the record that a caller's logs read."""
+    groups, outputs = [], []
+    joint = joint_actions(len(rollouts), cfg.num_generations)
+    for b, example in enumerate(examples):
+        histories = [[] for _ in rollouts]  # none before turn 1
+        groups.append(Group(b, None, list(env.prompts(example)), histories, mix_seed(seeds[b], 1)))
+        outputs += zip(*[rollout.texts[b] for rollout in rollouts])  # aligned, as single_turn_step's
+    solved = [float(r) >= solved_threshold(env, cfg) - 1e-9 for r in rewards]
+    turn = Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved)
+    turn.advantages = [advantages] * len(rollouts)
+    return turn
+
+
+def solved_threshold(env, cfg):
+    """The reward at which a joint answer is solved (not revised): --termination-threshold, by default
+    the env's maximum."""
+    if cfg.termination_threshold is None:
+        return getattr(env, "max_reward", math.inf)
+    return cfg.termination_threshold
+
+
 def expand_nodes(turn, mode):
     """The nodes of `turn` that get children at the next turn. all: every node not solved. best: each
-    group's best node (ties to the first) unless the whole group is solved (the paper-era rule:
-    revising a solved best answer teaches the agents to keep what is right)."""
+    group's best node (ties to the first) unless the whole group is solved. That is the rule of the
+    authors' code from the paper's time (August 2025), which skipped turn 2 only where all G joint
+    answers had reached the maximum: a solved best answer is still revised, and the revision teaches
+    the agents to keep what is right."""
     if mode == "all":
         return [node for node in range(len(turn.outputs)) if not turn.solved[node]]
     values = turn.values()
-    all_solved = torch.tensor(turn.solved).view(values.shape).all(-1)  # whether a group's every node is
+    all_solved = torch.tensor(turn.solved).view(values.shape).all(-1)  # per group: is every node solved?
     return [turn.node(k, int(values[k].argmax())) for k in range(len(turn.groups)) if not all_solved[k]]
 
 
@@ -440,9 +519,7 @@ def revision_groups(env, examples, turn, nodes, notes, t):
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
     """One episode per example, seeds one per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. The
     nodes of expand_nodes get the env's feedback and are revised, each `children` times (default G)."""
-    threshold = cfg.termination_threshold
-    if threshold is None:
-        threshold = getattr(env, "max_reward", math.inf)
+    threshold = solved_threshold(env, cfg)
     groups = []
     for b, ex in enumerate(examples):
         groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in agents], mix_seed(seeds[b], 1)))
@@ -452,8 +529,8 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
         remax = t == 1 and cfg.advantage == "remax"
         turn = sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=remax)
         turns.append(turn)
-        nodes = expand_nodes(turn, cfg.expand)
-        if t == cfg.num_turns or not nodes:
+        nodes = expand_nodes(turn, cfg.expand) if t < cfg.num_turns else []
+        if not nodes:
             break
         notes = team_feedback(env, examples, turn, nodes, cfg, expert)
         groups = revision_groups(env, examples, turn, nodes, notes, t)
@@ -497,33 +574,20 @@ def episode_advantages(turns, cfg):
     return advantages
 
 # -----------------------------------------------------------------------------
-# Sec. 2 steps 4-6: the update. Eq. 2 for every agent, then one step of its own optimizer each (AdamW,
-# models.make_optimizer).
+# Sec. 2 steps 4-6 on the tree: Eq. 2 for every agent on every turn, then one step of its own
+# optimizer each (AdamW, models.make_optimizer).
 
 
-class Hooks:
-    """What train_step asks of its caller, for one process alone (train.py passes its own): ready(turns),
-    the last word before any weight changes; sum(values) and sum_gradients(model), over the processes."""
-
-    def ready(self, turns):
-        return True
-
-    def sum(self, values):
-        return [float(value) for value in values]
-
-    def sum_gradients(self, model):
-        pass
-
-
-def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
-    """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1, Eq. 2's
-    update of every agent. -> (turns, metrics); metrics None when hooks.ready(turns) stopped the step."""
-    hooks = hooks or Hooks()
+def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x, go_on=None):
+    """One MAGRPO step on a batch of examples, seeds one per example, with Sec. 3's tree of turns: the
+    team's episodes, Eq. 1 among siblings, Eq. 2's update of every agent. With one turn of aligned joint
+    actions it is single_turn_step's step; total and go_on are as there (go_on sees every turn's rewards).
+    -> (turns, metrics); metrics None when go_on said no."""
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
     # each example's episode into a tree of such groups.
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
-    if not hooks.ready(turns):
+    if go_on is not None and not go_on([reward for turn in turns for reward in turn.rewards]):
         return turns, None
     # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
@@ -531,7 +595,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
-    metrics = {"zero_adv_groups": int(hooks.sum([zero_groups])[0])}
+    metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
@@ -541,12 +605,14 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
         # Eq. 2's masks; --mask-truncated-completions leaves out the rows cut before their EOS.
         eos_ids = eos_token_ids(agent.model, agent.tokenizer) if cfg.mask_truncated_completions else None
         masks = [loss_mask(turn.rollouts[i], eos_ids) for turn in turns]
-        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to it.
+        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to
+        # it. The counts are summed over the processes, where an episode may stop at another turn, so
+        # every process sends one count per turn of cfg.num_turns (0 for a turn it did not reach).
         counts = [0.0] * cfg.num_turns
         for t, mask in enumerate(masks):
             counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
-        total, drift, tokens = 0.0, 0.0, 0.0
-        for turn, mask, weight, normalizer in zip(turns, masks, weights, hooks.sum(counts)):
+        loss_sum, drift, tokens = 0.0, 0.0, 0.0
+        for turn, mask, weight, normalizer in zip(turns, masks, weights, total(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
                 advantages = turn.advantages[i][start:stop]
@@ -557,34 +623,36 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
                 rows_mask = mask[start:stop, :logprobs.shape[1]]
                 loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
-                total = total + loss.detach()
+                loss_sum = loss_sum + loss.detach()
                 # The sampler's log-probs should be these, and a drift means it sampled another policy.
                 drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
                 tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, total, hooks, cfg.max_grad_norm).items():
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
-        drift, tokens = hooks.sum([drift, tokens])
+        drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
     return turns, metrics
 
 
-def optimizer_step(agent, loss, hooks, max_grad_norm=None):
-    """An agent's gradients summed over the processes, their norm (logged before any clipping), and its
-    optimizer's step, skipped with a warning if the loss or the norm is not finite. max_grad_norm: the
-    norm the gradient is clipped to (None: off, as the paper)."""
-    model = agent.model
-    hooks.sum_gradients(model)
-    (loss,) = hooks.sum([loss])
-    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
+    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (None: off, as the
+    paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
+    params = [p for p in agent.model.parameters() if p.requires_grad]
+    # A gradient that some process has is summed (0 where one has none); one that none has stays None.
+    for p, anyone in zip(params, total([p.grad is not None for p in params])):
+        if anyone:
+            p.grad = total(p.grad if p.grad is not None else torch.zeros_like(p))
+    (loss,) = total([float(loss)])
+    grads = [p.grad.float().norm() for p in params if p.grad is not None]
     grad_norm = torch.stack(grads).norm().item() if grads else 0.0
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
         if max_grad_norm is not None and grad_norm > max_grad_norm:  # as torch's clip_grad_norm_ (TRL's)
-            for p in model.parameters():
+            for p in params:
                 if p.grad is not None:
                     p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
-    model.zero_grad(set_to_none=True)
+    agent.model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}

@@ -446,9 +446,9 @@ class Signals:
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs). Every
-# process runs the same loop on its share of each step's prompts (my_share); train_step sums the loss
-# counts and the gradients through train.py's hooks (all_sum, sum_gradients), and the collectives here
-# keep the processes in step (gather).
+# process runs the same loop on its share of each step's prompts (my_share); a MAGRPO step sums the loss
+# counts and the gradients with the all_sum that train.py gives it, and the collectives here keep the
+# processes in step (gather).
 
 # Process 0 saves while the others wait in a collective; NCCL's default timeout (10 minutes) would
 # kill a run whose save of a large agent and its optimizer state takes longer on a slow disk.
@@ -501,7 +501,8 @@ def world():
 
 
 def my_share(items):
-    """This process's contiguous share of a step's items (N processes sample what one samples)."""
+    """This process's contiguous share of a step's items (N processes sample what one samples, in
+    float32; in bfloat16 a row's tokens can change with its batch: docs/scale.md)."""
     # Contiguous shares keep each prompt's seed with it, so sampling does not depend on the split.
     rank, size = world()
     return items[rank * len(items) // size:(rank + 1) * len(items) // size]
@@ -513,26 +514,12 @@ def data_parallel():
 
 
 def all_sum(values, device="cpu"):
-    """The element-wise sum of a list of numbers over the processes (float64: a count or a sum of
-    losses loses nothing on the way)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    """The element-wise sum over the processes of a tensor (in place: a gradient), or of a list of
+    numbers -> a list (in float64, so that a count or a sum of losses loses nothing on the way)."""
+    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64, device=device)
     if data_parallel():
         torch.distributed.all_reduce(t)
-    return t.tolist()
-
-
-@torch.no_grad()
-def sum_gradients(model):
-    """Each gradient summed over the processes (each loss is already divided by the whole batch's
-    count). A gradient no process has stays None."""
-    if not data_parallel():
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    has_grad = all_sum([float(p.grad is not None) for p in params], params[0].device)
-    for p, processes_with_grad in zip(params, has_grad):
-        if processes_with_grad:
-            p.grad = p.grad if p.grad is not None else torch.zeros_like(p)  # another process has one
-            torch.distributed.all_reduce(p.grad)
+    return t if torch.is_tensor(values) else t.tolist()
 
 # -----------------------------------------------------------------------------
 # What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve

@@ -9,11 +9,12 @@ Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Se
 
 Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
 (--resume continues from the newest) and OUT/agent_i. The loop is train(), right below; one MAGRPO
-step is magrpo.train_step; what keeps a run safe (checkpoints, signals, torchrun) is runs.py. The
-flags that TRL's GRPOConfig also has keep its names: --num-generations, --temperature, --top-p,
---top-k, --learning-rate, --weight-decay, --loss-type (ours and TRL's values), --scale-rewards,
---mask-truncated-completions, --max-grad-norm, --seed and --save-total-limit. docs/flags.md lists
-them all, and TRL's fields beside ours; docs/runs.md, docs/scale.md.
+step is magrpo.single_turn_step (Sec. 2), or magrpo.train_step on Sec. 3's tree; what keeps a run
+safe (checkpoints, signals, torchrun) is runs.py. The flags that TRL's GRPOConfig also has keep its
+names: --num-generations, --temperature, --top-p, --top-k, --learning-rate, --weight-decay,
+--loss-type (ours and TRL's values), --scale-rewards, --mask-truncated-completions, --max-grad-norm,
+--seed and --save-total-limit. docs/flags.md lists them all, and TRL's fields beside ours;
+docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
@@ -46,7 +47,7 @@ def train(args):
         sys.exit(f"train.py: error: {e}")
     env, cfg, agents = run.env, run.cfg, run.agents
     signals = runs.Signals()
-    hooks = RunHooks(run, signals)
+    gate = StepGate(run, signals)
     try:
         for step in run.bar:  # range(run.start, args.steps), with a progress bar
             # The step's batch and a seed per example come from (seed, step) alone, so a resumed run
@@ -57,23 +58,23 @@ def train(args):
             t0 = time.time()
             # A signal while the step samples drops the step (Stop). The weights are untouched, so the
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
-            hooks.step, turns, update = step, None, None
+            gate.step, turns, update = step, None, None
             with contextlib.suppress(runs.Stop), signals.abandon_on_signal():
-                turns, update = magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, hooks)
+                turns, update = magrpo_step(run, batch, seeds, gate.go_on)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
-                hooks.agree(abandoned=True)
+                gate.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
                 break
             if step == run.start and run.main and not args.chat_template:
                 note_raw_prompts(agents, turns, cfg.max_new_tokens)
-            lengths = length_metrics(turns, len(agents))
-            metrics = {**hooks.scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
+            scored, lengths = reward_metrics(step, turns, cfg.num_turns), length_metrics(turns, len(agents))
+            metrics = {**scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
             run.log_completions(step, indices, turns)
             run.done, last = step + 1, step == args.steps - 1
             if run.eval_env is not None and (step % args.eval_every == 0 or last):
                 run.evaluate(step, metrics)
             # A signal during the update waited for it to end; now every process hears of it.
-            hooks.agree(abandoned=False)
+            gate.agree(abandoned=False)
             # A periodic checkpoint. The last step's is finish()'s, which also writes the final agents.
             save = args.save_every and run.done % args.save_every == 0 and not last
             if save:
@@ -91,7 +92,7 @@ def train(args):
     return run.finish()
 
 # -----------------------------------------------------------------------------
-# What the loop calls: the run's state and files, train_step's hooks, and the step's data and metrics
+# What the loop calls: the run's state and files, the MAGRPO step and its gate, the step's data and metrics
 
 
 class Run:
@@ -228,37 +229,40 @@ class Run:
         return self.log.path
 
 
-class RunHooks(magrpo.Hooks):
-    """train_step's hooks in a run: its sums run over torchrun's processes, and ready() is the check
-    between the sampling and the update, where the processes agree to go on."""
+def magrpo_step(run, batch, seeds, go_on):
+    """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
+    of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
+    3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; go_on is StepGate's."""
+    agents, env, cfg = run.agents, run.env, run.cfg
+    if cfg.on_the_tree():
+        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on)
+    rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
+                                                                    runs.all_sum, go_on)
+    return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
+
+
+class StepGate:
+    """The word between a step's sampling and its update (go_on), where torchrun's processes agree to
+    go on, and a step none of whose answers could be scored stops the run."""
 
     def __init__(self, run, signals):
         self.run, self.signals = run, signals
-        self.step, self.scored = None, None  # the step's number, and its reward metrics (ready)
+        self.step = None  # the step's number, for the messages
 
-    def sum(self, values):
-        """The numbers summed over torchrun's processes, in float64 so that a count loses nothing."""
-        return runs.all_sum(values)
-
-    def sum_gradients(self, model):
-        """Each gradient summed over the processes; each loss was divided by the whole batch's count."""
-        runs.sum_gradients(model)
-
-    def ready(self, turns):
-        """train_step's last check before the update, on every process: the processes agree to go on
-        (a signal stops them all here, no agent holding half an update), and the step has answers that
-        could be scored (if none could, the sandbox or the env is broken, not the agents)."""
+    def go_on(self, rewards):
+        """The MAGRPO step's last check before the update, on every process: the processes agree to go
+        on (a signal stops them all here, no agent holding half an update), and the step has answers
+        that could be scored (if none could, the sandbox or the env is broken, not the agents)."""
         self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
         if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
             return False
-        nodes = []  # Every process's nodes, so that the metrics and the check are the same everywhere.
-        for process_nodes in runs.gather(runs.episode_summary(turns)):
-            nodes += process_nodes
-        self.scored = {"step": self.step, **runs.episode_metrics(nodes, self.run.cfg.num_turns)}
-        sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
-        bad, total = sandbox + scoring, len(nodes)
-        why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
-        if bad == total:  # Every process's nodes are counted, so every process decides the same.
+        # Every process's rewards are counted, so that every process decides the same.
+        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
+        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
+        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
+        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
+        if bad == total:
             self.run.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
                               f"could be scored {why}")
             return False
@@ -275,6 +279,14 @@ class RunHooks(magrpo.Hooks):
         votes = runs.gather((self.signals.received, abandoned))
         self.run.signum = next((signum for signum, _ in votes if signum is not None), None)
         return not any(gave_up for _, gave_up in votes)
+
+
+def reward_metrics(step, turns, num_turns):
+    """The step's reward metrics (runs.episode_metrics) over every process's nodes, the same everywhere."""
+    nodes = []
+    for process_nodes in runs.gather(runs.episode_summary(turns)):
+        nodes += process_nodes
+    return {"step": step, **runs.episode_metrics(nodes, num_turns)}
 
 
 def length_metrics(turns, num_agents):
@@ -439,7 +451,6 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
         agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
-
 
 
 if __name__ == "__main__":

@@ -448,7 +448,7 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
     trl_loss(-want[:, None] * ratio, trl_mask, loss_type, 6).backward()
     value = trl_loss(-want[:, None] * lp, trl_mask, loss_type, 6)
     case = f"--loss-type {loss_type} --scale-rewards {scale}" + " --mask-truncated-completions" * masked
-    assert loss.item() == pytest.approx(value.item(), rel=1e-5), f"{case}: loss {loss.item()} != {value.item()}"
+    assert loss.item() == pytest.approx(value.item(), rel=1e-5), f"{case}: {loss.item()} != {value.item()}"
     assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6), f"{case}: gradients differ"
     if masked:
         assert not lp_ours.grad[[1, 5]].any()  # the truncated rows learn nothing
@@ -773,10 +773,11 @@ def test_train_step_update_clips_the_gradient_norm_with_max_grad_norm(tok):
         assert torch.allclose(b - p, q.grad * (norm / 4) / (norm + 1e-6), atol=1e-6)
 
 
-def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eos(tok):
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eos(tok, loss_type):
     """--mask-truncated-completions: a row whose last token is not EOS (cut at max_new_tokens) gets no
-    gradient and leaves token_mean's count; with SGD (lr 1) the step is minus the gradient of the loss
-    on the other rows, written out here."""
+    gradient and leaves dapo's token count (dr_grpo divides by rows x max_new_tokens, 50 here); with
+    SGD (lr 1) the step is minus the gradient of TRL's loss on the other rows, written out here."""
     model = models.tiny_model(tok, init_std=0.3)
     ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
@@ -785,10 +786,11 @@ def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eo
     last = int(r.completion_mask[0].sum()) - 1
     r.completion_ids[0, last] = tok.eos_token_id + 1  # row 0 never reached EOS
     advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
-    cfg = magrpo.Config(loss_type="dapo", mask_truncated_completions=True)
+    cfg = magrpo.Config(loss_type=loss_type, mask_truncated_completions=True, max_new_tokens=50)
     update_on(agent, [(r, advantages)], cfg)
     kept = r.completion_mask * torch.tensor([[0], [1], [1], [1]])
-    policy_loss(completion_logprobs(ref, r, 1.0), kept, advantages, "token_mean").backward()
+    total = (advantages[:, None] * completion_logprobs(ref, r, 1.0) * kept).sum()
+    (-total / (kept.sum() if loss_type == "dapo" else 4 * 50)).backward()
     for p, b, q in zip(model.parameters(), before, ref.parameters()):
         assert torch.allclose(b - p, q.grad, atol=1e-5)
     assert sum(q.grad.abs().sum() for q in ref.parameters()) > 0

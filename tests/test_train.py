@@ -340,13 +340,13 @@ class FullDisk:
 
     def from_update(self, monkeypatch, k):
         """The disk fills during the k-th update (counted from 1) and stays full."""
-        real, done = magrpo.episode_advantages, []
+        real, done = magrpo.group_advantages, []
 
-        def episode_advantages(*a, **kw):
+        def group_advantages(*a, **kw):  # once a step (single_turn_step), after its sampling
             done.append(1)
             self.full = self.full or len(done) >= k
             return real(*a, **kw)
-        monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+        monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
 
 
 @pytest.mark.parametrize("writer, cause", [("safetensors", "SafetensorError: .*No space left"),
@@ -471,18 +471,18 @@ def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_p
     """From step 3 on every reward raises: the run stops before step 3's update, saves
     checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
     import envs
-    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.episode_advantages, []
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.group_advantages, []
 
     def reward(self, example, outputs):
         if len(done) >= 3:
             raise ValueError("the scorer is broken")
         return real_reward(self, example, outputs)
 
-    def episode_advantages(*a, **k):
+    def group_advantages(*a, **k):  # once a step (single_turn_step), after its sampling
         done.append(1)
         return real_update(*a, **k)
     monkeypatch.setattr(envs.DemoEnv, "reward", reward)
-    monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+    monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
         train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
