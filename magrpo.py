@@ -38,7 +38,7 @@ from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, position
 # it fixes one (Sec. 2: G = 4, 256 new tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned
 # joint actions; Sec. 3: gamma 0.9, the best node revised, solved at the maximum reward). The others are
 # plain choices: sampling at T 1 without a cut (a run takes each env's sampling, the authors', from
-# envs.DEFAULTS), every turn's loss weighing 1 (the authors' code of the paper's time weighed turns
+# its settings), every turn's loss weighing 1 (the authors' code of the paper's time weighed turns
 # 1.2 and 0.8: --turn-weights 1.2,0.8), and level feedback (the paper's came from an expert model).
 
 
