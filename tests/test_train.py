@@ -855,7 +855,8 @@ def test_out_naming_a_file_is_refused_before_any_model_loads(tmp_path, monkeypat
 def test_a_run_that_fails_before_its_first_step_leaves_out_as_it_found_it(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("the sampler broke")
-    monkeypatch.setattr(magrpo, "train_step", crash)
+    monkeypatch.setattr(magrpo, "train_step", crash)  # the tree's step, and the one-turn step's
+    monkeypatch.setattr(magrpo, "single_turn_step", crash)
     new, empty = tmp_path / "new", tmp_path / "empty"
     empty.mkdir()
     for out in (new, empty):
