@@ -58,8 +58,8 @@ class Config:
     compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
     advantage: str = option("mean", "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, "
-                                     "none (REINFORCE: no baseline) or remax; std: mean with "
-                                     "--scale-rewards group")
+                                     "none (REINFORCE: no baseline), remax or critic (R - V(s), a learned "
+                                     "value: --critic); std: mean with --scale-rewards group")
     scale_rewards: str = option("none", "Eq. 1's advantages divided by the std + 1e-4 of their group "
                                         "(GRPO), of the turn's whole batch, or none (the paper); as TRL's")
     loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (the paper), token_mean (TRL's "
@@ -78,7 +78,7 @@ class Config:
     feedback: str = option("level", "between turns: level, plain or expert")
     feedback_max_new_tokens: int = option(256, "bound on the expert's review (--feedback expert)")
 
-    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax"),
+    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax", "critic"),
                "scale_rewards": ("none", "group", "batch"),
                "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
                "feedback": ("level", "plain", "expert")}
@@ -116,13 +116,17 @@ class Config:
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
         self.check("max_grad_norm", self.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
+        self.check("scale_rewards", self.advantage != "critic" or self.scale_rewards == "none",
+                   "--advantage critic has no group to scale by: use none")
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
 
     def on_the_tree(self):
         """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
-        single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, turn weights, truncation masks)."""
-        options = (self.joint != "aligned", self.advantage == "remax", self.mask_truncated_completions)
+        single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, a critic, turn weights, truncation
+        masks)."""
+        options = (self.joint != "aligned", self.advantage in ("remax", "critic"),
+                   self.mask_truncated_completions)
         return self.num_turns > 1 or any(options) or self.turn_weights not in (None, (1.0,))
 
     def check(self, name, ok, why):
@@ -234,6 +238,14 @@ def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     if scale == "batch":
         return advantages / (rewards.std() + 1e-4)
     return advantages
+
+
+def critic_advantages(returns, values):
+    """Eq. 1 with a learned baseline in place of the group's mean (--advantage critic): A = R - V(s),
+    V(s) the critic's value of the state the completions were sampled from (critic.py), so that a group
+    of one (G = 1) has an advantage too. returns: [states, G]; values: [states]. -> float32 [states, G]."""
+    returns = torch.as_tensor(returns, dtype=torch.float32)
+    return returns - torch.as_tensor(values, dtype=torch.float32)[:, None]
 
 
 def row_logprobs(model, rollout, temperature=1.0):
@@ -559,19 +571,29 @@ def episode_returns(turns, gamma, num_turns):
     return returns
 
 
-def episode_advantages(turns, cfg):
-    """Eq. 1 among siblings: per turn, per agent, an advantage per rollout row. all: on the returns
-    (every sibling is revised or solved: one horizon); best: on each turn's rewards (only the best has
-    a next turn: a return would favour it). cross: a completion's credit is its joint actions' mean."""
+def turn_returns(turns, cfg):
+    """Per turn, the R of each node that Eq. 1 compares, [groups, J]. all: the returns (every sibling is
+    revised or solved: one horizon); best: each turn's rewards (only the best has a next turn: a return
+    would favour it)."""
     if cfg.expand == "all":
-        values = episode_returns(turns, cfg.discount, cfg.num_turns)
-    else:
-        values = [turn.values() for turn in turns]
+        return episode_returns(turns, cfg.discount, cfg.num_turns)
+    return [turn.values() for turn in turns]
+
+
+def episode_advantages(turns, cfg, critic=None):
+    """Eq. 1 among siblings: per turn, per agent, an advantage per rollout row, on turn_returns. cross: a
+    completion's credit is its joint actions' mean. --advantage critic: R - the critic's V of the group's
+    prompts (critic_advantages), per agent."""
     advantages = []
-    for turn, turn_values in zip(turns, values):
+    for turn, turn_values in zip(turns, turn_returns(turns, cfg)):
+        credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
+        if cfg.advantage == "critic":
+            values = critic.values([group.prompts for group in turn.groups])
+            advantages.append([critic_advantages(credit, value).view(-1)
+                               for credit, value in zip(credits, values)])
+            continue
         # remax compares with the greedy joint answer, which only turn 1 has, so later turns use the mean.
         mode = "mean" if cfg.advantage == "remax" and not turn.baseline else cfg.advantage
-        credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
         advantages.append([group_advantages(credit, mode, turn.baseline, cfg.scale_rewards).view(-1)
                            for credit in credits])
     return advantages
@@ -581,11 +603,12 @@ def episode_advantages(turns, cfg):
 # optimizer each (AdamW, models.make_optimizer).
 
 
-def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x, go_on=None):
+def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x, go_on=None, critic=None):
     """One MAGRPO step on a batch of examples, seeds one per example, with Sec. 3's tree of turns: the
     team's episodes, Eq. 1 among siblings, Eq. 2's update of every agent. With one turn of aligned joint
     actions it is single_turn_step's step; total and go_on are as there (go_on sees every turn's rewards).
-    -> (turns, metrics); metrics None when go_on said no."""
+    critic: the learned V(s) of --advantage critic (critic.py). -> (turns, metrics); metrics None when
+    go_on said no."""
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
     # each example's episode into a tree of such groups.
@@ -595,10 +618,16 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     zero_groups = 0
-    for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
+    for turn, advantages in zip(turns, episode_advantages(turns, cfg, critic)):
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
     metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
+    if critic is not None:
+        # The critic learns this step's returns only now, after its values gave their advantages (and
+        # before Eq. 2 changes the agents it reads): a baseline that had seen the very return it is
+        # subtracted from would cancel part of it, and the gradient would be biased.
+        states = [group.prompts for turn in turns for group in turn.groups]
+        metrics.update(critic.fit(states, torch.cat(turn_returns(turns, cfg)), total))
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns

@@ -238,12 +238,13 @@ def saving(out, what, *tmps):
 # short), is skipped for the one before. Saved and loaded here, side by side.
 CHECKPOINT_STATE = "trainer_state.json"  # the step, the run's flags and each file's size (HF's name)
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
+CRITIC_STATE = "critic.pt"  # --advantage critic: the value heads and their optimizer (critic.py)
 
 
-def save_checkpoint(out, step, agents, args, logs=()):
+def save_checkpoint(out, step, agents, args, logs=(), critic=None):
     """OUT/checkpoint-<step>, once the `logs` hold every row before it: per agent its weights (as
-    transformers or peft load them) and its optimizer's state, the RNG states, then CHECKPOINT_STATE.
-    Keeps the newest --save-total-limit complete ones."""
+    transformers or peft load them) and its optimizer's state, the critic's (if any), the RNG states,
+    then CHECKPOINT_STATE. Keeps the newest --save-total-limit complete ones."""
     path = os.path.join(out, f"checkpoint-{step}")
     if checkpoint_problem(path) is None:
         return  # saved already (a signal right after a periodic save)
@@ -256,6 +257,8 @@ def save_checkpoint(out, step, agents, args, logs=()):
         for i, agent in enumerate(agents):
             models.save_agent(agent, os.path.join(path, f"agent_{i}"))
             torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
+        if critic is not None:
+            torch.save(critic.state_dict(), os.path.join(path, CRITIC_STATE))
         # A resumed run samples what the uninterrupted one would. Without a GPU, CUDA's list is empty.
         rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
         torch.save(rng, os.path.join(path, RNG_STATE))
@@ -278,12 +281,15 @@ def save_checkpoint(out, step, agents, args, logs=()):
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(path, agents):
+def load_checkpoint(path, agents, critic=None):
     """Checkpoint `path` into a run whose agents train.build loaded from its agent_i: each agent's
-    optimizer state (AdamW's moments too, so a resumed run steps as the uninterrupted one) and the RNGs."""
+    optimizer state (AdamW's moments too, so a resumed run steps as the uninterrupted one), the critic's
+    heads and optimizer, and the RNGs."""
     for i, agent in enumerate(agents):
         agent.optimizer.load_state_dict(torch.load(os.path.join(path, f"agent_{i}", OPTIMIZER_STATE),
                                                    map_location=agent.model.device, weights_only=True))
+    if critic is not None:
+        critic.load_state_dict(torch.load(os.path.join(path, CRITIC_STATE), weights_only=True))
     rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # Python's state is a tuple
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"])

@@ -30,6 +30,7 @@ import warnings
 import torch
 from tqdm import tqdm
 
+import critic
 import envs
 import eval as evaluation
 import magrpo
@@ -107,6 +108,9 @@ class Run:
         self.env, self.cfg = resolve_flags(args)
         checkpoint = runs.prepare_out(args)
         self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
+        self.critic = None  # the learned V(s) of --advantage critic (critic.py)
+        if self.cfg.advantage == "critic":
+            self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate)
         # The in-training eval has its own split, never the training rows (a plain file has none).
         self.eval_env = None
         if args.eval_every:
@@ -127,7 +131,7 @@ class Run:
         random.seed(args.seed)
         if checkpoint is not None:
             print(f"resuming {args.out} at step {self.start} from {checkpoint[1]}", file=sys.stderr)
-            runs.load_checkpoint(checkpoint[1], self.agents)
+            runs.load_checkpoint(checkpoint[1], self.agents, self.critic)
         self.log, self.curve, self.completions = (runs.RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
         self.logs = (self.log, self.completions)  # what a checkpoint writes out first
@@ -186,7 +190,7 @@ class Run:
             self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
         if save:
             try:
-                runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
+                runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs, self.critic)
             except runs.SaveFailed as e:  # On a full disk the run goes on, and the next save tries again.
                 warnings.warn(f"{e}; the run goes on")
         # The bar shows the mean reward of the last 20 steps (a step's own reward is noisy), at the
@@ -208,7 +212,7 @@ class Run:
         # agents only for a run that reached its last step.
         try:
             if self.main:
-                runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
+                runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs, self.critic)
                 if self.signum is None and self.error is None:
                     runs.save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
                     out = self.args.out
@@ -236,7 +240,7 @@ def magrpo_step(run, batch, seeds, go_on):
     cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; go_on is StepGate's."""
     agents, env, cfg = run.agents, run.env, run.cfg
     if cfg.on_the_tree():
-        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on)
+        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on, run.critic)
     rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
                                                                     runs.all_sum, go_on)
     return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
@@ -359,6 +363,9 @@ def parse_args(argv=None):
     runs.add_config_flags(p)
     p.add_argument("--learning-rate", type=float, help="each agent's AdamW")
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--critic", default="central", choices=("central", "per-agent"),
+                   help="--advantage critic: one V(s) of all the prompts, or each agent's V_i of its own")
+    p.add_argument("--critic-learning-rate", type=float, default=1e-3, help="the critic's Adam (critic.py)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
     p.add_argument("--seed", type=int, default=0)
@@ -397,14 +404,15 @@ def resolve_flags(args):
     args.world_size = runs.world()[1]
     if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
         raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
-    # A group needs G >= 2 for its baseline (Eq. 1), and a step at least a prompt per process.
-    least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
-                 save_every=0, log_completions_every=0)
+    # A group needs G >= 2 for its baseline (Eq. 1), a critic does not, and a step needs a prompt per process.
+    least = dict(num_generations=1 if cfg.advantage == "critic" else 2, steps=1, batch_size=args.world_size,
+                 eval_limit=1, save_total_limit=1, save_every=0, log_completions_every=0)
     for flag, smallest in least.items():
         if getattr(args, flag) < smallest:
             raise ValueError(f"--{flag.replace('_', '-')}: must be >= {smallest}, got {getattr(args, flag)}")
-    if args.learning_rate <= 0:
-        raise ValueError(f"--learning-rate: must be > 0, got {args.learning_rate}")
+    for flag in ("learning_rate", "critic_learning_rate"):
+        if getattr(args, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')}: must be > 0, got {getattr(args, flag)}")
     if args.wandb and importlib.util.find_spec("wandb") is None:  # wandb is optional, never required.
         raise ValueError("--wandb: the wandb package is not installed: pip install wandb")
     fill_resolved(args, env, cfg)

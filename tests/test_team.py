@@ -147,8 +147,8 @@ def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, optio
 
 def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_step():
     assert not magrpo.Config().on_the_tree()
-    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(turn_weights=(0.5,)),
-                    dict(mask_truncated_completions=True)):
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(advantage="critic"),
+                    dict(turn_weights=(0.5,)), dict(mask_truncated_completions=True)):
         assert magrpo.Config(**options).on_the_tree(), options
 
 

@@ -62,6 +62,8 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--model", "./no/such/model"], "--model"),
     (["--loss-type", "mystery"], "--loss-type"),
     (["--advantage", "max"], "--advantage"),
+    (["--advantage", "critic", "--critic-learning-rate", "0"], "--critic-learning-rate"),
+    (["--advantage", "critic", "--scale-rewards", "group"], "--scale-rewards"),
     (["--model", "tiny,tiny,tiny"], "--model"),
     (["--dtype", "float16"], "--dtype"),
     (["--eval-every", "1", "--eval-limit", "0"], "--eval-limit"),
@@ -190,6 +192,19 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
     state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["step"] == 6 and state["args"]["steps"] == 6 and "agent_0/optimizer.pt" in state["files"]
     assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 6
+
+
+def test_resume_with_a_critic_continues_exactly_where_it_stopped(tmp_path):
+    """--advantage critic: the checkpoint carries the value heads and their Adam, so the resumed run's
+    metrics (critic_loss too) and its final heads are the uninterrupted run's, to the bit."""
+    flags = QUICK + ["--advantage", "critic", "--critic", "per-agent", "--num-generations", "2"]
+    whole, out = str(tmp_path / "whole"), str(tmp_path / "run")
+    train.train(train.parse_args(flags + ["--out", whole]))
+    train.train(train.parse_args(flags[:1] + ["3"] + flags[2:] + ["--save-every", "1", "--out", out]))
+    train.train(train.parse_args(flags + ["--resume", "--out", out]))
+    assert same_run(rows_of(out), rows_of(whole)) and rows_of(out)[-1]["critic_loss"] > 0
+    heads = [torch.load(f"{run}/checkpoint-6/{runs.CRITIC_STATE}")["heads"] for run in (whole, out)]
+    assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
 
 
 def completions_of(out):

@@ -1,0 +1,87 @@
+"""Tests of --advantage critic (critic.py, magrpo.critic_advantages): A = R - V(s) with values given, the
+heads' regression, what each critic sees, and one step of the tree with a critic. Tiny models, CPU."""
+import pytest
+import torch
+
+import critic
+import envs
+import magrpo
+import models
+
+
+def team(tok, n=2):
+    return [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.3), tok) for i in range(n)]
+
+
+def test_critic_advantages_is_the_return_minus_the_given_value():
+    returns = torch.tensor([[1.0, 2.0, 0.5], [0.0, 3.0, 1.0]])
+    values = torch.tensor([0.25, -1.0])
+    expected = torch.tensor([[0.75, 1.75, 0.25], [1.0, 4.0, 2.0]])
+    assert torch.equal(magrpo.critic_advantages(returns, values), expected)
+    assert magrpo.critic_advantages([[2.0]], [0.5]).tolist() == [[1.5]]  # a group of one has one too
+
+
+@pytest.mark.parametrize("mode", ["central", "per-agent"])
+def test_critic_fit_on_a_fixed_batch_lowers_its_loss(tok, mode):
+    """Returns that depend on the state: repeated steps on the same batch fit them, and the values the
+    advantages take are the heads' predictions (before the step that fit reports)."""
+    team_critic = critic.Critic(team(tok), mode, learning_rate=1e-2)
+    states = [[f"Topic: {t}. Headline:\n", f"Topic: {t}. Body:\n"] for t in ("cats", "rain", "tea", "ships")]
+    returns = torch.tensor([[0.0, 0.2], [1.0, 1.2], [2.0, 1.8], [3.0, 3.0]])
+    first = team_critic.fit(states, returns)
+    assert first["critic_loss"] == pytest.approx(float((returns ** 2).mean()))  # the heads start at 0
+    for _ in range(200):
+        last = team_critic.fit(states, returns)
+    assert last["critic_loss"] < 0.1 * first["critic_loss"] and last["critic_explained_variance"] > 0.8
+    values = team_critic.values(states)
+    assert len(values) == 2 and values[0].shape == (4,)
+    residual = returns - values[0][:, None]
+    assert 1 - residual.var(unbiased=False) / returns.var(unbiased=False) > 0.8
+
+
+def test_critic_per_agent_value_is_unchanged_when_a_partners_prompt_changes(tok):
+    states = [["Topic: cats. Headline:\n", "Topic: cats. Body:\n"]]
+    changed = [["Topic: cats. Headline:\n", "Topic: snow and more. Body:\n"]]
+    per_agent, central = critic.Critic(team(tok), "per-agent"), critic.Critic(team(tok), "central")
+    returns = torch.tensor([[1.0, 2.0]])
+    for c in (per_agent, central):  # a step away from 0, so that the heads read their features
+        c.fit(states + changed, torch.cat([returns, returns + 1]))
+    before, after = per_agent.values(states), per_agent.values(changed)
+    assert torch.equal(before[0], after[0])  # agent 0's V_0 reads only agent 0's prompt
+    assert not torch.equal(before[1], after[1])
+    shared_before, shared_after = central.values(states), central.values(changed)
+    assert torch.equal(shared_before[0], shared_before[1])  # one V(s) for every agent
+    assert not torch.equal(shared_before[0], shared_after[0])  # the joint state: every prompt counts
+
+
+def test_critic_rejects_an_unknown_mode(tok):
+    with pytest.raises(ValueError, match="--critic"):
+        critic.Critic(team(tok), "shared")
+
+
+@pytest.mark.usefixtures("scripted_sampling")
+@pytest.mark.parametrize("num_generations", [1, 3])
+def test_train_step_with_a_critic_subtracts_the_values_from_before_its_fit(tok, num_generations):
+    env = envs.DemoEnv()
+    agents = team(tok)
+    for agent in agents:
+        agent.optimizer = models.make_optimizer(agent.model, 1e-3)
+    team_critic = critic.Critic(agents, "per-agent", learning_rate=1e-2)
+    cfg = magrpo.Config(num_generations=num_generations, max_new_tokens=8, advantage="critic")
+    assert cfg.on_the_tree()  # train.py takes the tree's step for a critic
+    states = [env.prompts(ex) for ex in env.examples[:2]]
+    team_critic.fit(states, torch.tensor([[1.0] * num_generations, [2.0] * num_generations]))
+    values = team_critic.values(states)
+    turns, metrics = magrpo.train_step(agents, env, env.examples[:2], cfg, [3, 4], critic=team_critic)
+    returns = turns[0].values()
+    for i in range(2):
+        expected = (returns - values[i][:, None]).view(-1)
+        assert torch.allclose(turns[0].advantages[i], expected)
+    explained = 1 - torch.cat([returns - v[:, None] for v in values]).var(unbiased=False) / returns.var(unbiased=False)
+    assert metrics["critic_explained_variance"] == pytest.approx(float(explained), abs=1e-5)
+    assert not torch.equal(team_critic.values(states)[0], values[0])  # the fit came after
+
+
+def test_config_critic_refuses_a_group_scale():
+    with pytest.raises(ValueError, match="--scale-rewards"):
+        magrpo.Config(advantage="critic", scale_rewards="group")
