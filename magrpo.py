@@ -322,18 +322,16 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
-    rollouts = []
-    for i, agent in enumerate(agents):
-        rollouts.append(sample_agent(agent, i, [env.prompts(ex)[i] for ex in examples], G, cfg, turn_seeds))
+    prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
+    rollouts = [sample_agent(agent, i, prompts[i], G, cfg, turn_seeds) for i, agent in enumerate(agents)]
     # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
     outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
     if go_on is not None and not go_on(rewards):
         return rollouts, rewards, None, None
-    # Eq. 1 among each prompt's G joint actions; every agent's g-th completion gets the g-th advantage.
+    # Eq. 1 among a prompt's G joint actions; a group of all-0 advantages teaches nothing, and is counted.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
     advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
-    # A group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
@@ -641,21 +639,19 @@ def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
     """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
     paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
-    # A gradient that some process has is summed (0 where one has none); one that none has stays None.
-    for p, anyone in zip(params, total([p.grad is not None for p in params])):
+    for p, anyone in zip(params, total([p.grad is not None for p in params])):  # some process has it
         if anyone:
             p.grad = total(p.grad if p.grad is not None else torch.zeros_like(p))
     (loss,) = total([float(loss)])
-    grads = [p.grad.float().norm() for p in params if p.grad is not None]
-    grad_norm = torch.stack(grads).norm().item() if grads else 0.0
+    grads = [p.grad for p in params if p.grad is not None]
+    grad_norm = torch.stack([grad.float().norm() for grad in grads]).norm().item() if grads else 0.0
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
         if 0 < max_grad_norm < grad_norm:  # as torch's clip_grad_norm_ (TRL's)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))
+            for grad in grads:
+                grad.mul_(max_grad_norm / (grad_norm + 1e-6))
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
     agent.model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}
