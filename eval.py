@@ -42,7 +42,7 @@ PAPER_K = (1, 3, 5, 10)
 # Every method on every problem, the same seeds for each (Sec. 6)
 
 
-def evaluate(args, env, examples, team):
+def evaluate(args, env, examples, agents, expert=None):
     """Every method on every problem -> the report without its config (docs/eval.md: the JSON report). A ^C
     reports the methods finished so far."""
     cfg, problems = sample_cfg(args), []
@@ -54,10 +54,10 @@ def evaluate(args, env, examples, team):
     try:
         for method in args.methods:
             bar.set_description(method)
-            run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
+            run, team, records = RUNNERS[method], agents[method], [[] for _ in turns]
             for start in range(0, len(examples), args.batch_size):
                 batch = examples[start:start + args.batch_size]
-                by_turn = run(env, agents, batch, cfg, seeds[start:start + args.batch_size], team.expert)
+                by_turn = run(env, team, batch, cfg, seeds[start:start + args.batch_size], expert)
                 by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods keep theirs
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
@@ -71,7 +71,7 @@ def evaluate(args, env, examples, team):
             # and one sample, apart from the batched sampling above, whose per-sample time is a throughput.
             if args.latency_problems and method != "oracle":
                 one = dataclasses.replace(cfg, num_generations=1)
-                times = [run(env, agents, [ex], one, seeds[p:p + 1], team.expert)[-1][0].seconds
+                times = [run(env, team, [ex], one, seeds[p:p + 1], expert)[-1][0].seconds
                          for p, ex in enumerate(examples[:args.latency_problems])]
                 turns[-1]["methods"][method]["latency_seconds"] = runs.mean(times)
     except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
@@ -368,6 +368,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
+    runs.show_defaults(p, "eval", {})
     return p.parse_args(argv)
 
 
@@ -426,19 +427,18 @@ def check_flags(args):
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
-    defaults = envs.run_defaults(tiny, "eval")
+    tiny = tiny_base and not args.agents
+    defaults = runs.run_defaults("eval", tiny)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
-    envs.fill_defaults(args, defaults)
+    runs.fill_defaults(args, defaults)
     # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag}: must be >= {least}, got {value}")
     # Config checks the sampling flags (one line naming the flag); the report records each value used.
-    cfg = sample_cfg(args)
-    vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
+    runs.fill_defaults(args, dataclasses.asdict(sample_cfg(args)))
     # The paper's k (1, 3, 5, 10) are kept where --num-samples allows, as pass@10 of 5 samples means nothing.
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
@@ -461,8 +461,6 @@ def check_flags(args):
 def unsupported(env, examples, method):
     """Why the env cannot run `method` on these problems, or None. Asked before any model loads: by
     default eval.py runs every method the env can, and a method asked for by name must run."""
-    if method == "oracle" and not hasattr(env, "oracle_outputs"):
-        return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
     try:
         if method == "single":
             env.single_prompt(examples[0])
@@ -476,39 +474,28 @@ def unsupported(env, examples, method):
     return None
 
 
-class Team:
-    """Every method's agents; a model named twice on one device loads once (a tiny one per seed), LoRA
-    agents on one base and device share it (self.bases): a GPU holds each model once, whatever the
-    number of methods that use it."""
-
-    def __init__(self, args, names, n):
-        self.args, self.cache, self.bases = args, {}, {}
-        self.devices = models.agent_devices(args.device, n)
-        self.models = models.per_agent(names, n, "--model")
-        self.expert = models.load_expert(args, self.devices[0])
-
-    def load(self, names, flag):
-        """Agent i: names[i] on device i, seeded --seed + i (a tiny model's random weights)."""
-        agents = []
-        for i, (name, device) in enumerate(zip(names, self.devices)):
-            key = (name, device, self.args.seed + i if name == models.TINY else None)
-            if key not in self.cache:
-                agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
-                                          self.args.chat_template, bases=self.bases)
+def load_agents(args, methods, n):
+    """Each method's agents: the trained ones (magrpo with --agents), the single model, or the untrained
+    --model. A model named twice on one device loads once (a tiny one per seed), and LoRA agents on one
+    base and device share it: a GPU holds each model once, whatever the number of methods using it."""
+    loaded, bases, agents = {}, {}, {}
+    for method in methods:
+        names, flag = ([] if method == "oracle" else args.models), "--model"
+        if method == "magrpo" and args.agents:
+            names, flag = trained_dirs(args.agents, n), "--agents"
+        elif method == "single":
+            names, flag = [args.single_model or args.models[0]], "--single-model"
+        agents[method] = []
+        for i, (name, device) in enumerate(zip(names, args.devices)):
+            key = (name, device, args.seed + i if name == models.TINY else None)  # concat's are discussion's
+            if key not in loaded:
+                loaded[key] = agent = models.load_agent(name, device, args.dtype, args.seed + i, flag,
+                                                        args.chat_template, bases=bases)
                 # One-off first-call costs (allocations, kernel choice, --compile's compilation) stay
                 # out of the timings. A prompt length the warm-up did not have still compiles anew.
-                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=self.args.compile)
-                self.cache[key] = agent  # the key has no method, as concat's agents are discussion's too
-            agents.append(self.cache[key])
-        return agents
-
-    def for_method(self, method):
-        """The agents a method runs: the trained ones, the single model, or the untrained --model."""
-        if method == "magrpo" and self.args.agents:
-            return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
-        if method == "single":
-            return self.load([self.args.single_model or self.models[0]], "--single-model")
-        return [] if method == "oracle" else self.load(self.models, "--model")
+                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=args.compile)
+            agents[method].append(loaded[key])
+    return agents
 
 
 def trained_dirs(out, n):
@@ -518,7 +505,7 @@ def trained_dirs(out, n):
     # final.json is written after the last OUT/agent_i. Without it those may be an older run's, or
     # half-written by a run that was killed, and the newest complete checkpoint is the run's truth.
     if not os.path.isfile(os.path.join(out, "final.json")):
-        checkpoint = models.latest_checkpoint(out)
+        checkpoint = runs.latest_checkpoint(out)
         if checkpoint is not None:
             print(f"eval.py: note: the run in {out} did not finish: using its latest checkpoint, "
                   f"{checkpoint[1]} (step {checkpoint[0]})", file=sys.stderr)
@@ -530,11 +517,14 @@ def trained_dirs(out, n):
 
 
 def setup(args):
-    """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
+    """Every flag checked and every model loaded before any sampling: (env, examples, each method's
+    agents, the expert reviewer or None)."""
     check_flags(args)
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
     args.split = env.split  # the rows scored: a split's name, or a slice (":" for a whole file)
+    if env.runs_code:  # what the sandbox runs the model's code with, for the report
+        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
     examples = env.examples[:args.limit]  # the first --limit, the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
@@ -550,11 +540,12 @@ def setup(args):
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling, so that a bad --agents or --single-model fails at once.
-    team = Team(args, models.model_names(args), env.num_agents)
-    models.set_torch(args.cpu_threads, team.devices)
-    for m in args.methods:
-        team.for_method(m)
-    return env, examples, team
+    args.devices = models.agent_devices(args.device, env.num_agents)  # the report records them
+    args.models = models.per_agent(models.model_names(args), env.num_agents, "--model")
+    models.set_torch(args.cpu_threads, args.devices)
+    agents = load_agents(args, args.methods, env.num_agents)
+    return env, examples, agents, models.load_expert(args, args.devices[0])
+
 
 def cell_text(value):
     """A table cell: a float to 4 significant digits, "-" for a metric the method lacks (a writing
@@ -581,13 +572,12 @@ def format_table(rows, title):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        env, examples, team = setup(args)
+        env, examples, agents, expert = setup(args)
     except ValueError as e:  # every bad flag, from any layer, ends in one line and exit 1
         sys.exit(f"eval.py: error: {e}")
-    report = evaluate(args, env, examples, team)
+    report = evaluate(args, env, examples, agents, expert)
     # The report records every setting used, so that a number in it can be reproduced.
-    report["config"] = {**vars(args), "env_name": env.name,
-                        "num_problems": len(examples), "models": team.models, "devices": team.devices}
+    report["config"] = {**vars(args), "env_name": env.name, "num_problems": len(examples)}
     for t, turn in enumerate(report["turns"], 1):
         print(format_table(turn["methods"], "method" if args.num_turns == 1 else f"turn {t}"))
     if args.num_turns > 1:

@@ -1,8 +1,11 @@
 """
 The shared rewards of the paper's collaboration tasks: one number R(a_1, a_2) per joint action.
 
-Paper: arXiv 2508.04652. The rewards are *leveled*: a level adds only when the ones before it are
-met, so an early failure gives a small, informative reward.
+Paper: arXiv 2508.04652. The rewards are *leveled*: each level scores one aspect, and a failure
+that leaves the later levels nothing to measure ends the reward there, so an early failure gives a
+small, informative reward. Writing: each level gates the next. Code: a main function must be there
+for the syntax level, and the program must parse for the tests; the structure level (each function
+defined with a return) gates nothing, so a program without it still earns syntax and tests.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
@@ -249,7 +252,12 @@ def _score_code(items, judge, sandbox_options):
     return [reward for reward, _ in judged]
 
 
-def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None, test_setup=None):
+# Seconds per sandbox test: the authors' signal.alarm(10), for code_reward and the coding env alike.
+TEST_TIMEOUT = 10.0
+
+
+def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=TEST_TIMEOUT,
+                test_setup=None):
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
     raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
     header, for a body-only output; timeout: per test; test_setup: code the test needs (None: imports)."""
@@ -258,11 +266,11 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     return code_reward_many([item], timeout=timeout)[0]
 
 
-def code_reward_many(items, timeout=None, isolation=None):
-    """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test
-    (None: the sandbox's own); isolation: the sandbox's level (None: sandbox.isolation_level())."""
+def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
+    """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test;
+    isolation: the sandbox's level (None: sandbox.isolation_level())."""
     # The sandbox measures whether main's answers depend on aux's results (helper_use), for the bonus.
-    options = dict(helper="aux", isolation=isolation) | ({} if timeout is None else {"timeout": timeout})
+    options = dict(helper="aux", isolation=isolation, timeout=timeout)
     return _score_code(items, _judge_text, options)
 
 # -----------------------------------------------------------------------------
@@ -689,11 +697,10 @@ def _authors_judge_text(item):
     return reward, _authors_check(item["test"], item["entry_point"])
 
 
-def _authors_code_reward_many(items, timeout=None, isolation=None):
-    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): 10 s
-    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs.
-    A call of aux is theirs: its text (no count of aux's runs)."""
-    options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3, isolation=isolation)
+def _authors_code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
+    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): no
+    more tests after 3 timeouts, as theirs. A call of aux is theirs: its text (no count of aux's runs)."""
+    options = dict(timeout=timeout, max_timeouts=3, isolation=isolation)
     return _score_code(items, _authors_judge_text, options)
 
 

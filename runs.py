@@ -12,10 +12,12 @@ import datetime
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -39,12 +41,65 @@ def add_config_flags(parser, names=None):
     can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(magrpo.Config):
         if names is None or f.name in names:
-            text = f"{f.metadata['help']} (default {f.default})".replace("%", "%%")  # argparse formats %
+            text = f.metadata["help"].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
             flag = f"--{f.name.replace('_', '-')}"
             if f.type is bool:  # a switch, None when not given, like the others
                 parser.add_argument(flag, action="store_true", default=None, help=text)
             else:
                 parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+
+
+# The defaults that depend on the run, the one place they are set. Config's own are the paper's
+# (magrpo.py, Sec. 2), and an env's own for training a real model are its `settings` (the authors').
+RUN_DEFAULTS = {
+    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1),  # the paper's
+    # The tiny model learns from scratch in minutes, with a high lr, short outputs and bigger groups.
+    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2),
+    "eval": dict(temperature=0.8, top_p=0.95),  # the paper's evaluation (Sec. 6)
+}
+
+
+def run_defaults(purpose, tiny, settings=None):
+    """The defaults of a run ("train" or "eval") that are not Config's own, by flag: training's (the
+    tiny model's, or the paper's and the env's `settings`) or evaluation's (the paper's sampling; the
+    tiny model's length). Config then fills the rest (fill_defaults(args, asdict(cfg)))."""
+    defaults = {}
+    if purpose == "eval":
+        defaults.update(RUN_DEFAULTS["eval"])
+        if tiny:  # as long as the tiny model writes in training
+            defaults["max_new_tokens"] = RUN_DEFAULTS["tiny"]["max_new_tokens"]
+    else:
+        defaults.update(RUN_DEFAULTS["tiny"] if tiny else {**RUN_DEFAULTS["train"], **(settings or {})})
+    return defaults
+
+
+def fill_defaults(args, defaults):
+    """Each flag of `defaults` that the program has and the user did not give (None) takes its default."""
+    for name, value in defaults.items():
+        if name in vars(args) and getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def show_defaults(parser, purpose, env_settings):
+    """Each flag's help ends with the defaults a run uses (run_defaults), per model and per env
+    ({name: settings}) where they differ, so that --help shows what a run will use."""
+    config = dataclasses.asdict(magrpo.Config())
+    tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
+    for action in parser._actions:
+        name = action.dest
+        if name not in tiny:
+            continue
+        # The envs whose value differs from a real model's default, grouped by value: "tldr/arxiv 5e-06".
+        by_env = {}
+        for env, settings in env_settings.items():
+            if settings.get(name, real[name]) != real[name]:
+                by_env.setdefault(settings[name], []).append(env)
+        text = f"default {real[name]}"
+        if tiny[name] != real[name]:
+            text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
+        if by_env:
+            text += "; a real model on " + ", ".join(f"{'/'.join(e)} {value}" for value, e in by_env.items())
+        action.help = f"{action.help or ''} ({text})".strip()
 
 
 def config_from_flags(args, **overrides):
@@ -72,14 +127,11 @@ def prepare_out(args):
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
                                  "pick another --out")
         return None
-    # With --resume, what a kill left half done goes, and the newest complete checkpoint is the start.
-    for leftover in names:
-        if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
-            shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
-    checkpoint = models.latest_checkpoint(args.out)  # a broken one (a kill mid-save) is skipped
+    # With --resume the newest complete checkpoint is the start; a broken one (a kill mid-save) is skipped.
+    checkpoint = latest_checkpoint(args.out)
     if checkpoint is None:
         return None
-    saved = models.checkpoint_state(checkpoint[1])["args"]
+    saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
         # An earlier version saved None for the flags fill_resolved fills now: the same run.
         if value is None and name in FILLED:
@@ -127,7 +179,7 @@ def start_out(args, start):
 def undo_start(out, made):
     """A run that failed before its first step leaves --out as it found it: the files of a start go
     (a run that never stepped is no work to keep), and --out too if this run made it."""
-    if models.checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
+    if checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
         return
     for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
         with contextlib.suppress(FileNotFoundError):
@@ -173,7 +225,7 @@ def saving(out, what, *tmps):
         free = shutil.disk_usage(out).free / 2**20  # Measured before the partial copies go.
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
-        latest = models.latest_checkpoint(out)
+        latest = latest_checkpoint(out)
         where = "there is no complete checkpoint (--resume starts at step 0)"
         if latest:
             where = f"{latest[1]} is the newest complete checkpoint (--resume continues from it)"
@@ -181,38 +233,95 @@ def saving(out, what, *tmps):
                          + where) from None
 
 
+# A checkpoint is made whole by one thing: its CHECKPOINT_STATE, written last, lists every file and its
+# size. One without it, or with a file missing or cut short (a kill mid-save, a full disk, a copy cut
+# short), is skipped for the one before. Saved and loaded here, side by side.
+CHECKPOINT_STATE = "trainer_state.json"  # the step, the run's flags and each file's size (HF's name)
+OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
+
+
 def save_checkpoint(out, step, agents, args, logs=()):
-    """OUT/checkpoint-<step> (models.write_checkpoint), once the `logs` hold every row before it.
-    Written aside, fsync'd, renamed: a kill leaves the last complete checkpoint or this one. Keeps the
-    newest --save-total-limit."""
-    final = os.path.join(out, f"checkpoint-{step}")
-    tmp = os.path.join(out, f".tmp-checkpoint-{step}")  # A hidden name is never taken for a checkpoint.
-    if os.path.isdir(final) and models.checkpoint_problem(final) is None:
+    """OUT/checkpoint-<step>, once the `logs` hold every row before it: per agent its weights (as
+    transformers or peft load them) and its optimizer's state, the RNG states, then CHECKPOINT_STATE.
+    Keeps the newest --save-total-limit complete ones."""
+    path = os.path.join(out, f"checkpoint-{step}")
+    if checkpoint_problem(path) is None:
         return  # saved already (a signal right after a periodic save)
-    with saving(out, f"checkpoint-{step}", tmp):
+    with saving(out, f"checkpoint-{step}", path):
         # The logs go first, since a checkpoint of step k must never lack the rows of the steps before k.
         for log in logs:
             log.sync()
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)  # a broken checkpoint of this step, from before a resume
+        # Each agent is also a usable model; its optimizer's state lies beside it (save_final leaves it out).
+        for i, agent in enumerate(agents):
+            models.save_agent(agent, os.path.join(path, f"agent_{i}"))
+            torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
+        # A resumed run samples what the uninterrupted one would. Without a GPU, CUDA's list is empty.
+        rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
+        torch.save(rng, os.path.join(path, RNG_STATE))
+        # Every file is on disk before the state file vouches for it, so that a power loss cannot leave a
+        # state file that lists data still in the page cache.
+        fsync_tree(path)
+        files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*"))
+                 if f.is_file()}
         # The step is the data's position too, since batch_at derives step k's examples from (seed, k).
-        models.write_checkpoint(tmp, agents, {"step": step, "args": vars(args)})
-        # On disk before the rename, and the rename on disk after it, so that after a power loss the name
-        # checkpoint-<step> never points at data that was still in the page cache.
-        fsync_tree(tmp)
-        if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
-            os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
-        os.rename(tmp, final)
-        fsync_tree(out)
+        state = {"step": step, "args": vars(args), "files": files}
+        write_atomic(os.path.join(path, CHECKPOINT_STATE), json.dumps(state, indent=1))  # JSON, to read too
+        fsync_tree(path)
     # Rotation comes only after the new checkpoint is complete, so a full disk never costs the old ones.
-    complete = [path for _, path in models.checkpoints(out) if models.checkpoint_problem(path) is None]
-    keep = complete[:args.save_total_limit]  # the newest complete ones; broken ones go too
-    for _, old in models.checkpoints(out):
-        if old not in keep:
-            trash = os.path.join(out, ".trash-" + os.path.basename(old))
+    complete = [old for _, old in checkpoints(out) if checkpoint_problem(old) is None]
+    for _, old in checkpoints(out):
+        if old not in complete[:args.save_total_limit]:  # the newest complete ones stay; broken ones go
+            # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
             with contextlib.suppress(OSError):
-                os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
-            shutil.rmtree(trash, ignore_errors=True)
-    shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
+                os.remove(os.path.join(old, CHECKPOINT_STATE))
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(path, agents):
+    """Checkpoint `path` into a run whose agents train.build loaded from its agent_i: each agent's
+    optimizer state (AdamW's moments too, so a resumed run steps as the uninterrupted one) and the RNGs."""
+    for i, agent in enumerate(agents):
+        agent.optimizer.load_state_dict(torch.load(os.path.join(path, f"agent_{i}", OPTIMIZER_STATE),
+                                                   map_location=agent.model.device, weights_only=True))
+    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # Python's state is a tuple
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def checkpoint_problem(path):
+    """None if checkpoint `path` is complete, else what is wrong."""
+    try:
+        files = json.loads(Path(path, CHECKPOINT_STATE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    for rel, size in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            return f"{rel} is missing"
+        if os.path.getsize(full) != size:
+            return f"{rel} is truncated ({os.path.getsize(full)} of {size} bytes)"
+    return None
+
+
+def checkpoints(out):
+    """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
+    names = os.listdir(out) if os.path.isdir(out) else []
+    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
+                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
+
+
+def latest_checkpoint(out):
+    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one is skipped."""
+    for step, path in checkpoints(out):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step, path
+        # An older complete checkpoint loses some steps and a broken one would lose the run, so we say which.
+        warnings.warn(f"skipping {path}: {problem}; trying the one before")
+    return None
 
 
 def save_final(out, step, agents, merged=False):
@@ -228,7 +337,7 @@ def save_final(out, step, agents, merged=False):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
             source = os.path.join(out, f"checkpoint-{step}", f"agent_{i}")
-            no_optimizer = shutil.ignore_patterns(models.OPTIMIZER_STATE)  # only a checkpoint needs it
+            no_optimizer = shutil.ignore_patterns(OPTIMIZER_STATE)  # only a checkpoint needs it
             shutil.copytree(source, tmp, copy_function=link_or_copy, ignore=no_optimizer)
             if merged and models.is_lora(agent.model):
                 models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)

@@ -127,7 +127,7 @@ class Run:
         random.seed(args.seed)
         if checkpoint is not None:
             print(f"resuming {args.out} at step {self.start} from {checkpoint[1]}", file=sys.stderr)
-            models.restore_rng(checkpoint[1])
+            runs.load_checkpoint(checkpoint[1], self.agents)
         self.log, self.curve, self.completions = (runs.RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
         self.logs = (self.log, self.completions)  # what a checkpoint writes out first
@@ -357,7 +357,7 @@ def parse_args(argv=None):
     models.add_model_flags(p)
     models.add_lora_flags(p)
     runs.add_config_flags(p)
-    p.add_argument("--learning-rate", type=float, help="each agent's AdamW (default 1e-5, the paper's)")
+    p.add_argument("--learning-rate", type=float, help="each agent's AdamW")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
@@ -372,20 +372,19 @@ def parse_args(argv=None):
     p.add_argument("--log-completions-every", type=int, default=1, help="OUT/completions.jsonl every N steps")
     p.add_argument("--wandb", metavar="PROJECT", help="also log the metrics and the completions to Weights & "
                    "Biases, in this project (pip install wandb; WANDB_MODE=offline writes local files only)")
+    runs.show_defaults(p, "train", {name: env.settings for name, env in envs.ENVS.items()})
     return p.parse_args(argv)
 
 
 def resolve_flags(args):
-    """Defaults filled (envs.DEFAULTS), the env built, every flag that needs no model checked
+    """The env built, the defaults filled (runs.run_defaults), every flag that needs no model checked
     -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
-    # The tiny model learns from scratch, so its defaults differ from a real model's (envs.DEFAULTS).
+    # The tiny model learns from scratch, so its defaults differ from a real model's.
     tiny = all(name == models.TINY for name in models.model_names(args))
-    if args.test_timeout is None:  # The env needs it, so it is filled first.
-        args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
     if env.runs_code:  # The isolation model code has (--sandbox, resolved), which args.json records.
-        print(f"sandbox: model code runs at the {args.sandbox} level (docs/sandbox.md)", file=sys.stderr)
-    envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
+        print(f"sandbox: model code runs at the {env.isolation} level (docs/sandbox.md)", file=sys.stderr)
+    runs.fill_defaults(args, runs.run_defaults("train", tiny, env.settings))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny)  # build() sets it
     # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
     # weights keep its small updates: MasterWeightAdamW).
@@ -394,7 +393,7 @@ def resolve_flags(args):
     # Config checks its own fields, each error naming its flag; args.json then records every setting,
     # so that a run can be read (and resumed) without knowing this version's defaults.
     cfg = runs.config_from_flags(args)
-    envs.fill_defaults(args, dataclasses.asdict(cfg))
+    runs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = runs.world()[1]
     if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
         raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
@@ -416,14 +415,13 @@ def fill_resolved(args, env, cfg):
     """The values the run resolved for flags left None, into args: args.json then records them, and
     the run can be read, and repeated, from it. None stays only where a flag is off or its value
     comes from each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb)."""
-    takes = envs.constructor_keywords(type(env))  # An env gets only the keywords it takes.
     args.model = models.model_names(args)  # ["tiny"], or one name per agent: ["a", "b"]
     args.num_agents = env.num_agents
-    if args.dataset is None and (takes is None or "dataset" in takes):
-        args.dataset = getattr(env, "dataset", None)  # coding: humaneval; tldr, arxiv: builtin
-    # train.py trains on the train split; an env whose constructor takes no split has none to name.
-    if args.split is None and (takes is None or "split" in takes):
-        args.split = "train"
+    args.dataset = args.dataset or env.dataset  # coding: humaneval; tldr, arxiv: builtin; demo: None
+    args.split = args.split or env.split  # the split trained on; None for an env that has none to name
+    if env.runs_code:  # what the sandbox runs the model's code with
+        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
+    args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # args.json records one for every env
     if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
         args.termination_threshold = getattr(env, "max_reward", None)
     # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.
@@ -451,8 +449,6 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
-        if checkpoint is not None:  # AdamW's moments too, so a resumed run steps as the uninterrupted one.
-            models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
 

@@ -343,11 +343,9 @@ def test_lora_final_agents_and_merged_models_load_in_eval(tmp_path):
     import train
     out = str(tmp_path / "run")
     train.train(train.parse_args(QUICK[:3] + ["2"] + QUICK[4:] + ["--save-merged", "--out", out]))
-    args = ev.parse_args(["--agents", out])
-    ev.check_flags(args)
-    team = ev.Team(args, models.model_names(args), 2)
-    agents = team.for_method("magrpo")  # --agents: the trained ones
-    assert all(models.is_lora(a.model) for a in agents) and len(team.bases) == 1
+    _, _, team, _ = ev.setup(ev.parse_args(["--agents", out, "--methods", "magrpo"]))
+    agents = team["magrpo"]  # --agents: the trained ones, on one shared base
+    assert all(models.is_lora(a.model) for a in agents)
     assert agents[0].model.get_input_embeddings().weight is agents[1].model.get_input_embeddings().weight
     tok = agents[0].tokenizer
     for i, agent in enumerate(agents):

@@ -17,7 +17,7 @@ from rewards import (CodeReward, arxiv_reward, code_reward, code_reward_many, ex
 THEIRS = R.reward_functions(authors=True)
 
 
-def their_code_reward(aux, main, entry_point, test, timeout=None, **item):
+def their_code_reward(aux, main, entry_point, test, timeout=R.TEST_TIMEOUT, **item):
     """The authors' code reward of one joint action; item: more of its fields (prompt, signature)."""
     item.update(aux=aux, main=main, entry_point=entry_point, test=test)
     return THEIRS.code_many([item], timeout=timeout)[0]
