@@ -395,7 +395,7 @@ def test_coding_test_timeout_defaults_to_the_authors_10_s(humaneval, monkeypatch
 
     def run_tests_many(jobs, timeout=None, **options):
         seen.append(timeout)
-        return [types.SimpleNamespace(passed=0, total=1, helper_calls=0) for _ in jobs]
+        return [types.SimpleNamespace(passed=0, total=1, helper_use="") for _ in jobs]
     monkeypatch.setattr(sandbox, "run_tests_many", run_tests_many)
     env = envs.make_env("coding")
     env.reward(humaneval["HumanEval/0"], (AUX0, MAIN0))
