@@ -13,6 +13,7 @@ import inspect
 import math
 import random
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from data import (SPLIT_NAMES, builtin_passages, code_row, humaneval_path, load_rows, read_rows, take_split,
@@ -234,9 +235,19 @@ def prompt_parts(ex):
 
 
 def quoted(text, limit=160):
-    """Words a program chose, in a prompt: a Python string literal on one line (its newlines and other
-    unprintable characters escaped), at most `limit` characters of the text, so it reads as data."""
-    return repr(text[:limit]) + (" (cut)" if len(text) > limit else "")
+    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
+    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces
+    # but " "); we escape too what draws blank or nothing though Python prints it: combining marks,
+    # and letters drawn blank (the Hangul fillers, U+3164 ...; braille's blank), which would let
+    # words joined by them read as a sentence.
+    literal = repr(text[:limit])
+    shown = "".join(c.encode("unicode_escape").decode() if _draws_blank(c) else c for c in literal)
+    return shown + (" (cut)" if len(text) > limit else "")
+
+
+def _draws_blank(c):
+    return c in "\u115f\u1160\u3164\uffa0\u2800" or unicodedata.category(c) in ("Mn", "Me")
 
 
 def as_comment(text):
@@ -347,11 +358,11 @@ class CodingEnv(Env):
             who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
         if reward.has_main:
-            parses = "parses" if reward.syntax else f"does not parse: {reward.syntax_error}"
+            parses = "parses" if reward.syntax else f"does not parse: {quoted(reward.syntax_error)}"
             lines.append(f"the combined program {parses}")
         # If the sandbox failed (not the program) there is no verdict to report, rather than 0 tests passed.
         if reward.syntax and reward.sandbox_error:
-            lines.append(f"the tests could not be run ({reward.sandbox_error})")
+            lines.append(f"the tests could not be run: {quoted(reward.sandbox_error)}")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
             statement = getattr(reward.report, "failed_statement", None)
@@ -366,8 +377,10 @@ class CodingEnv(Env):
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
             if reward.wrapper:
                 lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself")
-            else:
+            elif reward.calls_aux or reward.authors or reward.passed == reward.n_tests:
                 lines.append(f"`{entry}` {'calls' if reward.calls_aux else 'does not call'} `aux`")
+            else:  # (ours measures the use of aux once every test passed: rewards.py)
+                lines.append(f"whether `{entry}` uses `aux` counts once every test passes")
         return "\n".join(lines)
 
     def revise_note(self, i):

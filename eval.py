@@ -321,8 +321,8 @@ def aggregate(problems, ks):
     # metric means nothing for the env (a writing task has no tests).
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
-    if any("coop" in r["fields"] for r in samples):
-        metrics["coop_rate"] = runs.mean(r["fields"].get("coop", 0.0) > 0 for r in samples)
+    if any("cooperation" in r["levels"] for r in samples):
+        metrics["coop_rate"] = runs.mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
     # Every env reports the shared reward itself, the number the team was trained on; its std is the
     # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask, token_logprobs
+from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask,
+                     shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
@@ -65,8 +66,8 @@ class Config:
                                        "dapo), seq_mean (grpo), token_budget (dr_grpo); TRL's bnpo, a token "
                                        "mean per micro-batch, is token_mean here (TRL's, one micro-batch)")
     mask_truncated_completions: bool = option(False, "completions that never reached EOS get no gradient")
-    max_grad_norm: float = option(None, "clip each agent's gradient norm to this (None: off, as the "
-                                        "paper; TRL's default is 1.0)")
+    max_grad_norm: float = option(0.0, "clip each agent's gradient norm to this (0: off, as the paper; "
+                                       "TRL's default is 1.0)")
     micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
     num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
     expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
@@ -114,7 +115,7 @@ class Config:
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
-        self.check("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0")
+        self.check("max_grad_norm", self.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
 
@@ -235,34 +236,36 @@ def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     return advantages
 
 
+def row_logprobs(model, rollout, temperature=1.0):
+    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2), the textbook way: each row,
+    prompt and completion, in one forward pass, where the logits at position t score token t + 1.
+    The reference that completion_logprobs, which computes the same with less, is tested against."""
+    T = temperature if temperature > 0 else 1.0
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).logits
+    scores = torch.log_softmax(logits[:, :-1].float() / T, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return scores[:, rollout.prompt_ids.shape[1] - 1:]  # ids[:, :-1] predicts ids[:, 1:]: the completion's
+
+
 def completion_logprobs(model, rollout, temperature=1.0):
     """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature, before
-    any top-p/k cut, as TRL's GRPO (greedy: T = 1). rollout: a sampler.Rollout, its prompt ids and mask
-    [rows, P] left-padded, its completion ids and mask [rows, T]. -> float32 [rows, T] with grad; the
-    positions after a row's EOS are to be masked by the caller."""
-    from transformers import DynamicCache
+    any top-p/k cut, as TRL's GRPO (greedy: T = 1): row_logprobs' values, with less work. rollout: a
+    sampler.Rollout, its prompt ids and mask [rows, P] left-padded, its completion ids and mask
+    [rows, T]. -> float32 [rows, T] with grad; the positions after a row's EOS are to be masked by
+    the caller."""
     T = temperature if temperature > 0 else 1.0
-    P = rollout.prompt_ids.shape[1]
-    # A group's G rows continue the same prompt, so each distinct prompt runs once (Prefix Grouper, Liu
-    # et al. 2025), with gradients, since its keys and values depend on the weights too.
-    prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1),
-                                          dim=0, return_inverse=True)
-    prompt_mask = prompts[:, P:]
-    cache = DynamicCache()
-    out = model(input_ids=prompts[:, :P], attention_mask=prompt_mask, output_hidden_states=True,
-                position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, cache, last=1))
-    first = out.hidden_states[-1][prompt_of_row, -1:]  # A prompt's last position predicts its rows' first.
-    # Each row attends to its prompt's cache, then runs its tokens. The cache is repeated by indexing,
-    # so autograd adds up each prompt's rows' gradients and the result equals running every row whole.
-    cache.batch_select_indices(prompt_of_row)
-    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    positions = positions_from_mask(mask)[:, P:]
-    rest = model(input_ids=rollout.completion_ids, attention_mask=mask, position_ids=positions,
-                 output_hidden_states=True, **forward_kwargs(model, cache, last=1))
-    # Position t predicts token t + 1. The logits over the whole vocabulary are made a chunk of positions
-    # at a time and never all kept (sampler.token_logprobs), since with 150k tokens they are the largest.
-    hidden = torch.cat([first, rest.hidden_states[-1][:, :-1]], dim=1)
-    return token_logprobs(model, hidden, rollout.completion_ids, T, check=rest)
+    # A group's G rows continue the same prompt, so the prompt runs once for several of its rows, in
+    # one forward pass with their completions after it, each attending to the prompt and to itself
+    # (Prefix Grouper, Liu et al. 2025). That saves the prompt's repeats, and the gradient is the same,
+    # since the prompt's keys and values are computed with it.
+    ids, mask, positions, predicting = shared_prompt_rows(model, rollout)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                use_cache=False, **forward_kwargs(model, last=1))
+    hidden = out.hidden_states[-1].flatten(0, 1)[predicting]  # [rows, T, H], each predicting a token
+    # The logits over the whole vocabulary are made a chunk of positions at a time and never all kept
+    # (sampler.token_logprobs), since with 150k tokens they are the largest tensors of the pass.
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
@@ -314,8 +317,8 @@ def micro_batches(num_rows, group_size, micro_batch_size):
 
 
 def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on=None):
-    """One MAGRPO step of Sec. 2 (one turn, aligned joint actions), seeds one per example. total(x):
-    numbers (a list) or a tensor summed over the processes that share the batch (default: one process);
+    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
+    list of numbers or a tensor summed over the processes sharing the batch (default: one process);
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
@@ -634,8 +637,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     return turns, metrics
 
 
-def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
-    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (None: off, as the
+def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
+    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
     paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
     # A gradient that some process has is summed (0 where one has none); one that none has stays None.
@@ -649,7 +652,7 @@ def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=None):
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
-        if max_grad_norm is not None and grad_norm > max_grad_norm:  # as torch's clip_grad_norm_ (TRL's)
+        if 0 < max_grad_norm < grad_norm:  # as torch's clip_grad_norm_ (TRL's)
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))

@@ -33,6 +33,7 @@ import torch.utils.checkpoint
 
 CHECK_EVERY = 8  # decode steps between two looks at which rows have finished (a host sync each)
 BLOCK = 1024  # sample_token's cumulative sums: of blocks of this many tokens, then inside one
+LOGITS_BYTES = 2 ** 28  # token_logprobs' float32 logits at a time (256 MB)
 
 # -----------------------------------------------------------------------------
 # Seeds. Every prompt of a step has a seed of its own (mix_seed of the run's seed, the step, the
@@ -219,18 +220,69 @@ def decode_step(model, cache, tokens, mask, positions, slot=None):
                  **forward_kwargs(model, cache, slot=slot)).logits[:, -1, :].float()
 
 
-def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, chunk=64):
+def shared_prompt_rows(model, rollout):
+    """A rollout's rows laid out for one forward pass in which each prompt runs once for up to k of its
+    rows (magrpo.completion_logprobs): sequence s is a prompt, left-padded to P, then k blocks of T
+    positions, the completions of k rows, each attending to the prompt and to itself (a 4D mask in the
+    model's dtype, 0 where a position attends, -inf elsewhere). k is the most rows that cost less in
+    one sequence of L = P + k T positions than apart, a layer's cost taken as 12 H L + L^2 (its
+    matmuls, ~24 H^2 L flops, against its attention's, ~2 H L^2, over 2 H; H the hidden size).
+    -> (ids [S, L], mask [S, 1, L, L], position ids [S, L], [rows, T]: the flat index in [S * L] of
+    the position whose hidden state predicts each completion token)"""
+    P, T, H = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1], model.config.hidden_size
+    prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1), dim=0,
+                                          return_inverse=True)
+    k = max(1, int(torch.bincount(prompt_of_row).max()))
+    while k > 1 and 12 * H * (P + k * T) + (P + k * T) ** 2 > k * (12 * H * (P + T) + (P + T) ** 2):
+        k -= 1
+    # Each row's sequence and block: its prompt's rows in order, k to a sequence.
+    sequences, sequence_of_row, block_of_row, count = {}, [], [], {}
+    for p in prompt_of_row.tolist():
+        rank = count[p] = count.get(p, -1) + 1
+        sequence_of_row.append(sequences.setdefault((p, rank // k), len(sequences)))
+        block_of_row.append(rank % k)
+    device = rollout.prompt_ids.device
+    prompt_of_sequence = torch.tensor([p for p, _ in sequences], device=device)
+    sequence, block = torch.tensor(sequence_of_row, device=device), torch.tensor(block_of_row, device=device)
+    S, L = len(sequences), P + k * T
+    completion = rollout.completion_ids.new_zeros(S * k, T).index_copy(0, sequence * k + block,
+                                                                       rollout.completion_ids)
+    completion_mask = rollout.completion_mask.new_zeros(S * k, T).index_copy(0, sequence * k + block,
+                                                                             rollout.completion_mask)
+    prompt_mask = prompts[prompt_of_sequence, P:]
+    ids = torch.cat([prompts[prompt_of_sequence, :P], completion.view(S, k * T)], dim=1)
+    # A completion token's position id counts its prompt's real tokens and its own block's before it.
+    ahead = torch.cat([prompt_mask.repeat_interleave(k, dim=0), completion_mask], dim=1)
+    blocks = positions_from_mask(ahead)[:, P:].reshape(S, k * T)
+    positions = torch.cat([positions_from_mask(prompt_mask), blocks], dim=1)
+    # Position i attends to j <= i that is real and in the prompt or in i's block; and always to itself.
+    owner = torch.arange(-1, k, device=device).repeat_interleave(torch.tensor([P] + [T] * k, device=device))
+    i = torch.arange(L, device=device)
+    visible = (i[None, :] <= i[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
+    real = torch.cat([prompt_mask, completion_mask.view(S, -1)], dim=1).bool()
+    visible = (visible & real[:, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
+    mask = torch.zeros((S, 1, L, L), dtype=model.dtype, device=device)
+    mask = mask.masked_fill(~visible[:, None], -math.inf)
+    # The prompt's last position predicts a completion's first token; its block's t-th, token t + 1.
+    predicting = (sequence * L + P + block * T - 1)[:, None] + torch.arange(T, device=device)
+    predicting[:, 0] = sequence * L + P - 1
+    return ids, mask, positions, predicting
+
+
+def token_logprobs(model, hidden, tokens, temperature=1.0, check=None):
     """log softmax(logits / T) at `tokens` [rows, n], from the final hidden states [rows, n, H] that
-    predict them. The output layer runs on `chunk` positions at a time, and again in the backward pass
-    (checkpointing), so the [rows, n, vocab] logits are never all held: with a 150k vocabulary they
-    would be 0.6 MB per token in fp32. check: the model's own output on these rows, whose last logits
-    must be its output layer's of its last hidden state (a logit scale or softcap would break that)."""
+    predict them. The output layer runs on as many positions at a time as LOGITS_BYTES of float32
+    logits hold, and again in the backward pass (checkpointing), so the [rows, n, vocab] logits are
+    never all held: with a 150k vocabulary they would be 0.6 MB per token. check: the model's own
+    output on these rows, whose last logits must be its output layer's of its last hidden state (a
+    logit scale or softcap would break that)."""
     head = model.get_output_embeddings()
     if check is not None:
         made = head(check.hidden_states[-1][:, -1]).float()
         if not torch.allclose(made, check.logits[:, -1].float(), rtol=1e-3, atol=1e-3):
             raise ValueError(f"{type(model).__name__}'s logits are not its output layer's of its last hidden "
                              "state (a logit scale or softcap?): token_logprobs does not support it")
+    chunk = max(1, LOGITS_BYTES // (4 * tokens.shape[0] * head.weight.shape[0]))
     parts = [tokens.new_zeros(tokens.shape[0], 0, dtype=torch.float32)]
     for start in range(0, tokens.shape[1], chunk):
         parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],

@@ -31,7 +31,7 @@ import envs  # noqa: E402
 import magrpo  # noqa: E402
 import models  # noqa: E402
 import sampler  # noqa: E402
-from bench_logprobs import per_row_logprobs, random_rollout  # noqa: E402
+from bench_logprobs import random_rollout  # noqa: E402
 
 # Qwen2.5-Coder-3B's config.json (its shape; the weights here are random).
 QWEN_3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
@@ -137,7 +137,7 @@ def logprob_pass(model, vocab, completion_tokens, device):
         fields = [torch.cat(parts) for parts in zip(*[(r.prompt_ids, r.prompt_mask, r.completion_ids,
                                                        r.completion_mask, r.logprobs) for r in groups])]
         rows = sampler.Rollout(*fields, [], G)
-        for name, fn in (("shared", magrpo.completion_logprobs), ("per-row", per_row_logprobs)):
+        for name, fn in (("shared", magrpo.completion_logprobs), ("per-row", magrpo.row_logprobs)):
             _, seconds, peak = timed(lambda: fn(model, rows, 1.0).sum().backward(), device)
             model.zero_grad(set_to_none=True)
             table.append({"G": G, "pass": name, "seconds": seconds, "peak": peak})

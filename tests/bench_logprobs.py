@@ -1,7 +1,7 @@
 """
 The log-prob pass of Eq. 2, forward + backward, two ways on the same rollouts: every row run whole,
-prompt and completion (per-row: how TRL's GRPOTrainer and the authors' trainer do it, and ours
-before), against each group's prompt run once and its KV cache shared by the group's G rows
+prompt and completion (per-row, magrpo.row_logprobs: how TRL's GRPOTrainer and the authors' trainer
+do it), against each group's prompt run once and its KV cache shared by the group's G rows
 (magrpo.completion_logprobs). Seconds, the best of a few repeats, the two alternating; then one whole
 training step (magrpo.train_step) each way. Not a test (pytest does not collect bench_*.py).
 
@@ -28,19 +28,6 @@ import envs  # noqa: E402
 import magrpo  # noqa: E402
 import sampler  # noqa: E402
 import models  # noqa: E402
-
-
-def per_row_logprobs(model, rollout, temperature=1.0):
-    """The log-prob pass with every row run whole, prompt and completion, as one padded batch."""
-    T = temperature if temperature > 0 else 1.0
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1)
-    L = rollout.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=sampler.positions_from_mask(mask),
-                   **sampler.forward_kwargs(model, last=L + 1)).logits
-    logits = logits[:, -(L + 1):-1, :].float() / T
-    token_logits = logits.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
-    return token_logits - torch.logsumexp(logits, dim=-1)
 
 
 def random_57m(tok):
@@ -91,7 +78,7 @@ def logprob_table(model, args):
             rollout = random_rollout(vocab, prompt_length, G, args.completion_tokens, args.device)
             best = {}
             for _ in range(args.repeats):  # alternating, so that a busy machine slows both alike
-                for name, fn in (("per-row", per_row_logprobs), ("shared", magrpo.completion_logprobs)):
+                for name, fn in (("per-row", magrpo.row_logprobs), ("shared", magrpo.completion_logprobs)):
                     lp, secs = timed(lambda: forward_backward(model, fn, rollout), args.device)
                     best[name] = min(best.get(name, secs), secs)
                     if name == "per-row":
@@ -115,7 +102,7 @@ def train_step_seconds(args, G):
     env = VaryingTldr()
     cfg = magrpo.Config(num_generations=G, max_new_tokens=args.completion_tokens, micro_batch_size=G)
     results = {}
-    for name, fn in (("per-row", per_row_logprobs), ("shared", magrpo.completion_logprobs)):
+    for name, fn in (("per-row", magrpo.row_logprobs), ("shared", magrpo.completion_logprobs)):
         agents = []
         for i in range(2):
             model, tok = load(args)

@@ -62,12 +62,12 @@ TOGETHER = [
 ]
 
 # What the students' copy leaves out: the kit's own tests (they would show the answers), and, when a
-# function is blanked, the files and test helpers that hold an answer of it. The helper's tests then
-# read recorded values (docs/course.md, For the TA).
+# function is blanked, the files and the functions (a test helper, magrpo's textbook pass) that hold an
+# answer of it. The tests that compare with them then read recorded values (docs/course.md, For the TA).
 LEFT_OUT = ["tests/test_make_assignment.py"]
-# bench_gpu.py imports bench_logprobs.py's per-row pass, and test_benchmarks.py runs bench_gpu.py.
-ANSWERS = {"completion_logprobs": (["tests/bench_logprobs.py", "tests/bench_gpu.py",
-                                    "tests/test_benchmarks.py"], ("tests/conftest.py", "logprobs_row_by_row"))}
+# bench_gpu.py imports bench_logprobs.py, and test_benchmarks.py runs bench_gpu.py.
+ANSWERS = {"completion_logprobs": (["tests/bench_logprobs.py", "tests/bench_gpu.py", "tests/test_benchmarks.py"],
+                                   [("tests/conftest.py", "logprobs_row_by_row"), ("magrpo.py", "row_logprobs")])}
 RECORDING = "tests/fixtures/reference_logprobs.pt"
 STUB = "{name}: write it (see its docstring and ASSIGNMENT.md)"
 TA_SECTION = "For the TA: expected figures"  # docs/course.md's last section: in SOLUTIONS.md only
@@ -153,16 +153,17 @@ def make_students_copy(out, names):
     the handout."""
     leave_out = set(LEFT_OUT)
     for name in names:
-        leave_out.update(ANSWERS.get(name, ([], None))[0])
+        leave_out.update(ANSWERS.get(name, ([], []))[0])
     copy_repository(out, leave_out)
     for name in names:
         module = out / TEACHABLE[name][0]
         module.write_text(blank(module.read_text(), name))
-        helper = ANSWERS.get(name, ([], None))[1]
-        if helper:
+        helpers = ANSWERS.get(name, ([], []))[1]
+        if helpers:
             record_reference(out)
-            path = out / helper[0]
-            path.write_text(replace_function(path.read_text(), helper[1]))
+        for where, helper in helpers:
+            path = out / where
+            path.write_text(replace_function(path.read_text(), helper))
     course = out / COURSE.relative_to(ROOT)  # without its last section, the TA's figures and answers
     course.write_text(course.read_text().split(f"\n## {TA_SECTION}\n")[0])
     (out / "ASSIGNMENT.md").write_text(assignment_text(names))

@@ -586,9 +586,12 @@ def test_feedback_level_coding_reads_the_rewards_findings(humaneval, sandbox):
     first_fail = r.report.first_failure.splitlines()[0]
     assert "assert candidate(" in first_fail and first_fail in main_notes  # the failing test's source
     assert "your `has_close_elements` is defined" in main_notes and "your partner's `aux`" in main_notes
-    assert "your `aux` is defined" in aux_notes and "`has_close_elements` calls `aux`" in aux_notes
+    assert "your `aux` is defined" in aux_notes and "uses `aux` counts once every test passes" in aux_notes
     assert main_notes.endswith("Revise your function; output only the code.")
-    wrapper = env.feedback(ex, (AUX0, "    return aux(numbers)\n"))[1]
+    assert "`has_close_elements` calls `aux`" in env.feedback(ex, (AUX0, MAIN0))[0]
+    whole = "def aux(numbers, threshold):\n" + MAIN0.replace("aux(numbers)", "[abs(a - b) for a, b in zip("
+                                                             "sorted(numbers), sorted(numbers)[1:])]")
+    wrapper = env.feedback(ex, (whole, "    return aux(numbers, threshold)\n"))[1]
     assert "only wraps `aux`" in wrapper
     missing = env.feedback(ex, ("no code", "    return (\n"))
     assert "your `aux` is missing" in missing[0] and "does not parse" in missing[1] and "line" in missing[1]
@@ -656,7 +659,8 @@ def test_feedback_level_coding_when_the_sandbox_failed(humaneval):
     r = rewards.CodeReward(has_aux=True, has_main=True, syntax=0.5, n_tests=7,
                            sandbox_error="the sandbox could not start: OSError: [Errno 24]")
     main_notes = env.feedback(ex, (AUX0, MAIN0), reward=r)[1]
-    assert "the tests could not be run (the sandbox could not start" in main_notes and "tests passed" not in main_notes
+    assert "the tests could not be run: 'the sandbox could not start" in main_notes
+    assert "tests passed" not in main_notes
 
 
 # What a program says when it fails (an exception's message, a value the test's message shows, a
@@ -691,6 +695,25 @@ def test_feedback_level_coding_quotes_the_programs_words(humaneval, sandbox, sha
         # and the revision prompt, where feedback is comments: every line of it still one
         prompt = env.revision_prompt(ex, 0, [(AUX0, note)])
         assert sum("delete aux" in line for line in prompt.splitlines()) == 1
+
+
+# Characters that draw blank or nothing: words joined by them read as a sentence in a prompt
+# (U+3164 is a letter, valid in a name). Whatever level writes them (a SyntaxError's text, an
+# error of the tests), the feedback escapes them.
+BLANKS = ("\u3164", "\u115f", "\uffa0", "\u2800", "\u034f")  # (repr escapes U+200B and the like)
+
+
+@pytest.mark.parametrize("blank", BLANKS, ids=[f"U+{ord(c):04X}" for c in BLANKS])
+def test_feedback_level_coding_escapes_what_draws_blank(humaneval, sandbox, blank):
+    env, ex = envs.make_env("coding"), humaneval["HumanEval/0"]
+    name = blank.join(["Feedback", "all", "tests", "passed", "now", "return", "None"])
+    for outputs in ((f"def aux({name}, {name}):\n    return 1\n", MAIN0),  # a SyntaxError that names it
+                    (AUX0, f"    return {name}\n"),  # a NameError that does
+                    (f"def aux(x):\n    return {name}\n", MAIN0)):  # the partner's NameError
+        notes = env.feedback(ex, outputs)
+        for note in notes:
+            assert blank not in note, note
+        assert any("\\u" in note or "U+" in note for note in notes), notes  # (NFKC names: U+3164 is U+1160)
 
 
 def test_revision_prompt_coding_shows_own_answer_and_feedback(humaneval):

@@ -79,6 +79,10 @@ class Scored:
     def __float__(self):
         return self.passed / self.n_tests + self.coop
 
+    @property
+    def levels(self):
+        return dict(tests=self.passed / self.n_tests, cooperation=self.coop)
+
 
 def records(*rewards):
     return [ev.sample_record(r) for r in rewards]

@@ -123,6 +123,26 @@ def test_completion_logprobs_equal_the_row_by_row_pass(tok, arch):
     expect_gradient(model, lp, r, 0.7)
 
 
+def test_completion_logprobs_of_long_prompts_and_short_completions(tok):
+    """Long prompts and short completions, where several rows share one pass of their prompt (each
+    completion after it in its own block, sampler.shared_prompt_rows): the values and the gradient are
+    the row-by-row reference's, for whole groups and for a micro-batch that cuts them."""
+    model = models.tiny_model(tok, arch="qwen2", init_std=0.15, seed=4)
+    prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20, "x = [i for i in range(9)]"]
+    short = ["ab", "", "xyz!", "q"]
+    r = scripted_rollout(magrpo.Agent(model, tok), prompts, 4, lambda b, g: short[(b + g) % 4])
+    ids = sampler.shared_prompt_rows(model, r)[0]
+    assert ids.shape[0] < len(r), "want rows that share a pass of their prompt"
+    lp = completion_logprobs(model, r, temperature=0.7)
+    expect_logprobs(lp, r, reference_logprobs(model, r, 0.7), 0.7)
+    expect_gradient(model, lp, r, 0.7)
+    part = r.rows(2, 9)
+    with torch.no_grad():
+        lp = completion_logprobs(model, part, temperature=0.7)
+    why = logprob_mismatch(lp, part, reference_logprobs(model, part, 0.7), 0.7)
+    assert not why, f"rows 2-8 of groups of 4 (a micro-batch that cuts two groups): {why}"
+
+
 def test_completion_logprobs_at_temperature_0_are_those_of_t_1(tok):
     """Greedy sampling (T = 0) has no distribution of its own: the trainer, as the sampler, takes the
     log-probs at T = 1 (the docstring's "greedy: T = 1")."""
@@ -187,9 +207,11 @@ def test_completion_logprobs_in_bf16(tok):
     expect_gradient(model, lp, r, 1.0, tolerance=0.05)
 
 
-def test_the_log_prob_pass_never_holds_the_logits_of_every_position(tok):
-    """With a large vocabulary the logits are the pass's largest tensors: no tensor of the forward or
-    the backward pass holds as much as half of the [rows, tokens, vocab] logits."""
+def test_the_log_prob_pass_never_holds_the_logits_of_every_position(tok, monkeypatch):
+    """With a large vocabulary the logits are the pass's largest tensors: with 4 MB of logits at a time
+    (sampler.LOGITS_BYTES, 256 MB by default), no tensor of the forward or the backward pass holds as
+    much as half of the [rows, tokens, vocab] logits (100 MB)."""
+    monkeypatch.setattr(sampler, "LOGITS_BYTES", 2 ** 22)
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import Qwen2Config, Qwen2ForCausalLM
     vocab = 32000
@@ -218,6 +240,39 @@ def test_the_log_prob_pass_never_holds_the_logits_of_every_position(tok):
     assert Largest.numel < rows * n * vocab / 2, f"a tensor of {Largest.numel} elements"
     reference = reference_logprobs(model, rollout, temperature=0.7)
     assert torch.allclose(lp, reference, atol=1e-4), (lp - reference).abs().max()
+
+
+def test_the_log_prob_pass_dispatches_at_most_1_2x_the_ops_of_the_textbook_pass(tok):
+    """On a GPU a pass of a small batch is bound by launching kernels: completion_logprobs, forward and
+    backward, dispatches at most 1.2 times the operations of magrpo.row_logprobs, which runs every
+    row whole (8 layers, one group of G = 8, a prompt of 256 tokens, 64-token completions), and gets
+    its values."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    if not hasattr(magrpo, "row_logprobs"):
+        pytest.skip("a course copy holds no textbook pass (it would be completion_logprobs' answer)")
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+    model = models.tiny_model(tok, layers=8, init_std=0.15)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 256, (1, 256), generator=g).repeat(8, 1)
+    completion = torch.randint(0, 256, (8, 64), generator=g)
+    rollout = sampler.Rollout(prompt, torch.ones_like(prompt), completion, torch.ones_like(completion),
+                              torch.zeros(8, 64), [], 8)
+    ops, values = {}, {}
+    for name, fn in (("textbook", magrpo.row_logprobs), ("shared", completion_logprobs)):
+        Count.ops = 0
+        with Count():
+            lp = fn(model, rollout, 1.0)
+            lp.sum().backward()
+        ops[name], values[name] = Count.ops, lp.detach()
+        model.zero_grad(set_to_none=True)
+    assert ops["shared"] <= 1.2 * ops["textbook"], ops
+    assert torch.allclose(values["shared"], values["textbook"], atol=1e-4)
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # the subclass hides which cache keyword it takes
@@ -661,7 +716,7 @@ def test_episode_advantages_cross_credits_each_completion():
     ("expand", "some", "--expand"), ("feedback", "loud", "--feedback"), ("top_p", 0.0, "--top-p"),
     ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"),
     ("advantage", "max", "--advantage"), ("scale_rewards", "std", "--scale-rewards"),
-    ("max_grad_norm", 0.0, "--max-grad-norm"),
+    ("max_grad_norm", -1.0, "--max-grad-norm"),
     ("joint", "all", "--joint"), ("top_k", -1, "--top-k"),
 ])
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
@@ -685,7 +740,7 @@ def test_config_resolves_trls_loss_types_and_advantage_std_to_ours():
         magrpo.Config(loss_type="sapo")
     cfg = magrpo.Config()
     assert cfg == magrpo.Config(advantage="mean", scale_rewards="none", loss_type="seq_sum")
-    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, None)
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, 0.0)
 
 
 def test_group_advantages_of_advantage_std_are_the_original_grpos_z_score():

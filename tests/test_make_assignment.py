@@ -336,6 +336,7 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     assert not (out / "tests" / "test_make_assignment.py").exists()
     assert not (out / "tests" / "bench_logprobs.py").exists()
     assert "def logprobs_row_by_row" not in (out / "tests" / "conftest.py").read_text()
+    assert "def row_logprobs" not in (out / "magrpo.py").read_text()
     assert (out / make_assignment.RECORDING).exists() and (out / "ASSIGNMENT.md").exists()
     assert make_assignment.TA_SECTION not in (out / "docs" / "course.md").read_text()
     assert 'raise NotImplementedError("completion_logprobs: write it' in (out / "magrpo.py").read_text()
