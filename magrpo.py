@@ -49,6 +49,8 @@ class Config:
     temperature: float = option(1.0, "sampling temperature (0: greedy)")
     top_p: float = option(1.0, "nucleus sampling: keep the most likely tokens up to this mass")
     top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
+    logprob: str = option("cut", "Eq. 2's log-prob under top-k/top-p: cut (of the distribution that drew "
+                                 "the token) or full (before the cut, as TRL and the authors)")
     compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
     advantage: str = option("mean", "Eq. 1's baseline: mean (the paper), rloo, std, none or remax")
@@ -65,7 +67,7 @@ class Config:
 
     CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
                "loss_type": ("seq_sum", "token_mean", "seq_mean"), "expand": ("best", "all"),
-               "feedback": ("level", "plain", "expert")}
+               "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
 
     def __post_init__(self):
         if self.turn_weights is not None:
@@ -205,11 +207,12 @@ def row_logprobs(model, rollout, temperature=1.0):
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
-    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature, before
-    any top-p/k cut, as TRL's GRPO (greedy: T = 1): row_logprobs' values, with less work. rollout: a
-    sampler.Rollout, its prompt ids and mask [rows, P] left-padded, its completion ids and mask
-    [rows, T]. -> float32 [rows, T] with grad; the positions after a row's EOS are to be masked by
-    the caller."""
+    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature
+    (greedy: T = 1): row_logprobs' values, with less work. rollout: a sampler.Rollout, its prompt ids
+    and mask [rows, P] left-padded, its completion ids and mask [rows, T]; where its floors are given
+    (a top-k/top-p cut), each token's softmax is over the logits / T at or above its floor, the
+    distribution that drew it. -> float32 [rows, T] with grad; the positions after a row's EOS are
+    to be masked by the caller."""
     T = temperature if temperature > 0 else 1.0
     # A group's G rows continue the same prompt, so the prompt runs once for several of its rows, in
     # one forward pass with their completions after it, each attending to the prompt and to itself
@@ -221,7 +224,7 @@ def completion_logprobs(model, rollout, temperature=1.0):
     hidden = out.hidden_states[-1].flatten(0, 1)[predicting]  # [rows, T, H], each predicting a token
     # The logits over the whole vocabulary are made a chunk of positions at a time and never all kept
     # (sampler.token_logprobs), since with 150k tokens they are the largest tensors of the pass.
-    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out, floors=rollout.floors)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
@@ -503,6 +506,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
                 if not advantages.any():  # These rows' loss and gradient would be 0 anyway.
                     continue
                 rows = rollout.rows(start, stop)
+                if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
+                    rows.floors = None
                 logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
                 loss = weight * policy_loss(logprobs, rows.completion_mask, advantages, cfg.loss_type,
                                             normalizer)
