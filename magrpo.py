@@ -459,12 +459,16 @@ def episode_advantages(turns, cfg):
 
 class Hooks:
     """What train_step asks of its caller, for one process alone (train.py passes its own): ready(turns),
-    the last word before any weight changes; sum(values) and sum_gradients(model), over the processes."""
+    the last word before any weight changes; sum(values), max(values) and sum_gradients(model), over the
+    processes."""
 
     def ready(self, turns):
         return True
 
     def sum(self, values):
+        return [float(value) for value in values]
+
+    def max(self, values):
         return [float(value) for value in values]
 
     def sum_gradients(self, model):
@@ -498,7 +502,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
         counts = [0.0] * cfg.num_turns
         for t, turn in enumerate(turns):
             counts[t] = loss_normalizer(turn.rollouts[i].completion_mask, cfg.loss_type)
-        total, drift, tokens = 0.0, 0.0, 0.0
+        total, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
         for turn, weight, normalizer in zip(turns, weights, hooks.sum(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
@@ -514,12 +518,14 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
                 loss.backward()
                 total = total + loss.detach()
                 # The sampler's log-probs should be these, and a drift means it sampled another policy.
-                drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
+                gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+                drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())
         for name, value in optimizer_step(agent, total, hooks).items():
             metrics[f"{name}_{i}"] = value
         drift, tokens = hooks.sum([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
+        metrics[f"logprob_drift_max_{i}"] = hooks.max([drift_max])[0] if tokens else None
     return turns, metrics
 
 

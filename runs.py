@@ -411,6 +411,14 @@ def all_sum(values, device="cpu"):
     return t.tolist()
 
 
+def all_max(values):
+    """The element-wise maximum of a list of numbers over the processes."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if data_parallel():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.tolist()
+
+
 @torch.no_grad()
 def sum_gradients(model):
     """Each gradient summed over the processes (each loss is already divided by the whole batch's

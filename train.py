@@ -239,6 +239,10 @@ class RunHooks(magrpo.Hooks):
         """The numbers summed over torchrun's processes, in float64 so that a count loses nothing."""
         return runs.all_sum(values)
 
+    def max(self, values):
+        """The numbers' maximum over torchrun's processes."""
+        return runs.all_max(values)
+
     def sum_gradients(self, model):
         """Each gradient summed over the processes; each loss was divided by the whole batch's count."""
         runs.sum_gradients(model)

@@ -127,7 +127,8 @@ def test_completion_logprobs_of_long_prompts_and_short_completions(tok):
     completion after it in its own block, sampler.shared_prompt_rows): the values and the gradient are
     the row-by-row reference's, for whole groups and for a micro-batch that cuts them."""
     model = models.tiny_model(tok, arch="qwen2", init_std=0.15, seed=4)
-    prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20, "x = [i for i in range(9)]"]
+    prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20,
+               "x = [i for i in range(9)]"]
     short = ["ab", "", "xyz!", "q"]
     r = scripted_rollout(magrpo.Agent(model, tok), prompts, 4, lambda b, g: short[(b + g) % 4])
     ids = sampler.shared_prompt_rows(model, r)[0]
@@ -307,7 +308,8 @@ def test_the_log_prob_pass_under_top_p_and_top_k_is_the_samplers(tok):
             cut = completion_logprobs(model, r, temperature=0.9)
             full = completion_logprobs(model, dataclasses.replace(r, floors=None), temperature=0.9)
         assert torch.allclose(cut[mask], r.logprobs[mask], atol=1e-4), (top_p, top_k)
-        assert (full[mask] <= cut[mask] + 1e-5).all() and (full[mask] < cut[mask] - 1e-3).any(), (top_p, top_k)
+        assert (full[mask] <= cut[mask] + 1e-5).all(), (top_p, top_k)
+        assert (full[mask] < cut[mask] - 1e-3).any(), (top_p, top_k)
     agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
     advantages = torch.tensor([1.0, -1.0] * 4)
     drift = {mode: update_on(agent, [(r, advantages)], magrpo.Config(temperature=0.9, logprob=mode))
@@ -686,9 +688,14 @@ def test_train_step_logs_the_drift_between_the_samplers_and_the_trainers_logprob
     r.logprobs = reference_logprobs(model, r, temperature=0.7).float()  # what a sampler would record
     cfg = magrpo.Config(temperature=0.7)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
-    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] < 1e-5
+    good = update_on(agent, [(r, advantages)], cfg)
+    assert good["logprob_drift"] <= good["logprob_drift_max"] < 1e-5
     r.logprobs = torch.zeros_like(r.logprobs)
-    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] > 0.1
+    bad = update_on(agent, [(r, advantages)], cfg)
+    assert 0.1 < bad["logprob_drift"] < bad["logprob_drift_max"]  # the max beside the mean
+    trained = r.completion_mask.bool()
+    largest = reference_logprobs(model, r, 0.7)[trained].abs().max().item()
+    assert bad["logprob_drift_max"] == pytest.approx(largest)
     assert update_on(agent, [(r, torch.zeros(8))], cfg)["logprob_drift"] is None  # no row trained
 
 
