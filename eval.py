@@ -1,8 +1,8 @@
 """
 How agents are measured. After training: MAGRPO agents against the paper's baselines (arXiv
 2508.04652, Sec. 6), the same problems, seeds and sampling for every method, metrics per turn (the
-methods, metrics and JSON report: docs/eval.md). During training: a step's metrics and the learning
-curve that train.py writes, and its greedy in-training evaluation.
+methods, metrics and JSON report: docs/eval.md). During training: train.py's greedy in-training
+evaluation (team_reward_sums); a step's metrics and the learning curve are runs.py's.
 
 CPU demo, tiny agents on the offline demo env (no downloads):
     python eval.py
@@ -37,6 +37,210 @@ METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "compile", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
 PAPER_K = (1, 3, 5, 10)
+
+# -----------------------------------------------------------------------------
+# Every method on every problem, the same seeds for each (Sec. 6)
+
+
+def evaluate(args, env, examples, agents, expert=None):
+    """Every method on every problem -> the report without its config (docs/eval.md: the JSON report). A ^C
+    reports the methods finished so far."""
+    cfg, problems = sample_cfg(args), []
+    turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
+    # Problem p's seed is the same for every method and batch, so the methods differ in what they are,
+    # not in their luck (discussion's first round is exactly concat's samples).
+    seeds = [sampler.mix_seed(args.seed, p) for p in range(len(examples))]
+    bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
+    try:
+        for method in args.methods:
+            bar.set_description(method)
+            run, team, records = RUNNERS[method], agents[method], [[] for _ in turns]
+            for start in range(0, len(examples), args.batch_size):
+                batch = examples[start:start + args.batch_size]
+                by_turn = run(env, team, batch, cfg, seeds[start:start + args.batch_size], expert)
+                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods keep theirs
+                for t, samples in enumerate(by_turn):
+                    records[t] += score_batch(env, batch, samples, single=method == "single")
+                bar.update(len(batch))
+                bar.set_postfix(reward=f"{runs.mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
+            for t, recs in enumerate(records):
+                turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
+            problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
+                         for p, (ex, recs) in enumerate(zip(examples, records[-1]))]
+            # The paper's response time (Sec. 6) is a user's wait for one answer, so it is timed with batch 1
+            # and one sample, apart from the batched sampling above, whose per-sample time is a throughput.
+            if args.latency_problems and method != "oracle":
+                one = dataclasses.replace(cfg, num_generations=1)
+                times = [run(env, team, [ex], one, seeds[p:p + 1], expert)[-1][0].seconds
+                         for p, ex in enumerate(examples[:args.latency_problems])]
+                turns[-1]["methods"][method]["latency_seconds"] = runs.mean(times)
+    except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
+        print("interrupted: reporting the methods finished so far", file=sys.stderr)
+    bar.close()
+    first, last = turns[0]["methods"], turns[-1]["methods"]
+    improvement = {}  # per method, each metric's last turn minus its first
+    for method, metrics in last.items():
+        improvement[method] = {k: v - first[method][k] for k, v in metrics.items() if k in first[method]}
+    return {**turns[-1], "problems": problems, "turns": turns, "improvement": improvement}
+
+def problem_row(method, task_id, records, save_outputs):
+    """One problem's samples (the last turn's), for finding where two methods differ."""
+    # The report's `problems` hold each sample's reward (and tests) per method and problem, because where
+    # two methods differ is where to read their outputs (--save-outputs keeps them).
+    row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
+    if any("tests" in r for r in records):
+        row["passed"] = [tests_rate(r) == 1 for r in records]
+        row["tests"] = [list(r.get("tests", (0, 0))) for r in records]
+    errors = {g: r["error"] for g, r in enumerate(records) if r["error"]}
+    if errors:
+        row["errors"] = errors
+    if save_outputs:
+        row["outputs"] = [list(r["outputs"]) for r in records]
+    return row
+
+# -----------------------------------------------------------------------------
+# Sampling. B problems give B * N joint samples per turn (N = --num-samples), and row b * N + g is problem
+# b's g-th. With the same seeds, discussion's first round is exactly concat's samples.
+
+
+@dataclasses.dataclass
+class Sample:
+    """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
+    outputs: tuple     # one text per agent (one in all for `single`)
+    tokens: int        # completion tokens so far, over all agents, rounds and turns
+    seconds: float     # response time so far; parallel agents' mean, sequential steps and turns added
+    reward: object = None  # the env's reward, where the sampler already scored it
+
+
+def sample_cfg(args):
+    """N samples per problem, each revised at every later turn unless solved; --authors-rewards with
+    no --termination-threshold revises every one, as the authors' evaluation."""
+    # With expand "all" every unsolved sample is revised (one child each, run_team), not only the best of
+    # a group as in training, because each sample is one user's conversation with the team.
+    cfg = runs.config_from_flags(args, num_generations=args.num_samples, expand="all")
+    if args.authors_rewards and args.termination_threshold is None:
+        cfg.termination_threshold = math.inf
+    return cfg
+
+
+def per_row(rollout):
+    """Each row's text and token count, and the generate call's seconds per completion: a batch's
+    rows are sampled together, so each is charged its share of the call."""
+    texts = [t for group in rollout.texts for t in group]
+    return texts, rollout.completion_mask.sum(-1).tolist(), rollout.seconds / len(rollout)
+
+
+def run_team(env, agents, batch, cfg, seeds, expert=None):
+    """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
+    once. Per turn, every sample as it then stands, costs so far added."""
+    # This is the training episode with one child per revised node. Each sample is a chain of answers,
+    # one per turn, and a solved one stops, unless --authors-rewards asks to revise all as the authors do.
+    turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
+    where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
+    tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
+    for t in range(cfg.num_turns):
+        for i, (turn, node) in enumerate(where):
+            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
+                where[i] = (t, turns[t].node(turns[turn].children[node], 0))
+        rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
+        for i, (turn, node) in enumerate(where):
+            if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
+                tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
+                seconds[i] += runs.mean(row_seconds for _, _, row_seconds in rows)
+        out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])
+                    for i, (turn, node) in enumerate(where)])
+    return out
+
+
+def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
+    """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
+    evaluation: each process sums its share, train.py divides by the count of all)."""
+    # Greedy and one sample per example, so the number moves with the agents, not with the sampling.
+    # The advantage is reset too, or remax would decode the same greedy turn again for its baseline.
+    greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all", advantage="mean")
+    totals = [0.0] * cfg.num_turns
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
+        for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
+            for sample in samples:
+                totals[t] += float(sample.reward)
+    return totals
+
+
+def run_sequential(env, agents, batch, cfg, seeds, expert=None):
+    """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
+    their times add up."""
+    N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
+    for i, agent in enumerate(agents):
+        # The first agent samples N answers per problem; each later one, one answer per sample, after
+        # reading that sample's earlier answers, so that each sample is its own pipeline.
+        if i == 0:
+            prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
+        else:  # one prompt per sample, showing that sample's earlier outputs
+            prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
+            size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
+        text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
+        texts.append(text)
+        tokens.append(toks)
+        seconds += sec
+    return [[Sample(outputs, sum(toks), seconds) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
+
+
+def run_discussion(env, agents, batch, cfg, seeds, expert=None):
+    """First answers as concat, then each agent revises after seeing them (env.discussion_prompt);
+    scored on the revisions, the two rounds' costs added."""
+    N, second = cfg.num_generations, []
+    first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
+    # The seeds differ from the first round's (N + g), since a revision is a new draw, not a replay.
+    seeds = [sampler.mix_seed(s, N + g) for s in seeds for g in range(N)]
+    for i, agent in enumerate(agents):
+        prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
+        second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
+    wait = runs.mean(seconds for _, _, seconds in second)  # the agents revise side by side
+    samples = []
+    for n, sample in enumerate(first):
+        outputs = tuple(texts[n] for texts, _, _ in second)
+        tokens = sample.tokens + sum(agent_tokens[n] for _, agent_tokens, _ in second)
+        samples.append(Sample(outputs, tokens, sample.seconds + wait))
+    return [samples]
+
+
+def run_single(env, agents, batch, cfg, seeds, expert=None):
+    """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
+    # The paper's single baseline is a larger model (Qwen2.5-Coder-7B against two 3B agents), given
+    # with --single-model; without it the first --model writes alone.
+    prompts = [env.single_prompt(ex) for ex in batch]
+    texts, toks, sec = per_row(magrpo.sample_agent(agents[0], 0, prompts, cfg.num_generations, cfg, seeds))
+    return [[Sample((text,), n, sec) for text, n in zip(texts, toks)]]
+
+
+def run_oracle(env, agents, batch, cfg, seeds, expert=None):
+    """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1). A
+    lower number is a harness bug (a test that needs the prompt's helpers, a sandbox too strict)."""
+    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0) for ex in batch
+             for _ in range(cfg.num_generations)]]
+
+
+# magrpo and concat are the same runner; only the agents differ (trained, or the untrained --model).
+RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
+           "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
+
+
+def score_batch(env, batch, samples, single=False):
+    """A turn's sample records, per problem; unscored samples go through magrpo.score_joint, a
+    problem's identical outputs once."""
+    N = len(samples) // len(batch)
+    # A problem's identical answers (greedy decoding, a tiny model's favourite output) are scored
+    # once, because the reward is a function of (problem, answer) and the sandbox is the slow part.
+    unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
+    # The single model's answer holds both parts; the env scores it with its single-agent reward.
+    one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
+    examples, outputs = [batch[b] for b, _ in unique], [o for _, o in unique]
+    scored = dict(zip(unique, magrpo.score_joint(env, examples, outputs, one) if unique else []))
+    recs = [sample_record(scored[(n // N, s.outputs)] if s.reward is None else s.reward, s.tokens, s.seconds,
+                          s.outputs) for n, s in enumerate(samples)]
+    return [recs[b * N:(b + 1) * N] for b in range(len(batch))]
 
 # -----------------------------------------------------------------------------
 # Metrics (Sec. 6)
@@ -89,11 +293,6 @@ def tests_rate(rec):  # acc@k's unit gives partial credit, where pass@k is all o
     return passed / total if total else 0.0
 
 
-def _mean(xs):
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
-
-
 def test_metrics(problems, ks):
     """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
     best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
@@ -105,11 +304,11 @@ def test_metrics(problems, ks):
         passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
     metrics = {}
     for k in ks:
-        metrics[f"pass@{k}"] = _mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
+        metrics[f"pass@{k}"] = runs.mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
     for k in ks:
-        metrics[f"pass_any@{k}"] = _mean(any(ok[:k]) for ok in passed)
+        metrics[f"pass_any@{k}"] = runs.mean(any(ok[:k]) for ok in passed)
     for k in ks:
-        metrics[f"acc@{k}"] = _mean(max(rate[:k]) for rate in rates)
+        metrics[f"acc@{k}"] = runs.mean(max(rate[:k]) for rate in rates)
     return metrics
 
 
@@ -122,306 +321,25 @@ def aggregate(problems, ks):
     # metric means nothing for the env (a writing task has no tests).
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
-    if any("coop" in r["fields"] for r in samples):
-        metrics["coop_rate"] = _mean(r["fields"].get("coop", 0.0) > 0 for r in samples)
-    # Every env reports the shared reward itself, the number the team was trained on; its std is a
-    # population std over samples, not a standard error.
+    if any("cooperation" in r["levels"] for r in samples):
+        metrics["coop_rate"] = runs.mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
+    # Every env reports the shared reward itself, the number the team was trained on; its std is the
+    # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]
-    metrics["reward"] = _mean(rewards)
-    metrics["reward_std"] = math.sqrt(_mean((x - metrics["reward"]) ** 2 for x in rewards))
-    metrics["tokens_per_sample"] = _mean(r["tokens"] for r in samples)
-    metrics["seconds_per_sample"] = _mean(r["seconds"] for r in samples)
+    metrics["reward"] = runs.mean(rewards)
+    metrics["reward_std"] = runs.sample_std(rewards)
+    metrics["tokens_per_sample"] = runs.mean(r["tokens"] for r in samples)
+    metrics["seconds_per_sample"] = runs.mean(r["seconds"] for r in samples)
     metrics["errors"] = sum(r["error"] is not None for r in samples)
     # The details (the "reward detail" table) say how often each level was earned and the mean of every
     # other number the rewards carry, so that they show where a method loses its reward, level by level.
-    metrics.update(level_means([r["levels"] for r in samples]))
+    metrics.update(runs.level_means([r["levels"] for r in samples]))
     details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # reward's order
     for name in levels:
-        details[f"earned/{name}"] = _mean(r["levels"].get(name, 0.0) > 0 for r in samples)
+        details[f"earned/{name}"] = runs.mean(r["levels"].get(name, 0.0) > 0 for r in samples)
     for name in dict.fromkeys(k for r in samples for k in r["fields"] if k not in levels):
-        details[name] = _mean(r["fields"][name] for r in samples if name in r["fields"])
+        details[name] = runs.mean(r["fields"][name] for r in samples if name in r["fields"])
     return metrics, details
-
-# -----------------------------------------------------------------------------
-# Sampling. B problems give B * N joint samples per turn (N = --num-samples), and row b * N + g is problem
-# b's g-th. With the same seeds, discussion's first round is exactly concat's samples.
-
-
-@dataclasses.dataclass
-class Sample:
-    """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
-    outputs: tuple     # one text per agent (one in all for `single`)
-    tokens: int        # completion tokens so far, over all agents, rounds and turns
-    seconds: float     # response time so far; parallel agents' mean, sequential steps and turns added
-    reward: object = None  # the env's reward, where the sampler already scored it
-
-
-def sample_cfg(args):
-    """N samples per problem, each revised at every later turn unless solved; --authors-rewards with
-    no --termination-threshold revises every one, as the authors' evaluation."""
-    # With expand "all" every unsolved sample is revised (one child each, run_team), not only the best of
-    # a group as in training, because each sample is one user's conversation with the team.
-    cfg = runs.config_from_flags(args, num_generations=args.num_samples, expand="all")
-    if args.authors_rewards and args.termination_threshold is None:
-        cfg.termination_threshold = math.inf
-    return cfg
-
-
-def per_row(rollout):
-    """Each row's text and token count, and the generate call's seconds per completion: a batch's
-    rows are sampled together, so each is charged its share of the call."""
-    texts = [t for group in rollout.texts for t in group]
-    return texts, rollout.completion_mask.sum(-1).tolist(), rollout.seconds / len(rollout)
-
-
-def run_team(env, agents, batch, cfg, seeds, expert=None):
-    """magrpo and concat: each agent samples alone (Sec. 1); a later turn revises each unsolved sample
-    once. Per turn, every sample as it then stands, costs so far added."""
-    # This is the training episode with one child per revised node. Each sample is a chain of answers,
-    # one per turn, and a solved one stops, unless --authors-rewards asks to revise all as the authors do.
-    turns = magrpo.rollout_team(agents, env, batch, cfg, seeds, expert, children=1)
-    where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
-    tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
-    for t in range(cfg.num_turns):
-        for i, (turn, node) in enumerate(where):
-            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
-                where[i] = (t, turns[t].node(turns[turn].children[node], 0))
-        rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
-        for i, (turn, node) in enumerate(where):
-            if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
-                tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
-                seconds[i] += _mean(row_seconds for _, _, row_seconds in rows)
-        out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])
-                    for i, (turn, node) in enumerate(where)])
-    return out
-
-
-def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
-    """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
-    evaluation: each process sums its share, train.py divides by the count of all)."""
-    # Greedy and one sample per example, so the number moves with the agents, not with the sampling.
-    # The advantage is reset too, or remax would decode the same greedy turn again for its baseline.
-    greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all", advantage="mean")
-    totals = [0.0] * cfg.num_turns
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start:start + batch_size]
-        # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
-        for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
-            for sample in samples:
-                totals[t] += float(sample.reward)
-    return totals
-
-
-def run_sequential(env, agents, batch, cfg, seeds, expert=None):
-    """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
-    their times add up."""
-    N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
-    for i, agent in enumerate(agents):
-        # The first agent samples N answers per problem; each later one, one answer per sample, after
-        # reading that sample's earlier answers, so that each sample is its own pipeline.
-        if i == 0:
-            prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
-        else:  # one prompt per sample, showing that sample's earlier outputs
-            prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
-            size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
-        text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
-        texts.append(text)
-        tokens.append(toks)
-        seconds += sec
-    return [[Sample(outputs, sum(toks), seconds) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
-
-
-def run_discussion(env, agents, batch, cfg, seeds, expert=None):
-    """First answers as concat, then each agent revises after seeing them (env.discussion_prompt);
-    scored on the revisions, the two rounds' costs added."""
-    N, second = cfg.num_generations, []
-    first = run_team(env, agents, batch, dataclasses.replace(cfg, num_turns=1), seeds)[0]
-    # The seeds differ from the first round's (N + g), since a revision is a new draw, not a replay.
-    seeds = [sampler.mix_seed(s, N + g) for s in seeds for g in range(N)]
-    for i, agent in enumerate(agents):
-        prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
-        second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    wait = _mean(seconds for _, _, seconds in second)  # the agents revise side by side
-    samples = []
-    for n, sample in enumerate(first):
-        outputs = tuple(texts[n] for texts, _, _ in second)
-        tokens = sample.tokens + sum(agent_tokens[n] for _, agent_tokens, _ in second)
-        samples.append(Sample(outputs, tokens, sample.seconds + wait))
-    return [samples]
-
-
-def run_single(env, agents, batch, cfg, seeds, expert=None):
-    """One model writes the whole solution (env.single_prompt); scored with env.single_reward."""
-    # The paper's single baseline is a larger model (Qwen2.5-Coder-7B against two 3B agents), given
-    # with --single-model; without it the first --model writes alone.
-    prompts = [env.single_prompt(ex) for ex in batch]
-    texts, toks, sec = per_row(magrpo.sample_agent(agents[0], 0, prompts, cfg.num_generations, cfg, seeds))
-    return [[Sample((text,), n, sec) for text, n in zip(texts, toks)]]
-
-
-def run_oracle(env, agents, batch, cfg, seeds, expert=None):
-    """The dataset's canonical solution as every sample: checks the harness (pass@1 must be 1). A
-    lower number is a harness bug (a test that needs the prompt's helpers, a sandbox too strict)."""
-    return [[Sample(tuple(env.oracle_outputs(ex)), 0, 0.0) for ex in batch
-             for _ in range(cfg.num_generations)]]
-
-
-# magrpo and concat are the same runner; only the agents differ (trained, or the untrained --model).
-RUNNERS = {"magrpo": run_team, "concat": run_team, "sequential": run_sequential,
-           "discussion": run_discussion, "single": run_single, "oracle": run_oracle}
-
-
-def score_batch(env, batch, samples, single=False):
-    """A turn's sample records, per problem; unscored samples go through magrpo.score_joint, a
-    problem's identical outputs once."""
-    N = len(samples) // len(batch)
-    # A problem's identical answers (greedy decoding, a tiny model's favourite output) are scored
-    # once, because the reward is a function of (problem, answer) and the sandbox is the slow part.
-    unique = list(dict.fromkeys((n // N, s.outputs) for n, s in enumerate(samples) if s.reward is None))
-    # The single model's answer holds both parts; the env scores it with its single-agent reward.
-    one = (lambda ex, out: env.single_reward(ex, out[0])) if single else None
-    examples, outputs = [batch[b] for b, _ in unique], [o for _, o in unique]
-    scored = dict(zip(unique, magrpo.score_joint(env, examples, outputs, one) if unique else []))
-    recs = [sample_record(scored[(n // N, s.outputs)] if s.reward is None else s.reward, s.tokens, s.seconds,
-                          s.outputs) for n, s in enumerate(samples)]
-    return [recs[b * N:(b + 1) * N] for b in range(len(batch))]
-
-# -----------------------------------------------------------------------------
-# In training, what a step scored (train.py's metrics.jsonl; docs/runs.md lists the keys)
-
-
-def episode_summary(turns):
-    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
-    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
-    nodes = []
-    for t, turn in enumerate(turns, 1):
-        for node, reward in enumerate(turn.rewards):
-            # The mean over a turn of a revised answer's gain over the one it revises is the metric
-            # improvement_turn<t>; every group of a turn has the same number of nodes.
-            parent = turn.groups[turn.place(node)[0]].parent
-            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
-            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
-            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
-                          "levels": dict(getattr(reward, "levels", None) or {}),
-                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
-                          "score_error": isinstance(reward, magrpo.ScoreError)})
-    return nodes
-
-
-def level_means(levels, suffix=""):
-    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
-    counts 0: it was gated off by a level before it."""
-    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
-    means = {}
-    for name in names:
-        means[f"level_{name}{suffix}"] = _mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
-    return means
-
-
-def episode_metrics(nodes, num_turns):
-    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
-    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
-    first = [node for node in nodes if node["turn"] == 1]
-    rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
-    m = {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if len(first) > 1 else 0.0,
-         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
-    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
-    # the columns of metrics.jsonl stay the same from the first row to the last.
-    for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
-        if t > 1:
-            keys.append(f"improvement_turn{t}")
-        turn = [node for node in nodes if node["turn"] == t]
-        if not turn:
-            m.update(dict.fromkeys(keys))
-            continue
-        rewards = torch.tensor([node["reward"] for node in turn])
-        values = [rewards.mean().item(), rewards.max().item(), _mean(node["solved"] for node in turn)]
-        if t > 1:  # how much revising gained over the answers it revised
-            values.append(_mean(node["gain"] for node in turn))
-        m.update(zip(keys, values))
-        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
-    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
-    m["score_errors"] = sum(node["score_error"] for node in nodes)
-    return m
-
-
-# -----------------------------------------------------------------------------
-# In training, the learning curve (train.py's OUT/curve.svg)
-
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def curve_series(rows):
-    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
-    reward when there are several turns, and the in-training eval's reward."""
-    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
-    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
-    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
-    if last > 1:
-        names.append(f"reward_mean_turn{last}")
-    names.append("eval_reward_mean")
-    series = {}
-    for name in names:
-        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
-        if points:  # without an eval there is no line
-            series[name] = points
-    return series
-
-
-def ticks(lo, hi, count=5, least=0.0):
-    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
-    `least`: steps are whole), for an axis."""
-    raw = (hi - lo) / max(1, count - 1)
-    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
-    first = math.ceil(lo / step) * step
-    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
-
-
-def curve_svg(rows, width=760, height=400, pad=50, legend=190):
-    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
-    curve_series, smoothed, on axes with titles and ticks."""
-    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
-    series = curve_series(rows)
-    steps = [step for points in series.values() for step, _ in points]
-    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
-    top = max(value for points in series.values() for _, value in points) or 1.0
-    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
-    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
-
-    def x_of(step):
-        return pad + (step - x0) / (x1 - x0) * (right - pad)
-
-    def y_of(value):
-        return bottom - max(0.0, value) / top * (bottom - pad)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
-    # A tick is a short mark and its label; round values let a reader place a point between them.
-    for value in ticks(0.0, top):
-        y = y_of(value)
-        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
-                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
-    for step in ticks(x0, x1, least=1):
-        x = x_of(step)
-        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
-                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
-    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
-    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
-              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
-              f'reward and its levels{smoothed}</text>']
-    for n, (name, points) in enumerate(series.items()):
-        color = COLORS[n % len(COLORS)]
-        values = [value for _, value in points]
-        # Each value averaged with the window - 1 before it (the first ones, with what there is).
-        values = [_mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
-        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
-        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
-        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
-    return "\n".join(parts + ["</svg>\n"])
-
 
 # -----------------------------------------------------------------------------
 # Command line
@@ -450,6 +368,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--save-outputs", action="store_true", help="keep every sample's texts in the report")
+    runs.show_defaults(p, "eval", {})
     return p.parse_args(argv)
 
 
@@ -508,19 +427,18 @@ def check_flags(args):
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    tiny = not args.agents and all(m == models.TINY for m in models.model_names(args))
-    defaults = envs.run_defaults(tiny, "eval")
+    tiny = tiny_base and not args.agents
+    defaults = runs.run_defaults("eval", tiny)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
-    envs.fill_defaults(args, defaults)
+    runs.fill_defaults(args, defaults)
     # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag}: must be >= {least}, got {value}")
     # Config checks the sampling flags (one line naming the flag); the report records each value used.
-    cfg = sample_cfg(args)
-    vars(args).update({k: getattr(cfg, k) for k in SAMPLING_FIELDS if getattr(args, k) is None})
+    runs.fill_defaults(args, dataclasses.asdict(sample_cfg(args)))
     # The paper's k (1, 3, 5, 10) are kept where --num-samples allows, as pass@10 of 5 samples means nothing.
     try:
         args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
@@ -543,11 +461,11 @@ def check_flags(args):
 def unsupported(env, examples, method):
     """Why the env cannot run `method` on these problems, or None. Asked before any model loads: by
     default eval.py runs every method the env can, and a method asked for by name must run."""
-    if method == "oracle" and not hasattr(env, "oracle_outputs"):
-        return f"oracle needs canonical solutions (--env coding); the {env.name} env has none"
     try:
         if method == "single":
             env.single_prompt(examples[0])
+        elif method == "discussion":
+            env.discussion_prompt(examples[0], 0, [""] * env.num_agents)
         elif method == "oracle":
             for ex in examples:
                 env.oracle_outputs(ex)
@@ -556,38 +474,28 @@ def unsupported(env, examples, method):
     return None
 
 
-class Team:
-    """Every method's agents; a model named twice on one device loads once (a tiny one per seed), LoRA
-    agents on one base and device share it (self.bases): a GPU holds each model once, whatever the
-    number of methods that use it."""
-
-    def __init__(self, args, names, n):
-        self.args, self.cache, self.bases = args, {}, {}
-        self.devices = models.agent_devices(args.device, n)
-        self.models = models.per_agent(names, n, "--model")
-        self.expert = models.load_expert(args, self.devices[0])
-
-    def load(self, names, flag):
-        """Agent i: names[i] on device i, seeded --seed + i (a tiny model's random weights)."""
-        agents = []
-        for i, (name, device) in enumerate(zip(names, self.devices)):
-            key = (name, device, self.args.seed + i if name == models.TINY else None)
-            if key not in self.cache:
-                agent = models.load_agent(name, device, self.args.dtype, self.args.seed + i, flag,
-                                          self.args.chat_template, bases=self.bases)
-                # one-off first-call costs (allocations, kernel choice) stay out of the timings
-                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2)
-                self.cache[key] = agent  # the key has no method, as concat's agents are discussion's too
-            agents.append(self.cache[key])
-        return agents
-
-    def for_method(self, method):
-        """The agents a method runs: the trained ones, the single model, or the untrained --model."""
-        if method == "magrpo" and self.args.agents:
-            return self.load(trained_dirs(self.args.agents, len(self.models)), "--agents")
-        if method == "single":
-            return self.load([self.args.single_model or self.models[0]], "--single-model")
-        return [] if method == "oracle" else self.load(self.models, "--model")
+def load_agents(args, methods, n):
+    """Each method's agents: the trained ones (magrpo with --agents), the single model, or the untrained
+    --model. A model named twice on one device loads once (a tiny one per seed), and LoRA agents on one
+    base and device share it: a GPU holds each model once, whatever the number of methods using it."""
+    loaded, bases, agents = {}, {}, {}
+    for method in methods:
+        names, flag = ([] if method == "oracle" else args.models), "--model"
+        if method == "magrpo" and args.agents:
+            names, flag = trained_dirs(args.agents, n), "--agents"
+        elif method == "single":
+            names, flag = [args.single_model or args.models[0]], "--single-model"
+        agents[method] = []
+        for i, (name, device) in enumerate(zip(names, args.devices)):
+            key = (name, device, args.seed + i if name == models.TINY else None)  # concat's are discussion's
+            if key not in loaded:
+                loaded[key] = agent = models.load_agent(name, device, args.dtype, args.seed + i, flag,
+                                                        args.chat_template, bases=bases)
+                # One-off first-call costs (allocations, kernel choice, --compile's compilation) stay
+                # out of the timings. A prompt length the warm-up did not have still compiles anew.
+                sampler.generate(agent.model, agent.tokenizer, ["warm up"], 1, 2, compile=args.compile)
+            agents[method].append(loaded[key])
+    return agents
 
 
 def trained_dirs(out, n):
@@ -597,7 +505,7 @@ def trained_dirs(out, n):
     # final.json is written after the last OUT/agent_i. Without it those may be an older run's, or
     # half-written by a run that was killed, and the newest complete checkpoint is the run's truth.
     if not os.path.isfile(os.path.join(out, "final.json")):
-        checkpoint = models.latest_checkpoint(out)
+        checkpoint = runs.latest_checkpoint(out)
         if checkpoint is not None:
             print(f"eval.py: note: the run in {out} did not finish: using its latest checkpoint, "
                   f"{checkpoint[1]} (step {checkpoint[0]})", file=sys.stderr)
@@ -609,11 +517,14 @@ def trained_dirs(out, n):
 
 
 def setup(args):
-    """Every flag checked and every model loaded before any sampling: (env, examples, team)."""
+    """Every flag checked and every model loaded before any sampling: (env, examples, each method's
+    agents, the expert reviewer or None)."""
     check_flags(args)
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
     env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
-    args.split = args.split or "test"
+    args.split = env.split  # the rows scored: a split's name, or a slice (":" for a whole file)
+    if env.runs_code:  # what the sandbox runs the model's code with, for the report
+        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
     examples = env.examples[:args.limit]  # the first --limit, the same problems for every method
     if not examples:
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
@@ -629,69 +540,11 @@ def setup(args):
         print("eval.py: note: the baselines use the tiny model; give --model (the base the agents were "
               "trained from) for a fair comparison", file=sys.stderr)
     # Every model is loaded now, before any sampling, so that a bad --agents or --single-model fails at once.
-    torch.set_num_threads(args.cpu_threads)
-    team = Team(args, models.model_names(args), env.num_agents)
-    for m in args.methods:
-        team.for_method(m)
-    return env, examples, team
-
-
-def problem_row(method, task_id, records, save_outputs):
-    """One problem's samples (the last turn's), for finding where two methods differ."""
-    # The report's `problems` hold each sample's reward (and tests) per method and problem, because where
-    # two methods differ is where to read their outputs (--save-outputs keeps them).
-    row = {"task_id": task_id, "method": method, "rewards": [r["reward"] for r in records]}
-    if any("tests" in r for r in records):
-        row["passed"] = [tests_rate(r) == 1 for r in records]
-        row["tests"] = [list(r.get("tests", (0, 0))) for r in records]
-    errors = {g: r["error"] for g, r in enumerate(records) if r["error"]}
-    if errors:
-        row["errors"] = errors
-    if save_outputs:
-        row["outputs"] = [list(r["outputs"]) for r in records]
-    return row
-
-
-def evaluate(args, env, examples, team):
-    """Every method on every problem -> the report without its config (docs/eval.md: the JSON report). A ^C
-    reports the methods finished so far."""
-    cfg, problems = sample_cfg(args), []
-    turns = [{"methods": {}, "details": {}} for _ in range(cfg.num_turns)]
-    # Problem p's seed is the same for every method and batch, so the methods differ in what they are,
-    # not in their luck (discussion's first round is exactly concat's samples).
-    seeds = [sampler.mix_seed(args.seed, p) for p in range(len(examples))]
-    bar = tqdm(total=len(args.methods) * len(examples), desc="eval", dynamic_ncols=True)
-    try:
-        for method in args.methods:
-            bar.set_description(method)
-            run, agents, records = RUNNERS[method], team.for_method(method), [[] for _ in turns]
-            for start in range(0, len(examples), args.batch_size):
-                batch = examples[start:start + args.batch_size]
-                by_turn = run(env, agents, batch, cfg, seeds[start:start + args.batch_size], team.expert)
-                by_turn += [by_turn[-1]] * (cfg.num_turns - len(by_turn))  # one-turn methods keep theirs
-                for t, samples in enumerate(by_turn):
-                    records[t] += score_batch(env, batch, samples, single=method == "single")
-                bar.update(len(batch))
-                bar.set_postfix(reward=f"{_mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
-            for t, recs in enumerate(records):
-                turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
-            problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
-                         for p, (ex, recs) in enumerate(zip(examples, records[-1]))]
-            # The paper's response time (Sec. 6) is a user's wait for one answer, so it is timed with batch 1
-            # and one sample, apart from the batched sampling above, whose per-sample time is a throughput.
-            if args.latency_problems and method != "oracle":
-                one = dataclasses.replace(cfg, num_generations=1)
-                times = [run(env, agents, [ex], one, seeds[p:p + 1], team.expert)[-1][0].seconds
-                         for p, ex in enumerate(examples[:args.latency_problems])]
-                turns[-1]["methods"][method]["latency_seconds"] = _mean(times)
-    except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
-        print("interrupted: reporting the methods finished so far", file=sys.stderr)
-    bar.close()
-    first, last = turns[0]["methods"], turns[-1]["methods"]
-    improvement = {}  # per method, each metric's last turn minus its first
-    for method, metrics in last.items():
-        improvement[method] = {k: v - first[method][k] for k, v in metrics.items() if k in first[method]}
-    return {**turns[-1], "problems": problems, "turns": turns, "improvement": improvement}
+    args.devices = models.agent_devices(args.device, env.num_agents)  # the report records them
+    args.models = models.per_agent(models.model_names(args), env.num_agents, "--model")
+    models.set_torch(args.cpu_threads, args.devices)
+    agents = load_agents(args, args.methods, env.num_agents)
+    return env, examples, agents, models.load_expert(args, args.devices[0])
 
 
 def cell_text(value):
@@ -719,13 +572,12 @@ def format_table(rows, title):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        env, examples, team = setup(args)
+        env, examples, agents, expert = setup(args)
     except ValueError as e:  # every bad flag, from any layer, ends in one line and exit 1
         sys.exit(f"eval.py: error: {e}")
-    report = evaluate(args, env, examples, team)
+    report = evaluate(args, env, examples, agents, expert)
     # The report records every setting used, so that a number in it can be reproduced.
-    report["config"] = {**vars(args), "env_name": env.name,
-                        "num_problems": len(examples), "models": team.models, "devices": team.devices}
+    report["config"] = {**vars(args), "env_name": env.name, "num_problems": len(examples)}
     for t, turn in enumerate(report["turns"], 1):
         print(format_table(turn["methods"], "method" if args.num_turns == 1 else f"turn {t}"))
     if args.num_turns > 1:

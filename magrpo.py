@@ -1,6 +1,6 @@
 """
 MAGRPO: Multi-Agent Group Relative Policy Optimization, in the paper's order (Liu et al., arXiv
-2508.04652). Read it with the paper open; train_step, at the end, is one whole step.
+2508.04652). Read it with the paper open; single_turn_step is one whole step of Sec. 2, top to bottom.
 
 n agents cooperate on one task. Each agent i sees only its own prompt h_i and samples G completions
 from its own policy (sample_agent; the sampler itself is sampler.py). The g-th completions of all
@@ -10,13 +10,16 @@ agents form the g-th joint action (joint_actions), scored with one shared reward
     Eq. 2   J(theta_i) = E[ A^(g) * log pi_theta_i(a_i^(g) | h_i) ]  -> completion_logprobs, policy_loss
 
 then one AdamW step per agent per batch. On-policy: no ratio, no clipping, no KL. Multi-turn (Sec. 3):
-the env's feedback on a joint answer goes into each agent's next prompt (rollout_team); a node's
-return adds gamma times its children's mean (node_return); Eq. 1 compares siblings
-(episode_advantages).
+the env's feedback on a joint answer goes into each agent's next prompt (rollout_team), and Eq. 1
+compares siblings, the revisions of one node (episode_advantages). With the default --expand best
+(only each group's best node is revised) R is each turn's own reward; with --expand all it is the
+node's return, r + gamma * the mean of its children's returns (node_return; gamma is --discount,
+which only --expand all reads).
 
-The order below: Config; the agents; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2; Sec. 3's
-tree of turns; train_step. A course blanks some of these functions (tests/make_assignment.py --list
-names them); pytest -k NAME runs each one's tests. Try it: python train.py (the CPU demo).
+The order below: Config; the agents; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2;
+single_turn_step; Sec. 3's tree of turns and train_step, its step for every setting (turns, cross
+joint actions, ReMax). A course blanks some of these functions (tests/make_assignment.py --list names
+them); pytest -k NAME runs each one's tests. Try it: python train.py (the CPU demo).
 """
 import dataclasses
 import itertools
@@ -26,19 +29,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import (forward_kwargs, generate, mix_seed, positions_from_mask, shared_prompt_rows,
-                     token_logprobs)
+from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, positions_from_mask,
+                     shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
-# becomes --num-generations), with the help written beside it here. The defaults are the paper's
-# (Sec. 2); envs.DEFAULTS holds the few that depend on the run (the tiny model, the env).
+# becomes --num-generations), with the help written beside it here. The defaults are the paper's where
+# it fixes one (Sec. 2: G = 4, 256 new tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned
+# joint actions; Sec. 3: gamma 0.9, the best node revised, solved at the maximum reward). The others are
+# plain choices: sampling at T 1 without a cut (a run takes each env's sampling, the authors', from
+# its settings), every turn's loss weighing 1 (the authors' code of the paper's time weighed turns
+# 1.2 and 0.8: --turn-weights 1.2,0.8), and level feedback (the paper's came from an expert model).
 
 
-
-def option(default, help):
+def option(default, help_text):
     """A Config field: its default, and the help of its command-line flag."""
-    return field(default=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
@@ -53,8 +59,17 @@ class Config:
                                  "the token) or full (before the cut, as TRL and the authors)")
     compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
-    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper), rloo, std, none or remax")
-    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (paper), token_mean, seq_mean")
+    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, "
+                                     "none (REINFORCE: no baseline) or remax; std: mean with "
+                                     "--scale-rewards group")
+    scale_rewards: str = option("none", "Eq. 1's advantages divided by the std + 1e-4 of their group "
+                                        "(GRPO), of the turn's whole batch, or none (the paper); as TRL's")
+    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (the paper), token_mean (TRL's "
+                                       "dapo), seq_mean (grpo), token_budget (dr_grpo); TRL's bnpo, a token "
+                                       "mean per micro-batch, is token_mean here (TRL's, one micro-batch)")
+    mask_truncated_completions: bool = option(False, "completions that never reached EOS get no gradient")
+    max_grad_norm: float = option(0.0, "clip each agent's gradient norm to this (0: off, as the paper; "
+                                       "TRL's default is 1.0)")
     micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
     num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
     expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
@@ -65,9 +80,17 @@ class Config:
     feedback: str = option("level", "between turns: level, plain or expert")
     feedback_max_new_tokens: int = option(256, "bound on the expert's review (--feedback expert)")
 
-    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "std", "none", "remax"),
-               "loss_type": ("seq_sum", "token_mean", "seq_mean"), "expand": ("best", "all"),
+    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax"),
+               "scale_rewards": ("none", "group", "batch"),
+               "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
                "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
+    # Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
+    # (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
+    SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
+                 ("loss_type", "dapo"): {"loss_type": "token_mean"},
+                 ("loss_type", "bnpo"): {"loss_type": "token_mean"},
+                 ("loss_type", "dr_grpo"): {"loss_type": "token_budget"},
+                 ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
 
     def __post_init__(self):
         if self.turn_weights is not None:
@@ -77,8 +100,16 @@ class Config:
                 self.turn_weights = tuple(float(w) for w in weights)
             except ValueError:
                 raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
+        for (name, spelling), settings in self.SPELLINGS.items():
+            if getattr(self, name) != spelling:
+                continue
+            for key, value in settings.items():  # another setting it makes must be left alone, or agree
+                free = key == name or getattr(self, key) in (value, self.__dataclass_fields__[key].default)
+                self.check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
+                setattr(self, key, value)
         for name, choices in self.CHOICES.items():
-            self.check(name, getattr(self, name) in choices, f"use one of {', '.join(choices)}")
+            names = choices + tuple(spelling for owner, spelling in self.SPELLINGS if owner == name)
+            self.check(name, getattr(self, name) in choices, f"use one of {', '.join(names)}")
         for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
                      "feedback_max_new_tokens"):
             self.check(name, getattr(self, name) >= 1, "must be >= 1")
@@ -86,13 +117,19 @@ class Config:
         self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
         self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
+        self.check("max_grad_norm", self.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
         one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
         self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
+
+    def on_the_tree(self):
+        """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
+        single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, turn weights, truncation masks)."""
+        options = (self.joint != "aligned", self.advantage == "remax", self.mask_truncated_completions)
+        return self.num_turns > 1 or any(options) or self.turn_weights not in (None, (1.0,))
 
     def check(self, name, ok, why):
         if not ok:
             raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(self, name)!r}")
-
 
 
 @dataclass
@@ -171,27 +208,34 @@ def score_joint(env, examples, outputs, one=None):
 # Eq. 1 and Eq. 2
 
 
-def group_advantages(rewards, mode="mean", baseline=None):
-    """Eq. 1 over the last dim (the G joint actions of one prompt). mean: A = R - mean R (the paper;
-    no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; std: the
-    original GRPO z-score (R - mean) / std, 0 where the group's std is 0; none: A = R (REINFORCE);
-    remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et al. 2023). rewards:
-    [..., G], a tensor or lists, G >= 2 (else ValueError); std is unbiased (G - 1). -> float32, same shape."""
+def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
+    """Eq. 1 over the last dim (the G joint actions of one prompt). mode, the baseline: mean: A = R - mean R
+    (the paper; no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; none:
+    A = R (REINFORCE); remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et
+    al. 2023). scale: none (the paper), or A divided by the std + 1e-4 of its group (the original GRPO) or
+    of all the rewards given (batch); stds are unbiased (G - 1), as TRL's. rewards: [..., G], a tensor or
+    lists, G >= 2 (else ValueError). -> float32, the rewards' shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     G = rewards.shape[-1]
     if G < 2:
         raise ValueError(f"group_advantages needs a group of at least 2, got {G}")
-    if mode == "none":
-        return rewards
-    if mode == "remax":
-        return rewards - torch.as_tensor(baseline, dtype=torch.float32)[..., None]
     centered = rewards - rewards.mean(-1, keepdim=True)
-    if mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
-        return centered * G / (G - 1)
-    if mode == "std":
-        std = rewards.std(-1, keepdim=True)  # unbiased, as TRL's GRPO
-        return torch.where(std > 1e-6, centered / std.clamp(min=1e-6), torch.zeros_like(centered))
-    return centered
+    if mode == "mean":
+        advantages = centered
+    elif mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
+        advantages = centered * G / (G - 1)
+    elif mode == "none":
+        advantages = rewards
+    elif mode == "remax":
+        advantages = rewards - torch.as_tensor(baseline, dtype=torch.float32)[..., None]
+    else:  # std is mean with scale="group" (Config resolves the name)
+        raise ValueError(f"group_advantages: no baseline {mode!r}: use mean, rloo, none or remax")
+    # The 1e-4 keeps a group of equal rewards at 0 (not 0 / 0), and makes near-equal ones large, not huge.
+    if scale == "group":
+        return advantages / (rewards.std(-1, keepdim=True) + 1e-4)  # unbiased, as TRL's GRPO
+    if scale == "batch":
+        return advantages / (rewards.std() + 1e-4)
+    return advantages
 
 
 def row_logprobs(model, rollout, temperature=1.0):
@@ -207,31 +251,27 @@ def row_logprobs(model, rollout, temperature=1.0):
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
-    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature
-    (greedy: T = 1): row_logprobs' values, with less work. rollout: a sampler.Rollout, its prompt ids
-    and mask [rows, P] left-padded, its completion ids and mask [rows, T]; where its floors are given
-    (a top-k/top-p cut), each token's softmax is over the logits / T at or above its floor, the
-    distribution that drew it. -> float32 [rows, T] with grad; the positions after a row's EOS are
-    to be masked by the caller."""
+    """log pi_theta(a_t | h, a_<t) of every completion token of a sampler.Rollout (Eq. 2) at the sampling
+    temperature (greedy: T = 1), over the logits / T above each token's floor where it has floors (a
+    top-k/top-p cut). -> float32 [rows, T] with grad; the caller masks the positions after EOS."""
     T = temperature if temperature > 0 else 1.0
-    # A group's G rows continue the same prompt, so the prompt runs once for several of its rows, in
-    # one forward pass with their completions after it, each attending to the prompt and to itself
-    # (Prefix Grouper, Liu et al. 2025). That saves the prompt's repeats, and the gradient is the same,
-    # since the prompt's keys and values are computed with it.
+    # A group's rows continue the same prompt, so the prompt runs once for several of them, in one
+    # forward pass with their completions after it, each attending to the prompt and to itself (Prefix
+    # Grouper, Liu et al. 2025); the gradient is the same, the prompt's keys and values being in it.
     ids, mask, positions, predicting = shared_prompt_rows(model, rollout)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                 use_cache=False, **forward_kwargs(model, last=1))
     hidden = out.hidden_states[-1].flatten(0, 1)[predicting]  # [rows, T, H], each predicting a token
-    # The logits over the whole vocabulary are made a chunk of positions at a time and never all kept
-    # (sampler.token_logprobs), since with 150k tokens they are the largest tensors of the pass.
+    # The logits over the vocabulary, the pass's largest tensors, are made a chunk at a time (sampler).
     return token_logprobs(model, hidden, rollout.completion_ids, T, check=out, floors=rollout.floors)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
     """Eq. 2 as a loss to minimise, -A^(g) * log pi(a^(g) | h), one advantage per sequence:
-    seq_sum    -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
-    token_mean -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
-    seq_mean   -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
+    seq_sum      -mean_s(A_s * sum_t m*lp)             (the paper: a completion's summed log-probs)
+    token_mean   -sum_{s,t}(A_s * m * lp) / sum(m)     (DAPO: every token weighs the same)
+    seq_mean     -mean_s(A_s * sum_t(m*lp) / sum_t m)  (original GRPO)
+    token_budget -sum_{s,t}(A_s * m * lp) / (rows * T) (Dr. GRPO: T the token budget, default the mask's)
     logprobs, mask: [rows, T], mask 1 up to and including EOS; advantages: [rows], a tensor or a list;
     normalizer: the whole batch's count (loss_normalizer; default this batch's). -> a scalar, with grad."""
     mask = mask.to(logprobs.dtype)
@@ -243,19 +283,80 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
     return -total / (normalizer if normalizer is not None else loss_normalizer(mask, loss_type))
 
 
-def loss_normalizer(mask, loss_type):
-    """policy_loss's denominator: tokens for token_mean, sequences otherwise."""
-    return float(mask.sum()) if loss_type == "token_mean" else mask.shape[0]
+def loss_normalizer(mask, loss_type, max_new_tokens=None):
+    """policy_loss's denominator: tokens for token_mean, sequences for seq_sum and seq_mean, and for
+    token_budget sequences times the budget, max_new_tokens (default: the mask's width)."""
+    if loss_type == "token_mean":
+        return float(mask.sum())
+    if loss_type == "token_budget":
+        return mask.shape[0] * (max_new_tokens or mask.shape[1])
+    return mask.shape[0]
 
+
+def loss_mask(rollout, eos_ids=None):
+    """The completion mask of Eq. 2's loss; given eos_ids, 0 on the rows that never reached EOS (cut at
+    max_new_tokens), which then teach nothing (DAPO's overlong filtering)."""
+    mask = rollout.completion_mask
+    if eos_ids is None:
+        return mask
+    last = rollout.completion_ids.gather(1, mask.sum(-1, keepdim=True).clamp(min=1) - 1)
+    return mask * torch.isin(last, torch.tensor(eos_ids, device=last.device))
 
 
 def micro_batches(num_rows, group_size, micro_batch_size):
     """Row ranges [start, stop) of at most micro_batch_size rows: as many whole groups as fit, since a
     micro-batch runs each group's prompt once, else parts of a group (correct, a little slower)."""
-    step = micro_batch_size
-    if group_size <= micro_batch_size:
-        step = micro_batch_size // group_size * group_size
+    step = micro_batch_size // group_size * group_size or micro_batch_size
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+# -----------------------------------------------------------------------------
+# Sec. 2, one whole step, top to bottom: read it first. Sec. 3's tree below runs the other settings
+# (several turns, cross joint actions) on the same functions; with one turn it gives the same step.
+
+
+def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on=None):
+    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
+    list of numbers or a tensor summed over the processes sharing the batch (default: one process);
+    go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
+    G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
+    # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
+    prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
+    rollouts = [sample_agent(agent, i, prompts[i], G, cfg, turn_seeds) for i, agent in enumerate(agents)]
+    # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
+    outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
+    rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
+    if go_on is not None and not go_on(rewards):
+        return rollouts, rewards, None, None
+    # Eq. 1 among a prompt's G joint actions; a group of all-0 advantages teaches nothing, and is counted.
+    values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
+    advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
+    metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
+    # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
+    for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
+        agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+        # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
+        (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
+        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
+        for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
+            if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
+                continue
+            rows = rollout.rows(start, stop)
+            if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
+                rows.floors = None
+            logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
+            loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+            # The sampler's log-probs should be these, and a drift means it sampled another policy.
+            gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+            drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
+            tokens += float(rows.completion_mask.sum())
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
+            metrics[f"{name}_{i}"] = value
+        drift, tokens = total([drift, tokens])
+        metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
+        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
+    return rollouts, rewards, advantages, metrics
 
 # -----------------------------------------------------------------------------
 # Sec. 3: the return of a node of the multi-turn tree
@@ -350,14 +451,38 @@ def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=Fals
     return turn
 
 
+def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
+    """single_turn_step's results as the tree's one Turn: the record that a caller's logs read."""
+    groups, outputs = [], []
+    joint = joint_actions(len(rollouts), cfg.num_generations)
+    for b, example in enumerate(examples):
+        histories = [[] for _ in rollouts]  # none before turn 1
+        groups.append(Group(b, None, list(env.prompts(example)), histories, mix_seed(seeds[b], 1)))
+        outputs += zip(*[rollout.texts[b] for rollout in rollouts])  # aligned, as single_turn_step's
+    solved = [float(r) >= solved_threshold(env, cfg) - 1e-9 for r in rewards]
+    turn = Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved)
+    turn.advantages = [advantages] * len(rollouts)
+    return turn
+
+
+def solved_threshold(env, cfg):
+    """The reward at which a joint answer is solved (not revised): --termination-threshold, by default
+    the env's maximum."""
+    if cfg.termination_threshold is None:
+        return getattr(env, "max_reward", math.inf)
+    return cfg.termination_threshold
+
+
 def expand_nodes(turn, mode):
     """The nodes of `turn` that get children at the next turn. all: every node not solved. best: each
-    group's best node (ties to the first) unless the whole group is solved (the paper-era rule:
-    revising a solved best answer teaches the agents to keep what is right)."""
+    group's best node (ties to the first) unless the whole group is solved. That is the rule of the
+    authors' code from the paper's time (August 2025), which skipped turn 2 only where all G joint
+    answers had reached the maximum: a solved best answer is still revised, and the revision teaches
+    the agents to keep what is right."""
     if mode == "all":
         return [node for node in range(len(turn.outputs)) if not turn.solved[node]]
     values = turn.values()
-    all_solved = torch.tensor(turn.solved).view(values.shape).all(-1)  # whether a group's every node is
+    all_solved = torch.tensor(turn.solved).view(values.shape).all(-1)  # per group: is every node solved?
     return [turn.node(k, int(values[k].argmax())) for k in range(len(turn.groups)) if not all_solved[k]]
 
 
@@ -397,9 +522,7 @@ def revision_groups(env, examples, turn, nodes, notes, t):
 def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
     """One episode per example, seeds one per example (Sec. 2 steps 1-3; Sec. 3) -> its Turns. The
     nodes of expand_nodes get the env's feedback and are revised, each `children` times (default G)."""
-    threshold = cfg.termination_threshold
-    if threshold is None:
-        threshold = getattr(env, "max_reward", math.inf)
+    threshold = solved_threshold(env, cfg)
     groups = []
     for b, ex in enumerate(examples):
         groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in agents], mix_seed(seeds[b], 1)))
@@ -409,8 +532,8 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
         remax = t == 1 and cfg.advantage == "remax"
         turn = sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=remax)
         turns.append(turn)
-        nodes = expand_nodes(turn, cfg.expand)
-        if t == cfg.num_turns or not nodes:
+        nodes = expand_nodes(turn, cfg.expand) if t < cfg.num_turns else []
+        if not nodes:
             break
         notes = team_feedback(env, examples, turn, nodes, cfg, expert)
         groups = revision_groups(env, examples, turn, nodes, notes, t)
@@ -449,41 +572,25 @@ def episode_advantages(turns, cfg):
         # remax compares with the greedy joint answer, which only turn 1 has, so later turns use the mean.
         mode = "mean" if cfg.advantage == "remax" and not turn.baseline else cfg.advantage
         credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
-        advantages.append([group_advantages(credit, mode, turn.baseline).view(-1) for credit in credits])
+        advantages.append([group_advantages(credit, mode, turn.baseline, cfg.scale_rewards).view(-1)
+                           for credit in credits])
     return advantages
 
 # -----------------------------------------------------------------------------
-# Sec. 2 steps 4-6: the update. Eq. 2 for every agent, then one step of its own optimizer each (AdamW,
-# models.make_optimizer).
+# Sec. 2 steps 4-6 on the tree: Eq. 2 for every agent on every turn, then one step of its own
+# optimizer each (AdamW, models.make_optimizer).
 
 
-class Hooks:
-    """What train_step asks of its caller, for one process alone (train.py passes its own): ready(turns),
-    the last word before any weight changes; sum(values), max(values) and sum_gradients(model), over the
-    processes."""
-
-    def ready(self, turns):
-        return True
-
-    def sum(self, values):
-        return [float(value) for value in values]
-
-    def max(self, values):
-        return [float(value) for value in values]
-
-    def sum_gradients(self, model):
-        pass
-
-
-def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
-    """One MAGRPO step on a batch of examples, seeds one per example: the team's episodes, Eq. 1, Eq. 2's
-    update of every agent. -> (turns, metrics); metrics None when hooks.ready(turns) stopped the step."""
-    hooks = hooks or Hooks()
+def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x, go_on=None):
+    """One MAGRPO step on a batch of examples, seeds one per example, with Sec. 3's tree of turns: the
+    team's episodes, Eq. 1 among siblings, Eq. 2's update of every agent. With one turn of aligned joint
+    actions it is single_turn_step's step; total and go_on are as there (go_on sees every turn's rewards).
+    -> (turns, metrics); metrics None when go_on said no."""
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
     # each example's episode into a tree of such groups.
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
-    if not hooks.ready(turns):
+    if go_on is not None and not go_on([reward for turn in turns for reward in turn.rewards]):
         return turns, None
     # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
@@ -491,19 +598,24 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
     for turn, advantages in zip(turns, episode_advantages(turns, cfg)):
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
-    metrics = {"zero_adv_groups": int(hooks.sum([zero_groups])[0])}
+    metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
     for i, agent in enumerate(agents):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         agent.model.zero_grad(set_to_none=True)
-        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to it.
+        # Eq. 2's masks; --mask-truncated-completions leaves out the rows cut before their EOS.
+        eos_ids = eos_token_ids(agent.model, agent.tokenizer) if cfg.mask_truncated_completions else None
+        masks = [loss_mask(turn.rollouts[i], eos_ids) for turn in turns]
+        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to
+        # it. The counts are summed over the processes, where an episode may stop at another turn, so
+        # every process sends one count per turn of cfg.num_turns (0 for a turn it did not reach).
         counts = [0.0] * cfg.num_turns
-        for t, turn in enumerate(turns):
-            counts[t] = loss_normalizer(turn.rollouts[i].completion_mask, cfg.loss_type)
-        total, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
-        for turn, weight, normalizer in zip(turns, weights, hooks.sum(counts)):
+        for t, mask in enumerate(masks):
+            counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
+        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
+        for turn, mask, weight, normalizer in zip(turns, masks, weights, total(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
                 advantages = turn.advantages[i][start:stop]
@@ -513,34 +625,39 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, hooks=None):
                 if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
                     rows.floors = None
                 logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
-                loss = weight * policy_loss(logprobs, rows.completion_mask, advantages, cfg.loss_type,
-                                            normalizer)
+                rows_mask = mask[start:stop, :logprobs.shape[1]]
+                loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
-                total = total + loss.detach()
+                loss_sum = loss_sum + loss.detach()
                 # The sampler's log-probs should be these, and a drift means it sampled another policy.
                 gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
                 drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, total, hooks).items():
+        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
-        drift, tokens = hooks.sum([drift, tokens])
+        drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
-        metrics[f"logprob_drift_max_{i}"] = hooks.max([drift_max])[0] if tokens else None
+        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
     return turns, metrics
 
 
-def optimizer_step(agent, loss, hooks):
-    """An agent's gradients summed over the processes, their norm (logged only; the paper clips
-    nothing), and its optimizer's step, skipped with a warning if the loss or the norm is not finite."""
-    model = agent.model
-    hooks.sum_gradients(model)
-    (loss,) = hooks.sum([loss])
-    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.stack(grads).norm().item() if grads else 0.0
+def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
+    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
+    paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
+    params = [p for p in agent.model.parameters() if p.requires_grad]
+    for p, anyone in zip(params, total([p.grad is not None for p in params])):  # some process has it
+        if anyone:
+            p.grad = total(p.grad if p.grad is not None else torch.zeros_like(p))
+    (loss,) = total([float(loss)])
+    grads = [p.grad for p in params if p.grad is not None]
+    grad_norm = torch.stack([grad.float().norm() for grad in grads]).norm().item() if grads else 0.0
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
+        if 0 < max_grad_norm < grad_norm:  # as torch's clip_grad_norm_ (TRL's)
+            for grad in grads:
+                grad.mul_(max_grad_norm / (grad_norm + 1e-6))
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
-    model.zero_grad(set_to_none=True)
+    agent.model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}

@@ -1,7 +1,6 @@
 """
 The agents' weights: the built-in tiny model, loading by hub name or local path, LoRA adapters on one
-shared frozen base, each agent's optimizer, saving (HF and peft formats), checkpoints on disk, and
-where each agent runs.
+shared frozen base, each agent's optimizer, saving (HF and peft formats) and where each agent runs.
 magrpo.py never imports this file: the algorithm sees an Agent's model, tokenizer and optimizer.
 
     models.load_agent("tiny", "cpu", "float32", seed=0)                 # an Agent (no optimizer yet)
@@ -15,8 +14,6 @@ import json
 import logging
 import math
 import os
-import random
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +26,6 @@ TINY = "tiny"  # --model tiny is a random-init model built from a config, with n
 # The weights' dtype (--dtype). Training in float16 is refused (train.py), since it needs a loss scaler.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-CHECKPOINT_STATE = "trainer_state.json"  # in each checkpoint, with the step, the args and each file's size
-OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # peft's names
 TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter, holding its random base's seed
 # peft's default targets, every attention and MLP projection of Qwen2/Llama, and GPT-2's Conv1D layers
@@ -124,10 +119,6 @@ def load_model(name_or_path, device="cpu", dtype="float32", seed=0):
 # adapter (and its AdamW holds only the adapter's moments).
 
 
-class LoRAError(ValueError):
-    """A bad LoRA setting; its message names its own flag."""
-
-
 @dataclass
 class LoRAConfig:
     """An adapter's shape, in peft's LoraConfig names: rank r, lora_alpha (the update is scaled by
@@ -197,15 +188,14 @@ def lora_targets(model, targets):
     for target in targets:  # a target that matches nothing is a typo
         if not any(n == target or n.endswith("." + target) for n in chosen):
             names = sorted({n.rsplit(".", 1)[-1] for n in linear})
-            raise LoRAError(f"--lora-target-modules: no linear layer named {target!r} in this "
-                            f"{model.config.model_type} model (its linear layers: {', '.join(names)})")
+            raise ValueError(f"no linear layer named {target!r} in this {model.config.model_type} model "
+                             f"(its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
     owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
         if owners[id(model.get_submodule(name).weight)] > 1:
-            raise LoRAError(f"--lora-target-modules: {name} shares its weight with another layer (tied "
-                            "embeddings): leave it out")
+            raise ValueError(f"{name} shares its weight with another layer (tied embeddings): leave it out")
     return chosen
 
 
@@ -247,9 +237,9 @@ def shared_base(name, device, dtype, seed, bases):
     return bases[key]
 
 
-def load_adapter(name, device, dtype, seed, lora, bases):
+def load_adapter(name, device, dtype, seed, bases):
     """(model, tokenizer) of the adapter directory `name` (ours or peft's): its base (named in its
-    adapter_config.json, shared through `bases`) + the adapter; `lora`, if given, must match it."""
+    adapter_config.json, shared through `bases`) + the adapter."""
     # Only a plain LoRA adapter on a named base is rebuilt; anything else is refused, not loaded wrong.
     config = json.loads(Path(name, ADAPTER_CONFIG).read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern", "modules_to_save",
@@ -266,18 +256,14 @@ def load_adapter(name, device, dtype, seed, lora, bases):
         raise ValueError(f"{name!r}: its {ADAPTER_CONFIG} names no base model (base_model_name_or_path is "
                          f"{base_name!r}): set it to the base's hub name or path")
     saved = LoRAConfig(config["r"], config["lora_alpha"], tuple(config["target_modules"]))
-    if lora is not None and (lora.r, lora.alpha) != (saved.r, saved.alpha):
-        raise LoRAError(f"--lora-r: {name} holds an adapter with r={saved.r}, lora_alpha={saved.alpha:g}, "
-                         f"not r={lora.r}, lora_alpha={lora.alpha:g}: it is trained further as it is")
     # A tiny base is random, so the seed that made it is saved beside the adapter (not in peft's file).
     tiny_base = Path(name, TINY_BASE)
     tiny_seed = json.loads(tiny_base.read_text())["seed"] if tiny_base.is_file() else seed
     base, tok = shared_base(base_name, device, dtype, tiny_seed, bases)
     try:
         model = add_lora(base, saved, seed, base_name, tiny_seed)
-    except LoRAError as e:  # its target_modules do not fit its base, a fault of the directory, not a flag
-        why = str(e).split(": ", 1)[1]
-        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {why}") from None
+    except ValueError as e:  # its target_modules do not fit its base, a fault of the directory, not a flag
+        raise ValueError(f"{name!r} does not fit its base {base_name!r}: {e}") from None
     model.lora_config.update((k, v) for k, v in config.items() if k not in ("r", "lora_alpha"))
     load_adapter_weights(model, os.path.join(name, ADAPTER_WEIGHTS))
     return model, tok
@@ -375,8 +361,8 @@ def adamw(params, **kwargs):
     return torch.optim.AdamW(params, fused=fused or None, **kwargs)
 
 # -----------------------------------------------------------------------------
-# Saving, loading, checkpoints. A saved agent is what transformers or peft load without us; a
-# checkpoint adds what only a resumed run needs (optimizer, RNG states, the run's flags).
+# Saving and loading an agent: what transformers or peft load without us (a checkpoint adds what only a
+# resumed run needs, runs.save_checkpoint).
 
 
 def save_agent(agent, path, merged=False):
@@ -408,98 +394,33 @@ def load_agent(name, device, dtype, seed, flag="--model", chat_template=False, l
         dtype = "bfloat16" if torch.device(device).type == "cuda" else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: unknown {dtype!r}: use auto or one of {', '.join(DTYPES)}")
-    if torch.device(device).type == "cuda":  # fp32 matmuls on a GPU run as TF32, ~8x faster
-        torch.backends.cuda.matmul.allow_tf32 = True
     bases = {} if bases is None else bases
+    adapter = os.path.isfile(os.path.join(name, ADAPTER_CONFIG))  # an adapter directory, ours or peft's
     try:
-        if os.path.isfile(os.path.join(name, ADAPTER_CONFIG)):  # an adapter directory, ours or peft's
-            model, tok = load_adapter(name, device, dtype, seed, lora, bases)
-        elif lora is not None:  # a new adapter, drawn from its own seed, on the team's shared base
+        if adapter:
+            model, tok = load_adapter(name, device, dtype, seed, bases)
+        elif lora is not None:  # a new adapter (below) on the team's shared base
             # ./m and m are one base, and the adapter's config names a path that works from elsewhere.
             base_name = os.path.abspath(name) if name != TINY and os.path.isdir(name) else name
             base_seed = seed if base_seed is None else base_seed
             base, tok = shared_base(base_name, device, dtype, base_seed, bases)
-            model = add_lora(base, lora, seed, base_name, base_seed)
         else:
             model, tok = load_model(name, device, dtype, seed=seed)
-    except LoRAError:
-        raise  # it names its own flag
     except (ValueError, RuntimeError) as e:  # RuntimeError means weights of the wrong shape or dtype
         raise ValueError(f"{flag}: {e}") from None
+    if lora is not None and not adapter:  # drawn from its own seed
+        try:
+            model = add_lora(base, lora, seed, base_name, base_seed)
+        except ValueError as e:
+            raise ValueError(f"--lora-target-modules: {e}") from None
+    elif lora is not None:  # a saved adapter is trained further as it is, so the flags must say what it is
+        r, alpha = model.lora_config["r"], model.lora_config["lora_alpha"]
+        if (lora.r, lora.alpha) != (r, alpha):
+            raise ValueError(f"--lora-r: {name} holds an adapter with r={r}, lora_alpha={alpha:g}, "
+                             f"not r={lora.r}, lora_alpha={lora.alpha:g}")
     if chat_template and tok.chat_template is None:
         raise ValueError(f"--chat-template: the tokenizer of {name!r} has no chat template")
     return Agent(model, tok, chat_template=chat_template)
-
-
-def write_checkpoint(path, agents, state):
-    """Write a checkpoint into the directory `path`: agent_i/ (the agent and its optimizer's state), the
-    RNG states (resuming must sample exactly what the uninterrupted run would), then, last, CHECKPOINT_STATE
-    (the step, the run's flags, every file's size: checkpoint_problem tells a checkpoint cut short)."""
-    # Each agent saves as a model (or an adapter) that from_pretrained or peft load, so a checkpoint
-    # is also a usable agent; the optimizer's state lies beside it (train.py leaves it out of agent_i).
-    for i, agent in enumerate(agents):
-        save_agent(agent, os.path.join(path, f"agent_{i}"))
-        torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
-    # Without a GPU, CUDA's list of states is empty.
-    rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
-    torch.save(rng, os.path.join(path, RNG_STATE))
-    files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*")) if f.is_file()}
-    with open(os.path.join(path, CHECKPOINT_STATE), "w") as f:  # JSON, so that a person can read it too
-        json.dump({**state, "files": files}, f, indent=1)
-
-
-def checkpoint_state(path):
-    """The CHECKPOINT_STATE of checkpoint `path`: its step, the run's flags ("args") and its files."""
-    return json.loads(Path(path, CHECKPOINT_STATE).read_text())
-
-
-def load_optimizer_state(agent, agent_path):
-    """Agent's optimizer as the checkpoint's agent directory `agent_path` saved it."""
-    agent.optimizer.load_state_dict(torch.load(os.path.join(agent_path, OPTIMIZER_STATE),
-                                               map_location=agent.model.device, weights_only=True))
-
-
-def restore_rng(path):
-    """The random number generators as checkpoint `path` saved them."""
-    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # Python's state is a tuple
-    random.setstate(rng["python"])
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-def checkpoint_problem(path):
-    """None if checkpoint `path` is complete, else what is wrong (its state file lists each file's size)."""
-    try:
-        files = checkpoint_state(path)["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
-    # The state file, written last, says the rest was written; the sizes, that none was cut short.
-    for rel, size in files.items():
-        full = os.path.join(path, rel)
-        if not os.path.isfile(full):
-            return f"{rel} is missing"
-        if os.path.getsize(full) != size:
-            return f"{rel} is truncated ({os.path.getsize(full)} of {size} bytes)"
-    return None
-
-
-def checkpoints(out):
-    """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
-    names = os.listdir(out) if os.path.isdir(out) else []
-    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
-                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
-
-
-def latest_checkpoint(out):
-    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one is skipped."""
-    for step, path in checkpoints(out):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return step, path
-        # An older complete checkpoint loses some steps and a broken one would lose the run, so we say which.
-        warnings.warn(f"skipping {path}: {problem}; trying the one before")
-    return None
 
 # -----------------------------------------------------------------------------
 # The command line's model flags (train.py and eval.py)
@@ -572,6 +493,14 @@ def per_agent(values, n, flag):
     if len(values) not in (1, n):
         raise ValueError(f"{flag}: gave {len(values)} values for {n} agents")
     return values * (n // len(values))
+
+
+def set_torch(cpu_threads, devices):
+    """The process-wide torch settings of a run, set where train.py and eval.py start one: torch's CPU
+    threads, and TF32 for fp32 matmuls where an agent is on a GPU (~8x faster; docs/scale.md)."""
+    torch.set_num_threads(cpu_threads)  # for the whole process, since torch has one thread pool
+    if any(torch.device(device).type == "cuda" for device in devices):
+        torch.backends.cuda.matmul.allow_tf32 = True
 
 
 def agent_devices(device, n, local_rank=0, local_world=1):

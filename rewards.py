@@ -1,8 +1,11 @@
 """
 The shared rewards of the paper's collaboration tasks: one number R(a_1, a_2) per joint action.
 
-Paper: arXiv 2508.04652. The rewards are *leveled*: a level adds only when the ones before it are
-met, so an early failure gives a small, informative reward.
+Paper: arXiv 2508.04652. The rewards are *leveled*: each level scores one aspect, and a failure
+that leaves the later levels nothing to measure ends the reward there, so an early failure gives a
+small, informative reward. Writing: each level gates the next. Code: a main function must be there
+for the syntax level, and the program must parse for the tests; the structure level (each function
+defined with a return) gates nothing, so a program without it still earns syntax and tests.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
@@ -130,15 +133,15 @@ class CodeReward:
     structure: float = 0.0     # L1 is 0.4 aux defined with a return + 0.6 entry function likewise
     syntax: float = 0.0        # L2 is 0.5 if imports + aux + main parse
     tests: float = 0.0         # L3 is passed / n_tests
-    coop: float = 0.0          # bonus, +0.5 calls aux, +1.0 not a wrapper, -0.5 discards a result
     # What the levels looked at, from which the multi-turn feedback (envs.py) tells each agent.
     passed: int = 0
     n_tests: int = 0
     has_aux: bool = False
     has_main: bool = False
-    calls_aux: bool = False    # main calls aux by name, and (ours) aux ran while main served the tests
-    wrapper: bool = False
+    calls_aux: bool = False    # ours: aux's results changed main's answers (measured); theirs: `aux(` in main
+    wrapper: bool = False      # ours: only into aux's own (measured); theirs: main's text is a wrapper's
     discards_aux: bool = False
+    authors: bool = False      # the bonus is the authors' rule (--authors-rewards), else ours
     syntax_error: str = ""
     sandbox_error: str | None = None  # no verdict, as the tests could not run (not the program's fault)
     program: str = field(default="", repr=False)   # what was (or would have been) run
@@ -146,11 +149,17 @@ class CodeReward:
 
     def bonus_steps(self):
         """The cooperation bonus (Sec. 4) as the steps that make it up, in the authors' order."""
-        # Only for a helper that main really calls, and only once a test passed (Sec. 4), so that a
-        # program that fails every test earns nothing for its teamwork.
-        if self.passed == 0 or not self.has_aux or not self.calls_aux:
+        # Only for a helper that main really uses. The authors pay it once a test passed (Sec. 4); we
+        # pay it once every test passed, so that no answer that passes fewer tests outscores one that
+        # passes more (the bonus, 1.5, is worth more than all the tests: docs/rewards.md).
+        paid = self.passed > 0 if self.authors else 0 < self.passed == self.n_tests
+        if not paid or not self.has_aux or not self.calls_aux:
             return []
         return [0.5] + ([] if self.wrapper else [1.0]) + ([-0.5] if self.discards_aux else [])
+
+    @property
+    def coop(self):  # the bonus: +0.5 uses aux, +1.0 not a wrapper, -0.5 discards a result
+        return float(sum(self.bonus_steps()))
 
     @property
     def total(self):
@@ -178,31 +187,16 @@ def _is_aux_call(node):
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
 
 
-def _is_wrapper(function):
-    """Only `return aux(...)`, or `v = aux(...)` then `return v`, after any docstring (no work of
-    main's own): the main agent handed the whole job to the helper."""
-    has_docstring = ast.get_docstring(function, clean=False) is not None
-    match function.body[1:] if has_docstring else function.body:
-        case [ast.Return(value=call)]:
-            return _is_aux_call(call)
-        case [ast.Assign(targets=[ast.Name(id=name)], value=call), ast.Return(value=ast.Name(id=returned))]:
-            return _is_aux_call(call) and name == returned
-    return False
-
-
-def _aux_usage(main_func, name):
-    """(calls aux, is a mere wrapper, discards an aux result) for main function `name`."""
+def _discards_aux(main_func, name):
+    """Main function `name` calls aux as a whole statement (`aux(x)`), throwing its result away."""
     tree = _parse(main_func)
     mains = [node for node in (tree.body if tree else []) if getattr(node, "name", None) == name]
-    nodes = list(ast.walk(mains[0])) if mains else []  # without a main function, no call of aux
+    nodes = list(ast.walk(mains[0])) if mains else []
     # A `def aux` nested in main shadows the helper, so its calls are to main's own function.
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
-        return False, False, False
-    calls = any(_is_aux_call(node) for node in nodes)
-    # A call as a whole statement (`aux(x)`) throws its result away, so aux's work was not used.
-    discards = any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
-    return calls, calls and _is_wrapper(mains[0]), discards
+        return False
+    return any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
 
 
 def _judge_text(item):
@@ -226,9 +220,8 @@ def _judge_text(item):
         reward.syntax_error = f"{type(e).__name__}: {e}"
         return reward, None
     reward.syntax = 0.5
-    # What the bonus needs to know, read now from the parse tree; it is paid after the tests.
-    if reward.has_aux:
-        reward.calls_aux, reward.wrapper, reward.discards_aux = _aux_usage(main_fn, item["entry_point"])
+    # Whether main uses aux is measured by the tests (_score_code); a discarded result is read here.
+    reward.discards_aux = reward.has_aux and _discards_aux(main_fn, item["entry_point"])
     # The test runs in its own process, apart from the program (sandbox.py). The problem's own code
     # that the test calls (HumanEval/32's poly) goes with it, never the model's version of it.
     setup = _clean(item.get("imports") if item.get("test_setup") is None else item["test_setup"])
@@ -250,16 +243,21 @@ def _score_code(items, judge, sandbox_options):
             # A sandbox that failed (not the program) gives no verdict, and the trainer is told so.
             reward.sandbox_error = getattr(report, "infra_error", None)
             reward.tests = reward.passed / reward.n_tests if reward.n_tests > 0 else 0.0
-            # In ours the sandbox counted aux's runs, and a call of aux counts only if aux ran while
-            # main served the tests. A call in code that never runs (a dead branch, a lambda never
-            # called, a line after `return`) is no cooperation, and the bonus must not pay for it.
-            if "helper" in sandbox_options and report.helper_calls == 0:
-                reward.calls_aux = reward.wrapper = reward.discards_aux = False
-            reward.coop = float(sum(reward.bonus_steps()))
+            # Ours: main uses aux where the sandbox measured that aux's results change main's answers
+            # (run_tests' helper_use), and is a wrapper where they change only into aux's own. What
+            # main's text says, or any count the program could keep, earns nothing (docs/rewards.md).
+            if not reward.authors:
+                reward.calls_aux = report.helper_use in ("used", "wrapped")
+                reward.wrapper = report.helper_use == "wrapped"
     return [reward for reward, _ in judged]
 
 
-def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=None, test_setup=None):
+# Seconds per sandbox test: the authors' signal.alarm(10), for code_reward and the coding env alike.
+TEST_TIMEOUT = 10.0
+
+
+def code_reward(aux, main, entry_point, test, imports="", signature=None, timeout=TEST_TIMEOUT,
+                test_setup=None):
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
     raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
     header, for a body-only output; timeout: per test; test_setup: code the test needs (None: imports)."""
@@ -268,11 +266,11 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     return code_reward_many([item], timeout=timeout)[0]
 
 
-def code_reward_many(items, timeout=None, isolation=None):
-    """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test
-    (None: the sandbox's own); isolation: the sandbox's level (None: sandbox.isolation_level())."""
-    # The sandbox counts the runs of aux (its helper_calls) that the bonus pays for.
-    options = dict(helper="aux", isolation=isolation) | ({} if timeout is None else {"timeout": timeout})
+def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
+    """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test;
+    isolation: the sandbox's level (None: sandbox.isolation_level())."""
+    # The sandbox measures whether main's answers depend on aux's results (helper_use), for the bonus.
+    options = dict(helper="aux", isolation=isolation, timeout=timeout)
     return _score_code(items, _judge_text, options)
 
 # -----------------------------------------------------------------------------
@@ -674,7 +672,7 @@ def _authors_check(test, entry_point):
 def _authors_judge_text(item):
     """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
     `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
-    reward = CodeReward()
+    reward = CodeReward(authors=True)
     aux_fn = _authors_function(_raw(item.get("aux")), "aux")
     main_fn = _authors_function(_raw(item["main"]), item["entry_point"])
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
@@ -699,11 +697,10 @@ def _authors_judge_text(item):
     return reward, _authors_check(item["test"], item["entry_point"])
 
 
-def _authors_code_reward_many(items, timeout=None, isolation=None):
-    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): 10 s
-    a test unless `timeout` (their signal.alarm(10)), and no more tests after 3 timeouts, as theirs.
-    A call of aux is theirs: its text (no count of aux's runs)."""
-    options = dict(timeout=10.0 if timeout is None else timeout, max_timeouts=3, isolation=isolation)
+def _authors_code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
+    """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): no
+    more tests after 3 timeouts, as theirs. A call of aux is theirs: its text (no count of aux's runs)."""
+    options = dict(timeout=timeout, max_timeouts=3, isolation=isolation)
     return _score_code(items, _authors_judge_text, options)
 
 

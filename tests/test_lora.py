@@ -200,7 +200,7 @@ def test_lora_save_load_roundtrip(tok, tmp_path):
     again = tmp_path / "again"
     models.save_agent(fresh, str(again))  # saved again: the same adapter file, byte for byte
     assert (again / "adapter_model.safetensors").read_bytes() == (tmp_path / "agent_0" / "adapter_model.safetensors").read_bytes()
-    with pytest.raises(models.LoRAError, match="--lora-r: .* r=4"):
+    with pytest.raises(ValueError, match="^--lora-r: .* r=4"):
         models.load_agent(str(tmp_path / "agent_0"), "cpu", "float32", 9, lora=models.LoRAConfig(8))
 
 
@@ -296,10 +296,12 @@ def test_lora_bad_flag_is_one_line(flags, named, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_lora_gpt2_without_target_names_says_which_flag(tok):
-    with pytest.raises(models.LoRAError, match=r"--lora-target-modules: no linear layer named 'q_proj' in this "
-                                               r"gpt2 model \(its linear layers: c_attn, c_fc, c_proj, lm_head\)"):
-        models.add_lora(base_model(tok, "gpt2"), models.LoRAConfig(4, target_modules=("q_proj",)))
+def test_lora_gpt2_without_target_names_says_which_flag(tok, tmp_path):
+    base_model(tok, "gpt2").save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^--lora-target-modules: no linear layer named 'q_proj' in this "
+                                         r"gpt2 model \(its linear layers: c_attn, c_fc, c_proj, lm_head\)"):
+        models.load_agent(str(tmp_path), "cpu", "float32", 0, lora=models.LoRAConfig(4, target_modules=["q_proj"]))
 
 # -----------------------------------------------------------------------------
 # train.py and eval.py with --lora-r
@@ -341,11 +343,9 @@ def test_lora_final_agents_and_merged_models_load_in_eval(tmp_path):
     import train
     out = str(tmp_path / "run")
     train.train(train.parse_args(QUICK[:3] + ["2"] + QUICK[4:] + ["--save-merged", "--out", out]))
-    args = ev.parse_args(["--agents", out])
-    ev.check_flags(args)
-    team = ev.Team(args, models.model_names(args), 2)
-    agents = team.for_method("magrpo")  # --agents: the trained ones
-    assert all(models.is_lora(a.model) for a in agents) and len(team.bases) == 1
+    _, _, team, _ = ev.setup(ev.parse_args(["--agents", out, "--methods", "magrpo"]))
+    agents = team["magrpo"]  # --agents: the trained ones, on one shared base
+    assert all(models.is_lora(a.model) for a in agents)
     assert agents[0].model.get_input_embeddings().weight is agents[1].model.get_input_embeddings().weight
     tok = agents[0].tokenizer
     for i, agent in enumerate(agents):

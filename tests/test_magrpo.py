@@ -6,6 +6,8 @@ usually means). The sampler's are in test_sampler.py. CPU, tiny random models, h
 nothing here samples, so these tests do not wait for the sampler."""
 import dataclasses
 import math
+import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -336,14 +338,15 @@ def rounded(values, G):
     return [[round(x, 4) for x in group] for group in values.reshape(-1, G).tolist()]
 
 
-def expect_advantages(rewards, mode, want, wrong=(), baseline=None):
-    """group_advantages(rewards, mode, baseline) must be `want` (a float tensor of the rewards' shape);
-    wrong: (words, what a wrong answer returns), named in the message when the result is that."""
-    got = group_advantages(rewards, mode, baseline=baseline)
+def expect_advantages(rewards, mode, want, wrong=(), baseline=None, scale="none"):
+    """group_advantages(rewards, mode, baseline, scale) must be `want` (a float tensor of the rewards'
+    shape); wrong: (words, what a wrong answer returns), named in the message when the result is that."""
+    got = group_advantages(rewards, mode, baseline=baseline, scale=scale)
     want = torch.tensor(want)
-    call = f"group_advantages({rewards}, {mode!r})"
-    if baseline is not None:
-        call = f"group_advantages({rewards}, {mode!r}, baseline={baseline})"
+    call = f"group_advantages({rewards}, {mode!r}"
+    call += f", baseline={baseline})" if baseline is not None else ")"
+    if scale != "none":
+        call = call[:-1] + f", scale={scale!r})"
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or not got.is_floating_point():
         what = type(got).__name__
         if isinstance(got, torch.Tensor):
@@ -367,19 +370,31 @@ def test_group_advantages_eq1_by_hand():
     expect_advantages([[[0.0, 4.0]]], "mean", [[[-2.0, 2.0]]])  # leading dims are groups too
 
 
-def test_group_advantages_rloo_and_std_by_hand():
-    """rloo: R minus the mean of the other G - 1 rewards; std: (R - mean) / std with the unbiased std
-    (divided by G - 1, torch.std's default, as TRL's GRPO), and 0 where a group's std is 0."""
+def test_group_advantages_rloo_by_hand():
+    """rloo: R minus the mean of the other G - 1 rewards."""
     expect_advantages(R, "rloo", [[1 - 11 / 3, 2 - 10 / 3, 3 - 9 / 3, 6 - 6 / 3], [0.0] * 4],
                       [("R minus the mean of all G rewards: leave the completion's own reward out",
                         [[-2.0, -1.0, 0.0, 3.0], [0.0] * 4])])
-    population = math.sqrt((4 + 1 + 0 + 9) / 4)
+
+
+def test_group_advantages_scaled_by_the_std_of_the_group_or_the_batch_by_hand():
+    """scale: the advantage divided by the std + 1e-4 of its group (the original GRPO) or of all the
+    rewards given (batch), the unbiased std (divided by G - 1, torch.std's default, as TRL's GRPO); the
+    1e-4 keeps a group of equal rewards at 0."""
     centered = [-2.0, -1.0, 0.0, 3.0]
-    expect_advantages(R, "std", [[a / STD for a in centered], [0.0] * 4],
+    population = math.sqrt((4 + 1 + 0 + 9) / 4)
+    expect_advantages(R, "mean", [[a / (STD + 1e-4) for a in centered], [0.0] * 4],
                       [("divided by the population std (over G): the unbiased std divides by G - 1",
-                        [[a / population for a in centered], [0.0] * 4]),
-                       ("nan where a group's std is 0: such a group's advantages are 0",
-                        [[a / STD for a in centered], [float("nan")] * 4])])
+                        [[a / (population + 1e-4) for a in centered], [0.0] * 4]),
+                       ("nan where a group's rewards are all equal: add 1e-4 to the std",
+                        [[a / STD for a in centered], [float("nan")] * 4])], scale="group")
+    flat = [r for group in R for r in group]
+    batch = statistics.stdev(flat) + 1e-4  # of all 8 rewards
+    expect_advantages(R, "mean", [[a / batch for a in centered], [0.0] * 4],
+                      [("divided by each group's std: batch divides by the std of all the rewards",
+                        [[a / (STD + 1e-4) for a in centered], [0.0] * 4])], scale="batch")
+    # The scale divides whatever the baseline gave: with none, a group of equal rewards 2 gets 2 / 1e-4.
+    expect_advantages(R, "none", [[r / (STD + 1e-4) for r in R[0]], [2 / 1e-4] * 4], scale="group")
 
 
 def test_group_advantages_none_and_remax_by_hand():
@@ -389,9 +404,11 @@ def test_group_advantages_none_and_remax_by_hand():
     expect_advantages([4.0, 0.0], "remax", [0.0, -4.0], baseline=4.0)
 
 
-def test_group_advantages_refuses_a_group_of_one():
+def test_group_advantages_refuses_a_group_of_one_and_an_unknown_baseline():
     with pytest.raises(ValueError):
         group_advantages([1.0])  # no group to compare with: Eq. 1 is 0, and std is nan
+    with pytest.raises(ValueError):
+        group_advantages([1.0, 2.0], "std")  # std is mean with scale="group": never mean unscaled
 
 
 def test_policy_loss_eq2_by_hand_with_padding():
@@ -404,7 +421,9 @@ def test_policy_loss_eq2_by_hand_with_padding():
              "token_mean": (-(2 * -3 + -1 * -10) / 5, [[-0.4, -0.4, 0.0], [0.2, 0.2, 0.2]],
                             -(2 * -6 + 10) / 6),
              "seq_mean": (-(2 * -3 / 2 + -1 * -10 / 3) / 2, [[-0.5, -0.5, 0.0], [1 / 6, 1 / 6, 1 / 6]],
-                          -(2 * -2 + 10 / 3) / 2)}
+                          -(2 * -2 + 10 / 3) / 2),
+             "token_budget": (-(2 * -3 + -1 * -10) / 6, [[-1 / 3, -1 / 3, 0.0], [1 / 6, 1 / 6, 1 / 6]],
+                              -(2 * -6 + 10) / 6)}  # 2 rows x the mask's width 3
     for loss_type, (value, grad, unmasked) in cases.items():
         lp.grad = None
         loss = policy_loss(lp, mask, adv, loss_type)
@@ -441,6 +460,78 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
             f"{loss_type}: three micro-batches of 2 rows, each given normalizer={norm} (the whole batch's "
             f"count), add up to {parts.item():.5f}, the batch's loss is {whole.item():.5f}: divide by "
             "`normalizer` when it is given, by this batch's own count only when it is None")
+
+
+# TRL's GRPOTrainer, written out from its documented formulas (TRL is no dependency): the loss types
+# and scale_rewards, as our flags resolve them (Config.SPELLINGS), through group_advantages,
+# loss_mask, loss_normalizer and policy_loss.
+
+EOS = 0
+
+
+def trl_advantages(rewards, scale):
+    """TRL's advantages: R minus its group's mean, divided (scale_rewards group or batch) by the
+    unbiased std of the group or of the whole batch + 1e-4."""
+    flat = [r for group in rewards for r in group]
+    advantages = []
+    for group in rewards:
+        std = {"group": statistics.stdev(group), "batch": statistics.stdev(flat)}.get(scale)
+        for r in group:
+            a = r - sum(group) / len(group)
+            advantages.append(a / (std + 1e-4) if std is not None else a)
+    return torch.tensor(advantages)
+
+
+def trl_loss(per_token, mask, loss_type, max_completion_length):
+    """TRL's loss of one micro-batch (no accumulation), per_token [rows, T] its per-token loss."""
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    # bnpo: the micro-batch's tokens; dapo: num_items_in_batch, the whole batch's (one micro-batch here)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("scale", ["none", "group", "batch"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type, scale, masked):
+    """Two groups of 3 rows, rows 1 and 5 cut without EOS; the budget (6) above the mask's width (4).
+    On-policy TRL's per-token loss is -A * ratio, ratio = exp(lp - lp.detach()) = 1 (its clipping never
+    binds), whose gradient is ours; its value is our loss with lp in place of the ratio."""
+    torch.manual_seed(0)
+    lengths = [2, 4, 3, 4, 1, 4]
+    ends = [True, False, True, True, True, False]  # whether the row's last token is EOS
+    ids = torch.randint(1, 9, (6, 4))
+    mask = torch.tensor([[1] * n + [0] * (4 - n) for n in lengths])
+    for row, (n, ended) in enumerate(zip(lengths, ends)):
+        if ended:
+            ids[row, n - 1] = EOS
+    rollout = SimpleNamespace(completion_ids=ids, completion_mask=mask)
+    rewards = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]
+    lp = -torch.rand(6, 4) * 3
+    cfg = magrpo.Config(loss_type=loss_type, scale_rewards=scale, max_new_tokens=6,
+                        mask_truncated_completions=masked)
+    ours = group_advantages(rewards, cfg.advantage, scale=cfg.scale_rewards).view(-1)
+    want = trl_advantages(rewards, scale)
+    assert torch.allclose(ours, want, atol=1e-5), f"scale_rewards={scale}: {ours.tolist()} != {want.tolist()}"
+    loss_mask = magrpo.loss_mask(rollout, [EOS] if cfg.mask_truncated_completions else None)
+    lp_ours = lp.clone().requires_grad_()
+    loss = policy_loss(lp_ours, loss_mask, ours, cfg.loss_type,
+                       magrpo.loss_normalizer(loss_mask, cfg.loss_type, cfg.max_new_tokens))
+    loss.backward()
+    trl_mask = mask.float()
+    if masked:  # TRL: a completion whose last token is not EOS (or pad) is truncated: its mask is 0
+        trl_mask = trl_mask * torch.tensor([ends]).T
+    lp_trl = lp.clone().requires_grad_()
+    ratio = torch.exp(lp_trl - lp_trl.detach())
+    trl_loss(-want[:, None] * ratio, trl_mask, loss_type, 6).backward()
+    value = trl_loss(-want[:, None] * lp, trl_mask, loss_type, 6)
+    case = f"--loss-type {loss_type} --scale-rewards {scale}" + " --mask-truncated-completions" * masked
+    assert loss.item() == pytest.approx(value.item(), rel=1e-5), f"{case}: {loss.item()} != {value.item()}"
+    assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6), f"{case}: gradients differ"
+    if masked:
+        assert not lp_ours.grad[[1, 5]].any()  # the truncated rows learn nothing
 
 
 def expect_return(reward, children, gamma, want):
@@ -649,12 +740,41 @@ def test_episode_advantages_cross_credits_each_completion():
     ("num_turns", 0, "--num-turns"), ("discount", 1.5, "--discount"), ("discount", -0.1, "--discount"),
     ("expand", "some", "--expand"), ("feedback", "loud", "--feedback"), ("top_p", 0.0, "--top-p"),
     ("temperature", -1.0, "--temperature"), ("loss_type", "x", "--loss-type"),
-    ("advantage", "max", "--advantage"),
+    ("advantage", "max", "--advantage"), ("scale_rewards", "std", "--scale-rewards"),
+    ("max_grad_norm", -1.0, "--max-grad-norm"),
     ("joint", "all", "--joint"), ("top_k", -1, "--top-k"),
 ])
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
     with pytest.raises(ValueError, match=f"^{flag}: "):
         magrpo.Config(**{field: value})
+
+
+def test_config_resolves_trls_loss_types_and_advantage_std_to_ours():
+    """One place (Config.SPELLINGS) turns TRL's names, and --advantage std, into our settings; the
+    defaults stay the paper's: --advantage mean --scale-rewards none --loss-type seq_sum, no truncation
+    mask, no clipping."""
+    for trl, ours in (("grpo", "seq_mean"), ("dapo", "token_mean"), ("bnpo", "token_mean"),
+                      ("dr_grpo", "token_budget")):
+        assert magrpo.Config(loss_type=trl).loss_type == ours
+    for given in ({"advantage": "std"}, {"advantage": "std", "scale_rewards": "group"}):
+        cfg = magrpo.Config(**given)
+        assert (cfg.advantage, cfg.scale_rewards) == ("mean", "group")
+    with pytest.raises(ValueError, match="^--scale-rewards: --advantage std sets it to group, got 'batch'"):
+        magrpo.Config(advantage="std", scale_rewards="batch")
+    with pytest.raises(ValueError, match="^--loss-type: use one of seq_sum, .*, grpo, dapo, bnpo, dr_grpo"):
+        magrpo.Config(loss_type="sapo")
+    cfg = magrpo.Config()
+    assert cfg == magrpo.Config(advantage="mean", scale_rewards="none", loss_type="seq_sum")
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, 0.0)
+
+
+def test_group_advantages_of_advantage_std_are_the_original_grpos_z_score():
+    """--advantage std, as README.md documents it: (R - mean R) / (std R + 1e-4), the unbiased std of
+    the group; a group of equal rewards gets 0."""
+    turn = scripted_turn(R, [None, None], size=4, joint=magrpo.joint_actions(2, 4))
+    (a0, a1), = magrpo.episode_advantages([turn], magrpo.Config(num_generations=4, advantage="std"))
+    want = [a / (STD + 1e-4) for a in [-2.0, -1.0, 0.0, 3.0]] + [0.0] * 4
+    assert torch.allclose(a0, torch.tensor(want)) and torch.equal(a0, a1)
 
 
 def test_config_turn_weights_need_one_per_turn():
@@ -716,6 +836,46 @@ def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
                for r, a, w in ((r1, a1, 1.2), (r2, a2, 0.8)))
     loss.backward()
     assert out["loss"] == pytest.approx(loss.item(), abs=1e-5) and out["skipped"] == 0
+    for p, b, q in zip(model.parameters(), before, ref.parameters()):
+        assert torch.allclose(b - p, q.grad, atol=1e-5)
+    assert sum(q.grad.abs().sum() for q in ref.parameters()) > 0
+
+
+def test_train_step_update_clips_the_gradient_norm_with_max_grad_norm(tok):
+    """--max-grad-norm c: with SGD (lr 1) the step is the gradient g times min(1, c / (|g| + 1e-6)), as
+    torch's clip_grad_norm_ (TRL's); the logged grad_norm is |g|, before clipping."""
+    model = models.tiny_model(tok, init_std=0.3)
+    ref = models.tiny_model(tok, init_std=0.3)
+    before = [p.detach().clone() for p in model.parameters()]
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    r = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    policy_loss(completion_logprobs(ref, r, 1.0), r.completion_mask, advantages).backward()
+    norm = math.sqrt(sum(float(q.grad.square().sum()) for q in ref.parameters()))
+    out = update_on(agent, [(r, advantages)], magrpo.Config(max_grad_norm=norm / 4))
+    assert out["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    for p, b, q in zip(model.parameters(), before, ref.parameters()):
+        assert torch.allclose(b - p, q.grad * (norm / 4) / (norm + 1e-6), atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eos(tok, loss_type):
+    """--mask-truncated-completions: a row whose last token is not EOS (cut at max_new_tokens) gets no
+    gradient and leaves dapo's token count (dr_grpo divides by rows x max_new_tokens, 50 here); with
+    SGD (lr 1) the step is minus the gradient of TRL's loss on the other rows, written out here."""
+    model = models.tiny_model(tok, init_std=0.3)
+    ref = models.tiny_model(tok, init_std=0.3)
+    before = [p.detach().clone() for p in model.parameters()]
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    r = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
+    last = int(r.completion_mask[0].sum()) - 1
+    r.completion_ids[0, last] = tok.eos_token_id + 1  # row 0 never reached EOS
+    advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    cfg = magrpo.Config(loss_type=loss_type, mask_truncated_completions=True, max_new_tokens=50)
+    update_on(agent, [(r, advantages)], cfg)
+    kept = r.completion_mask * torch.tensor([[0], [1], [1], [1]])
+    total = (advantages[:, None] * completion_logprobs(ref, r, 1.0) * kept).sum()
+    (-total / (kept.sum() if loss_type == "dapo" else 4 * 50)).backward()
     for p, b, q in zip(model.parameters(), before, ref.parameters()):
         assert torch.allclose(b - p, q.grad, atol=1e-5)
     assert sum(q.grad.abs().sum() for q in ref.parameters()) > 0

@@ -61,22 +61,24 @@ RIGHT = {
     scores = torch.log_softmax(logits[:, -L - 1:-1].float() / T, -1)
     return scores.gather(-1, rollout.completion_ids[..., None]).squeeze(-1)
 ''',
-    "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None):
+    "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     r = rewards.float() if isinstance(rewards, torch.Tensor) else torch.tensor(rewards, dtype=torch.float32)
     G = r.shape[-1]
-    if G < 2:
-        raise ValueError("a group of at least 2")
+    if G < 2 or mode not in ("mean", "rloo", "none", "remax"):
+        raise ValueError("a group of at least 2, and a baseline of the four")
     if mode == "none":
-        return r
-    if mode == "remax":
-        return r - torch.tensor(baseline, dtype=torch.float32).unsqueeze(-1)
-    mean = r.mean(-1, keepdim=True)
-    if mode == "rloo":
-        return r - (r.sum(-1, keepdim=True) - r) / (G - 1)
-    if mode == "std":
-        std = r.std(-1, keepdim=True)
-        return torch.where(std > 0, (r - mean) / std, torch.zeros_like(r))
-    return r - mean
+        a = r
+    elif mode == "remax":
+        a = r - torch.tensor(baseline, dtype=torch.float32).unsqueeze(-1)
+    elif mode == "rloo":
+        a = r - (r.sum(-1, keepdim=True) - r) / (G - 1)
+    else:
+        a = r - r.mean(-1, keepdim=True)
+    if scale == "group":
+        a = a / (r.std(-1, keepdim=True) + 1e-4)
+    elif scale == "batch":
+        a = a / (r.std() + 1e-4)
+    return a
 ''',
     "policy_loss": '''def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
     m = mask.to(logprobs.dtype)
@@ -84,6 +86,8 @@ RIGHT = {
     weighted = adv * logprobs * m
     if loss_type == "seq_mean":
         weighted = weighted / m.sum(-1, keepdim=True).clamp(min=1)
+    if normalizer is None and loss_type == "token_budget":
+        normalizer = m.numel()
     if normalizer is None:
         normalizer = m.sum() if loss_type == "token_mean" else m.shape[0]
     return -weighted.sum() / normalizer
@@ -136,11 +140,14 @@ WRONG = [
      None, "DETACHED_PROMPT", "their gradient differs"),
     ("group_advantages", "the population std", "r.std(-1, keepdim=True)",
      "r.std(-1, keepdim=True, correction=0)", "population std"),
-    ("group_advantages", "std without its guard: nan for a group of equal rewards",
-     "torch.where(std > 0, (r - mean) / std, torch.zeros_like(r))", "(r - mean) / std", "nan where"),
-    ("group_advantages", "rloo as mean", "r - (r.sum(-1, keepdim=True) - r) / (G - 1)", "r - mean",
+    ("group_advantages", "the std without its 1e-4: nan for a group of equal rewards",
+     "(r.std(-1, keepdim=True) + 1e-4)", "r.std(-1, keepdim=True)", "add 1e-4"),
+    ("group_advantages", "batch scaled by each group's std", "(r.std() + 1e-4)",
+     "(r.std(-1, keepdim=True) + 1e-4)", "the std of all the rewards"),
+    ("group_advantages", "rloo as mean", "r - (r.sum(-1, keepdim=True) - r) / (G - 1)",
+     "r - r.mean(-1, keepdim=True)",
      "leave the completion's own reward out"),
-    ("group_advantages", "a list returned", "    return r - mean\n", "    return (r - mean).tolist()\n",
+    ("group_advantages", "a list returned", "    return a\n", "    return a.tolist()\n",
      "want a float tensor"),
     ("policy_loss", "the padding counted", "weighted = adv * logprobs * m", "weighted = adv * logprobs",
      "padding counted"),

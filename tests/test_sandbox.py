@@ -115,7 +115,7 @@ def test_inside_functions_use_only_builtins_and_each_other():
     and the Linux constants _BOOT gives them, no defaults."""
     import builtins
     import dis
-    modules = {"_thread", "builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
+    modules = {"builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
                "socket", "sys", "time"}
     assert f"import {', '.join(sorted(modules))}\n" in sandbox._BOOT
     assert all(type(value) is int and getattr(sandbox, name) == value
@@ -479,6 +479,129 @@ def test_run_python_from_a_virtualenv_in_tmp(level):
         assert not os.path.exists(os.path.join(site_packages, "pwned"))
 
 
+def test_run_tests_python_in_tmp_is_out_of_the_programs_reach(level):
+    """With the caller's Python in /tmp, which the tester shares with the program, the program can
+    neither move its directories away nor plant a module there that the tester then imports."""
+    need_namespaces(level, "the program runs as the caller, among the caller's files")
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        venv = os.path.join(d, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv],
+                       check=True, timeout=120)
+        version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        site_packages = os.path.join(venv, "lib", version, "site-packages")
+        with open(os.path.join(site_packages, "magrpo_tmp_probe.py"), "w") as f:
+            f.write("def same(a, b):\n    return a == b\n")
+        program = code(f"""
+            import os
+            for path in ({d!r}, {venv!r}, {site_packages!r}):
+                try:
+                    os.rename(path, path + '.gone')
+                except OSError:
+                    pass
+            try:
+                os.makedirs({site_packages!r}, exist_ok=True)
+                with open({site_packages!r} + '/magrpo_tmp_probe.py', 'w') as f:
+                    f.write('def same(a, b):\\n    return True\\n')
+            except OSError:
+                pass
+            def f(x):
+                return 0
+            """)
+        test = "def check(candidate):\n    import magrpo_tmp_probe\n"
+        test += "    assert magrpo_tmp_probe.same(candidate(1), 2)\n"
+        caller = (f"import sys\nsys.path.insert(0, {ROOT_DIR!r})\nimport sandbox\n"
+                  f"r = sandbox.run_tests({program!r}, {test!r}, 'f', isolation='namespaces')\n"
+                  "print(r.passed, r.total, r.infra_error)\n")
+        r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", caller], capture_output=True,
+                           text=True, timeout=120)
+        assert r.stdout.split() == ["0", "1", "None"], r.stdout + r.stderr
+
+
+def as_a_normal_user(script, timeout=120):
+    """Run Python `script` (sandbox importable) as a normal user: this one, or where the suite runs
+    as root, an unused uid (with a Python it may run) -> CompletedProcess. Skips where user
+    namespaces are not allowed to a normal user (the kernel's or AppArmor's choice)."""
+    python, user = sys.executable, {}
+    if ROOT:
+        import pwd
+        used = {entry.pw_uid for entry in pwd.getpwall()}
+        uid = next(uid for uid in range(54321, 60000) if uid not in used)
+        user = dict(user=uid, group=uid, extra_groups=[])
+        def runs(python):
+            try:
+                return subprocess.run([python, "-c", "import sys; assert sys.version_info >= (3, 11)"],
+                                      capture_output=True, timeout=60, cwd="/", **user).returncode == 0
+            except OSError:  # (a Python below /root, say)
+                return False
+        system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")  # (the sandbox is stdlib only)
+        runs = [python for python in (sys.executable, system) if python and runs(python)]
+        if not runs:
+            pytest.skip(f"no Python >= 3.11 that uid {uid} may run")
+        python = runs[0]
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare(1) to tell whether a normal user may make a user namespace")
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True, timeout=60,
+                      **user).returncode != 0:
+        pytest.skip("user namespaces are not allowed to a normal user here")
+    source = f"import sys\nsys.path.insert(0, {ROOT_DIR!r})\n" + script
+    return subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout, cwd="/",
+                          **user)
+
+
+def test_run_as_a_normal_user():
+    """A normal user gets the namespaces level (the fork server's PR_SET_DUMPABLE 0 made its uid map
+    unwritable: EACCES, and runs went on at rlimits), where the caller's 0600 file is out of reach.
+    And the run's 256 tasks, held by what the program process that served the tests left running,
+    leave the second round of a helper's measure its program process: no infra_error."""
+    flood = TESTER_BREAKERS["a_flood_left_running"]
+    r = as_a_normal_user(code("""
+        import os, tempfile, sandbox
+        with tempfile.NamedTemporaryFile(dir='/tmp') as secret:  # mode 0600, the caller's
+            secret.write(b'hunter2')
+            secret.flush()
+            print(sandbox.isolation_level())
+            r = sandbox.run(f'print(open({secret.name!r}).read())')
+            print(r.isolation, 'hunter2' in r.stdout, sandbox.run_tests('def f(x):\\n    return x\\n',
+                  'def check(c):\\n    assert c(1) == 1\\n', 'f').all_passed)
+        """) + f"rep = sandbox.run_tests({flood!r}, 'def check(c):\\n    assert c(1) == 2\\n', 'f',"
+               " helper='f')\nprint(rep.helper_use, rep.infra_error)\n")
+    want = ["namespaces", "namespaces", "False", "True", "wrapped", "None"]
+    assert r.stdout.split() == want, r.stdout + r.stderr
+
+
+def test_run_fork_floods_leave_the_caller_threads():
+    """Linux counts a user's tasks across its user namespaces: three runs that fork all they can
+    (256 each) would take all of a 300-task limit. The runs together stop at 3/4 of it, and the
+    caller still starts threads (as a normal user; real root is exempt from the limit)."""
+    r = as_a_normal_user(code("""
+        import resource, threading, time, sandbox
+        resource.setrlimit(resource.RLIMIT_NPROC, (300, 300))
+        flood = ("import os, time\\nn = 0\\ntry:\\n    while True:\\n        if os.fork() == 0:\\n"
+                 "            time.sleep(60)\\n            os._exit(0)\\n        n += 1\\nexcept OSError:\\n"
+                 "    print(n, flush=True)\\ntime.sleep(60)\\n")
+        for level in ('namespaces', 'rlimits'):
+            results = []
+            runs = [threading.Thread(target=lambda: results.append(sandbox.run(flood, timeout=4.0,
+                                                                               isolation=level)))
+                    for _ in range(3)]
+            for run in runs:
+                run.start()
+            time.sleep(2.5)
+            failed = 0
+            for _ in range(20):
+                try:
+                    threading.Thread(target=time.sleep, args=(0.5,)).start()
+                except RuntimeError:
+                    failed += 1
+            for run in runs:
+                run.join()
+            print(level, failed, sum(int(r.stdout or 0) for r in results))
+        """), timeout=180)
+    lines = [line.split() for line in r.stdout.splitlines()]
+    assert [line[:2] for line in lines] == [["namespaces", "0"], ["rlimits", "0"]], r.stdout + r.stderr
+    assert all(int(line[2]) > 150 for line in lines), r.stdout  # the floods did take what they could
+
+
 def test_run_secrets_not_inherited(level, monkeypatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("MAGRPO_TEST_SECRET", secret)
@@ -546,22 +669,36 @@ def test_run_no_host_unix_socket(level):
     assert "connected" not in r.stdout and r.stdout.count("refused") == 4, r.stdout
 
 
-def test_run_sysv_shared_memory_stays_inside(level):
-    need_namespaces(level, "SysV IPC is the host's")
-    key = int(uuid.uuid4().hex[:7], 16)
-    program = code(f"""
-        import ctypes
+def test_run_no_memory_outside_its_processes(level):
+    """Memory that no process's size shows, out of memory_mb's and the OOM killer's reach, is refused
+    (memfds filled with fallocate, System V segments detached in turn) or bounded (/dev/shm and /tmp:
+    64 MiB at the namespaces level); the OOM killer takes the run's processes first."""
+    program = code("""
+        import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
-        shmid = libc.shmget({key}, 4096, 0o1666)  # IPC_CREAT | 0666
-        print(shmid >= 0, ctypes.get_errno())
+        try:
+            fd = os.memfd_create('hold')
+            os.posix_fallocate(fd, 0, 64 << 20)
+            print('memfd held')
+        except OSError as e:
+            print('memfd', e.errno)
+        print('shmget', libc.shmget(0, 64 << 20, 0o1600), ctypes.get_errno())  # IPC_PRIVATE, IPC_CREAT
+        print('oom', open('/proc/self/oom_score_adj').read().strip())
+        for place in ('/dev/shm', '/tmp'):
+            try:
+                for i in range(10):  # (16 MiB a file at most)
+                    with open(f'{place}/fill{i}', 'wb') as f:
+                        for _ in range(15):
+                            f.write(bytes(1 << 20))
+                print(place, 'took 150 MiB')
+            except OSError as e:
+                print(place, e.errno)
         """)
-    r = sandbox.run(program, isolation=level)
-    assert r.stdout.split()[0] == "True", r.stdout + r.stderr  # it made one, inside
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.shmget(key, 0, 0) == -1  # and it is not the host's
-    with open("/proc/sysvipc/shm") as f:
-        assert all(line.split()[0] != str(key) for line in f.readlines()[1:])
-
+    r = sandbox.run(program, isolation=level, memory_mb=512)
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["memfd 1", "shmget -1 1", "oom 1000"], r.stdout + r.stderr  # 1: EPERM
+    if level == "namespaces":
+        assert lines[3:] == ["/dev/shm 28", "/tmp 28"], r.stdout  # 28: ENOSPC
 
 
 def test_run_sees_a_minimal_dev(level):
@@ -700,6 +837,23 @@ CHECK3 = code("""
     """)
 
 
+def test_run_tests_a_test_every_program_passes_is_no_test(level):
+    """A test that never calls the entry point and passes (`assert True`, HumanEval's "this prints if
+    this assert fails") passes for every program, so it is no test; one that fails stays a test."""
+    test = code("""
+        def check(candidate):
+            assert True, "This prints if this assert fails 1 (good for debugging!)"
+            assert candidate(1) == 2
+            ok = 2 + 2 == 4
+            assert ok
+            assert candidate(2) == 3
+        """)
+    rep = sandbox.run_tests("def f(x):\n    return 0\n", test, "f", isolation=level)
+    assert (rep.passed, rep.total, rep.outcomes) == (0, 2, ["failed", "failed"]), rep
+    rep = sandbox.run_tests(PLUS_ONE, test + "    assert 1 / 0\n", "f", isolation=level)
+    assert (rep.passed, rep.total, rep.outcomes) == (2, 3, ["passed", "passed", "failed"]), rep
+
+
 def test_run_tests_counts_each_test(level):
     rep = sandbox.run_tests(PLUS_ONE, CHECK3, "f", isolation=level)
     assert (rep.passed, rep.total, rep.outcomes) == (2, 3, ["passed", "failed", "passed"])
@@ -746,7 +900,7 @@ def test_run_tests_setup_and_state(level):
             assert math.isclose(candidate(0.5), 1.5)
         """)
     rep = sandbox.run_tests(PLUS_ONE, test, "f", isolation=level)
-    assert (rep.passed, rep.total, rep.error) == (5, 5, None), rep
+    assert (rep.passed, rep.total, rep.error) == (4, 4, None), rep  # `assert box == [1]` calls nothing
 
 
 def test_run_tests_failing_setup_fails_its_test(level):
@@ -1410,39 +1564,91 @@ def test_run_tests_colliding_keys_cost_one_timeout(level, shape):
     assert wall < 1.0 + SLACK, wall  # the cap: 8 timeouts + GRACE
 
 
-HELPER_TEST = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
-HELPER_RUNS = {  # name: (main's body, the helper's runs while the tests ran)
-    "called": ("    return aux(x)", 2),
-    "called_twice_a_call": ("    return aux(x) + aux(0)", 4),
-    "in_a_comprehension": ("    return sum(aux(y) for y in [x])", 2),
-    "dead_branch": ("    if x == 'never':\n        return aux(x)\n    return 2 * x", 0),
-    "after_return": ("    return 2 * x\n    y = aux(x)", 0),
-    "lambda_never_called": ("    g = lambda: aux(x)\n    return 2 * x", 0),
-    "nested_def_never_called": ("    def g():\n        return aux(x)\n    return 2 * x", 0),
-    "generator_never_run": ("    g = (aux(y) for y in [x])\n    return 2 * x", 0),
-    "except_never_taken": ("    try:\n        return 2 * x\n    except Exception:\n        return aux(x)", 0),
-    "at_load_only": ("    return 2 * x\n_ = aux(0)", 0),
-    "default_argument": ("    return 2 * x", 0),  # (main's def is `def f(x, _=aux(0))` below)
-    "a_thread_of_its_own": ("    return 2 * x\nimport threading\nthreading.Thread(target=lambda: "
-                            "[aux(0) for _ in iter(int, 1)], daemon=True).start()", 0),
+# What a program sends back is capped where it enters the caller: each text of a report at 500
+# characters, whoever wrote it (the program's process, which it may patch, or the tester).
+HUGE_TEXTS = {
+    "exception_class_name": "def f(x):\n"
+                            "    raise type('N' * (8 << 20), (Exception,), {'__module__': 'builtins'})()\n",
+    "exception_message": "def f(x):\n    raise KeyError('K' * (8 << 20))\n",
+    "load_failure": "import sys\nsys._getframe(1).f_globals['_describe'] = lambda e: 'D' * (8 << 20)\n"
+                    "raise ValueError\n",
+    "exit_message": "def f(x):\n    raise SystemExit('S' * (8 << 20))\n",
 }
 
 
-@pytest.mark.parametrize("shape", list(HELPER_RUNS))
-def test_run_tests_counts_the_helpers_runs(level, shape):
-    """helper_calls counts the runs of the helper's body while the entry point serves the test's
-    calls, on the thread that serves them: a call in code that never runs counts nothing."""
-    body, runs = HELPER_RUNS[shape]
+def test_run_tests_a_programs_text_is_cut_where_it_enters(level):
+    for shape, program in HUGE_TEXTS.items():
+        rep = sandbox.run_tests(program, "def check(candidate):\n    assert candidate(1) == 2\n", "f",
+                                isolation=level)
+        assert rep.passed == 0 and rep.infra_error is None, str(rep)[:300]
+        for text in (rep.failure_reason, rep.first_failure, rep.error):
+            assert text is None or len(text) <= 600, (shape, len(text))
+
+
+# Nothing a program returns or sets makes the tester fail: only the sandbox makes an infra_error.
+TESTER_BREAKERS = {
+    # the old count of the helper's runs, set to an int whose repr Python refuses (over 4300 digits)
+    "forged_count": "def f(x):\n    import sys\n    try:\n"
+                    "        sys._getframe(1).f_locals['serving']['runs'] = 10 ** 5000\n"
+                    "    except Exception:\n        pass\n    return x + 1\n",
+    "huge_int_answers": "def f(x):\n    return 10 ** 5000 if x == 2 else x + 1\n",
+    "huge_int_messages": "def f(x):\n    raise KeyError(10 ** 5000)\n",
+    "nan_answers": "def f(x):\n    return [float('nan'), 10 ** 5000] if x == 2 else x + 1\n",
+    # processes left running by the program process that served the tests, which could take the
+    # run's processes from the second round's (_helper_use)
+    "a_flood_left_running": "import os, time\nfor _ in range(300):\n    try:\n        if os.fork() == 0:\n"
+                            "            time.sleep(60)\n            os._exit(0)\n    except OSError:\n"
+                            "        break\ndef f(x):\n    return x + 1\n",
+}
+
+
+def test_run_tests_only_the_sandbox_makes_an_infra_error(level):
+    test = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3, candidate(2)\n"
+    for shape, program in TESTER_BREAKERS.items():
+        for helper in (None, "f"):
+            rep = sandbox.run_tests(program, test, "f", helper=helper, isolation=level)
+            assert rep.infra_error is None and rep.total == 2 and rep.error is None, (shape, rep)
+
+
+HELPER_TEST = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
+HELPER_USE = {  # name: (main's body, helper_use: whether main's answers depend on the helper's results)
+    "wrapped": ("    return aux(x)", "wrapped"),
+    "does_a_part": ("    return aux(x - 1) + 2", "used"),
+    "twice_a_call": ("    return aux(x) + aux(0)", "used"),
+    "in_a_comprehension": ("    return sum(aux(y) for y in [x])", "wrapped"),
+    "result_ignored": ("    _ = aux(x)\n    return 2 * x", "unused"),
+    "only_raises": ("    try:\n        aux(None)\n    except TypeError:\n        pass\n    return 2 * x",
+                    "unused"),
+    "dead_branch": ("    if x == 'never':\n        return aux(x)\n    return 2 * x", "unused"),
+    "after_return": ("    return 2 * x\n    y = aux(x)", "unused"),
+    "lambda_never_called": ("    g = lambda: aux(x)\n    return 2 * x", "unused"),
+    "nested_def_never_called": ("    def g():\n        return aux(x)\n    return 2 * x", "unused"),
+    "generator_never_run": ("    g = (aux(y) for y in [x])\n    return 2 * x", "unused"),
+    "except_never_taken": ("    try:\n        return 2 * x\n    except Exception:\n        return aux(x)",
+                           "unused"),
+    "at_load_only": ("    return 2 * x\n_ = aux(0)", "unused"),
+    "default_argument": ("    return 2 * x", "unused"),  # (main's def is `def f(x, _=aux(0))` below)
+    "a_thread_of_its_own": ("    return 2 * x\nimport threading\nthreading.Thread(target=lambda: "
+                            "[aux(0) for _ in iter(int, 1)], daemon=True).start()", "unused"),
+}
+
+
+@pytest.mark.parametrize("shape", list(HELPER_USE))
+def test_run_tests_measures_the_helpers_use(level, shape):
+    """helper_use says whether the entry point's answers depend on the helper's results: each call
+    made again on a program whose helper returns altered values changes (used), changes only into
+    the helper's altered answer (wrapped), or not (unused); a call that never runs changes nothing."""
+    body, use = HELPER_USE[shape]
     header = "def f(x, _=aux(0)):\n" if shape == "default_argument" else "def f(x):\n"
     program = 'def aux(x):\n    """Doubles."""\n    return 2 * x\n\n\n' + header + body + "\n"
     rep = sandbox.run_tests(program, HELPER_TEST, "f", helper="aux", isolation=level)
-    assert rep.all_passed and rep.helper_calls == runs, rep
-    assert sandbox.run_tests(program, HELPER_TEST, "f", isolation=level).helper_calls == 0
+    assert rep.all_passed and rep.helper_use == use, rep
+    assert sandbox.run_tests(program, HELPER_TEST, "f", isolation=level).helper_use == ""
 
 
-def test_run_tests_counting_the_helper_changes_nothing_else(level):
-    """The count is a call at the start of the helper's body, on its first line: the docstring, line
-    numbers and recursion depth are the program's own; a helper that is absent counts 0."""
+def test_run_tests_measuring_the_helper_changes_nothing_else(level):
+    """The helper's returns are altered in place: its docstring, line numbers and recursion depth are
+    the program's own; a helper that is absent, or a test that fails, is not measured."""
     program = code("""
         import sys
         def aux(n):
@@ -1453,8 +1659,10 @@ def test_run_tests_counting_the_helper_changes_nothing_else(level):
         """)
     test = "def check(candidate):\n    assert candidate(900) == ['Counts down.', 4]\n"
     rep = sandbox.run_tests(program, test, "f", helper="aux", isolation=level)
-    assert rep.all_passed and rep.helper_calls == 901, rep
-    assert sandbox.run_tests(program, test, "f", helper="nothing", isolation=level).helper_calls == 0
+    assert rep.all_passed and rep.helper_use == "wrapped", rep
+    assert sandbox.run_tests(program, test, "f", helper="nothing", isolation=level).helper_use == ""
+    wrong = test.replace("4]", "5]")
+    assert sandbox.run_tests(program, wrong, "f", helper="aux", isolation=level).helper_use == ""
     rep = sandbox.run_tests("def f(x) return x", test, "f", helper="aux", isolation=level)
     assert "SyntaxError" in rep.error and rep.infra_error is None
 

@@ -10,9 +10,11 @@ import torch
 import envs
 import eval as evaluation
 import magrpo
+import runs
 import sampler
 import models
 import train
+from conftest import scripted_generate
 
 pytestmark = pytest.mark.usefixtures("scripted_sampling")
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("scripted_sampling")
 def train_step(agents, env, examples, cfg, seeds):
     """One step as train.py takes it: magrpo.train_step, and the reward metrics train.py logs."""
     turns, update = magrpo.train_step(agents, env, examples, cfg, seeds)
-    rewards = evaluation.episode_metrics(evaluation.episode_summary(turns), cfg.num_turns)
+    rewards = runs.episode_metrics(runs.episode_summary(turns), cfg.num_turns)
     return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
@@ -83,7 +85,7 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
     assert len(turns) == 1 and all(turns[0].solved)
-    m = evaluation.episode_metrics(evaluation.episode_summary(turns), 2)
+    m = runs.episode_metrics(runs.episode_summary(turns), 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
@@ -113,6 +115,81 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
     assert m["reward_mean"] == pytest.approx(rewards.mean().item())
     assert m["reward_mean_turn1"] == m["reward_mean"] and m["reward_max"] == pytest.approx(rewards.max().item())
     assert m["zero_adv_groups"] == 0 and m["loss_0"] != 0.0 and m["grad_norm_1"] > 0
+    for a, b in zip(ours, ref):
+        for p, q in zip(a.model.parameters(), b.model.parameters()):
+            assert torch.allclose(p, q, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(advantage="rloo", loss_type="token_mean", micro_batch_size=3),
+                                     dict(advantage="std", loss_type="seq_mean", max_grad_norm=0.05),
+                                     dict(scale_rewards="batch", loss_type="token_budget", turn_weights=(1.0,)),
+                                     dict(top_p=0.8), dict(top_k=20, logprob="full")])
+def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, options):
+    """Sec. 2 written straight (single_turn_step) and Sec. 3's tree (train_step) with one turn: the same
+    completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""
+    env = envs.DemoEnv()
+    examples, seeds = env.examples[:3], [7, 8, 9]
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
+    assert not cfg.on_the_tree()  # train.py runs these settings with single_turn_step
+    straight, tree = team(tok), team(tok)
+    rollouts, rewards, advantages, metrics = magrpo.single_turn_step(straight, env, examples, cfg, seeds)
+    turns, tree_metrics = magrpo.train_step(tree, env, examples, cfg, seeds)
+    turn = magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)
+    assert len(turns) == 1 and [r.texts for r in rollouts] == [r.texts for r in turns[0].rollouts]
+    assert turn.outputs == turns[0].outputs and turn.solved == turns[0].solved
+    assert [float(r) for r in rewards] == [float(r) for r in turns[0].rewards]
+    assert all(torch.equal(a, b) for a, b in zip(turn.advantages, turns[0].advantages))
+    assert metrics == tree_metrics and metrics["grad_norm_0"] > 0
+    assert runs.episode_summary([turn]) == runs.episode_summary(turns)
+    assert train.completion_rows(0, [0, 1, 2], [turn]) == train.completion_rows(0, [0, 1, 2], turns)
+    for a, b in zip(straight, tree):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_step():
+    assert not magrpo.Config().on_the_tree()
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(turn_weights=(0.5,)),
+                    dict(mask_truncated_completions=True)):
+        assert magrpo.Config(**options).on_the_tree(), options
+
+
+def test_train_step_with_trls_settings_is_trls_single_turn_step(tok, monkeypatch):
+    """--advantage std, --loss-type dr_grpo, --mask-truncated-completions and --max-grad-norm through
+    a whole step, against the step written out from TRL's formulas: A = (R - mean) / (std + 1e-4);
+    the loss sum over rows x max_new_tokens; a row whose last token is not EOS masked; the gradient
+    times max / (norm + 1e-6) where its norm is above max."""
+    def generate(*args, **kwargs):  # each group's completion 0 is cut before its EOS
+        rollout = scripted_generate(*args, **kwargs)
+        for row in range(0, len(rollout), rollout.num_generations):
+            rollout.completion_ids[row, int(rollout.completion_mask[row].sum()) - 1] = tok.eos_token_id + 1
+        return rollout
+    monkeypatch.setattr(magrpo, "generate", generate)
+    env = envs.DemoEnv()
+    examples, seeds = env.examples[:2], [3, 4]
+    ours, ref = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, micro_batch_size=3,
+                        advantage="std", loss_type="dr_grpo", mask_truncated_completions=True,
+                        max_grad_norm=0.3)
+    m = train_step(ours, env, examples, cfg, seeds)
+    rollouts = [generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], 4, 8, 0.9,
+                         seed=[sampler.mix_seed(sampler.mix_seed(s, 1), i) for s in seeds])
+                for i, a in enumerate(ref)]
+    rewards = torch.tensor([[float(env.reward(ex, (rollouts[0].texts[b][g], rollouts[1].texts[b][g])))
+                             for g in range(4)] for b, ex in enumerate(examples)])
+    adv = ((rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-4)).view(-1)
+    clipped = 0
+    for a, r in zip(ref, rollouts):
+        ended = torch.tensor([row[int(n) - 1] == tok.eos_token_id for row, n in
+                              zip(r.completion_ids.tolist(), r.completion_mask.sum(-1))])
+        lp = magrpo.completion_logprobs(a.model, r, 0.9)
+        (-(adv[:, None] * lp * r.completion_mask * ended[:, None]).sum() / (len(adv) * 8)).backward()
+        norm = sum(float(p.grad.square().sum()) for p in a.model.parameters() if p.grad is not None) ** 0.5
+        for p in a.model.parameters():
+            if p.grad is not None and norm > 0.3:
+                p.grad.mul_(0.3 / (norm + 1e-6))
+        clipped += norm > 0.3
+        a.optimizer.step()
+    assert clipped and m["grad_norm_0"] > 0
     for a, b in zip(ours, ref):
         for p, q in zip(a.model.parameters(), b.model.parameters()):
             assert torch.allclose(p, q, atol=1e-5)
@@ -179,7 +256,7 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert bad and len(t2.groups) == 8
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
+    assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):

@@ -77,6 +77,8 @@ def test_agents_load_back_with_transformers(demo_run):
     (["--top-k", "-3"], "--top-k"),
     (["--log-completions-every", "-1"], "--log-completions-every"),
     (["--advantage", "greedy"], "--advantage"),
+    (["--advantage", "std", "--scale-rewards", "batch"], "--scale-rewards"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm"),
 ])
 def test_bad_flag_is_one_clear_line(flags, named, tmp_path):
     p = subprocess.run([sys.executable, "train.py", *flags, "--out", str(tmp_path)], cwd=ROOT,
@@ -182,7 +184,7 @@ def cli(*flags, timeout=120):
 def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     train.train(train.parse_args(QUICK[:1] + ["2"] + QUICK[2:] + ["--save-every", "1", "--out", out]))
-    assert [c[0] for c in models.checkpoints(out)] == [2, 1]  # the newest --save-total-limit (2)
+    assert [c[0] for c in runs.checkpoints(out)] == [2, 1]  # the newest --save-total-limit (2)
     train.train(train.parse_args(QUICK + ["--resume", "--out", out]))
     assert same_run(rows_of(out), uninterrupted)
     state = json.loads((tmp_path / "run" / "checkpoint-6" / "trainer_state.json").read_text())
@@ -245,10 +247,10 @@ def test_a_broken_checkpoint_is_skipped_for_the_one_before(tmp_path, uninterrupt
     with pytest.warns(UserWarning, match="checkpoint-3: agent_1/model.safetensors is truncated"):
         train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
     assert same_run(rows_of(out), uninterrupted)  # resumed at 2: step 2 ran again, once in the log
-    assert [c[0] for c in models.checkpoints(str(out))] == [6, 2]  # the broken one is gone
+    assert [c[0] for c in runs.checkpoints(str(out))] == [6, 2]  # the broken one is gone
     (out / "checkpoint-6" / "rng_state.pt").unlink()
     with pytest.warns(UserWarning, match="rng_state.pt is missing"):
-        assert models.latest_checkpoint(str(out))[0] == 2
+        assert runs.latest_checkpoint(str(out))[0] == 2
 
 
 def test_an_existing_run_is_refused_and_left_alone(tmp_path):
@@ -286,7 +288,7 @@ def test_a_failed_save_warns_and_the_run_goes_on(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="could not save checkpoint-1 .*No space left"):
         train.train(train.parse_args(["--steps", "3", "--num-generations", "2", "--max-new-tokens", "4",
                                       "--save-every", "1", "--out", str(out)]))
-    assert [c[0] for c in models.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
+    assert [c[0] for c in runs.checkpoints(str(out))] == [3, 2] and not list(out.glob(".tmp-*"))
     assert len(rows_of(out)) == 3
 
 
@@ -338,13 +340,13 @@ class FullDisk:
 
     def from_update(self, monkeypatch, k):
         """The disk fills during the k-th update (counted from 1) and stays full."""
-        real, done = magrpo.episode_advantages, []
+        real, done = magrpo.group_advantages, []
 
-        def episode_advantages(*a, **kw):
+        def group_advantages(*a, **kw):  # once a step (single_turn_step), after its sampling
             done.append(1)
             self.full = self.full or len(done) >= k
             return real(*a, **kw)
-        monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+        monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
 
 
 @pytest.mark.parametrize("writer, cause", [("safetensors", "SafetensorError: .*No space left"),
@@ -366,8 +368,8 @@ def test_save_checkpoint_fails_whole_whatever_writer_fails(tmp_path, monkeypatch
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-1"]
     disk.full = False
     runs.save_checkpoint(out, 2, agents, args)
-    assert [c[0] for c in models.checkpoints(out)] == [2, 1]
-    assert models.checkpoint_problem(out + "/checkpoint-2") is None
+    assert [c[0] for c in runs.checkpoints(out)] == [2, 1]
+    assert runs.checkpoint_problem(out + "/checkpoint-2") is None
 
 
 def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tmp_path, monkeypatch, capsys,
@@ -390,7 +392,7 @@ def test_a_full_disk_stand_in_ends_the_run_in_one_line_and_resume_finishes_it(tm
     assert stop.value.code == 1 and "Traceback" not in err
     assert last.startswith("train.py: error: could not save checkpoint-6 (OSError: [Errno 28] No space left")
     assert last.endswith(f"{out}/checkpoint-2 is the newest complete checkpoint (--resume continues from it)")
-    assert [c[0] for c in models.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
+    assert [c[0] for c in runs.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
     with pytest.raises(ValueError):
         json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])  # a row cut short
     monkeypatch.undo()  # room again
@@ -457,7 +459,7 @@ def test_a_full_disk_on_a_small_tmpfs_ends_the_run_in_one_line_and_resume_finish
     assert last.endswith(f"{mnt}/run/checkpoint-2 is the newest complete checkpoint (--resume continues "
                          "from it)")
     out = tmp_path / "run"
-    assert [c[0] for c in models.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
+    assert [c[0] for c in runs.checkpoints(str(out))] == [2] and not list(out.glob(".tmp-*"))
     train.train(train.parse_args(QUICK + ["--save-every", "2", "--resume", "--out", str(out)]))
     assert same_run(rows_of(out), uninterrupted)
     steps = [json.loads(line)["step"] for line in (out / "completions.jsonl").read_text().splitlines()]
@@ -469,24 +471,24 @@ def test_warn_scoring_stops_with_a_checkpoint_when_nothing_could_be_scored(tmp_p
     """From step 3 on every reward raises: the run stops before step 3's update, saves
     checkpoint-3 (no --save-every) and exits with one line; --resume redoes step 3."""
     import envs
-    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.episode_advantages, []
+    real_reward, real_update, done = envs.DemoEnv.reward, magrpo.group_advantages, []
 
     def reward(self, example, outputs):
         if len(done) >= 3:
             raise ValueError("the scorer is broken")
         return real_reward(self, example, outputs)
 
-    def episode_advantages(*a, **k):
+    def group_advantages(*a, **k):  # once a step (single_turn_step), after its sampling
         done.append(1)
         return real_update(*a, **k)
     monkeypatch.setattr(envs.DemoEnv, "reward", reward)
-    monkeypatch.setattr(magrpo, "episode_advantages", episode_advantages)
+    monkeypatch.setattr(magrpo, "group_advantages", group_advantages)
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
         train.train(train.parse_args(QUICK + ["--save-every", "0", "--out", str(out)]))
     assert stop.value.code == ("train.py: error: step 3: none of the 4 joint answers could be scored "
                                "(0 sandbox failures, 4 scoring errors)")
-    assert models.latest_checkpoint(str(out))[0] == 3 and [c[0] for c in models.checkpoints(str(out))] == [3]
+    assert runs.latest_checkpoint(str(out))[0] == 3 and [c[0] for c in runs.checkpoints(str(out))] == [3]
     assert [r["step"] for r in rows_of(out)] == [0, 1, 2] and not (out / "final.json").exists()
     monkeypatch.undo()
     train.train(train.parse_args(QUICK + ["--resume", "--out", str(out)]))
@@ -537,7 +539,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(tmp_path):
     # loaded machine stopping took 13.6 s, so the bound is generous (a test that timed it broke there).
     proc.wait(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM
-    step, path = models.latest_checkpoint(str(out))
+    step, path = runs.latest_checkpoint(str(out))
     assert step == len(rows_of(out)) < 500 and step >= 1 and not (out / "final.json").exists()
     assert "SIGTERM: saving a checkpoint" in proc.stderr.read()
 
@@ -585,9 +587,49 @@ def test_real_model_defaults_come_from_the_authors_configs(tmp_path):
     args = train.parse_args(["--env", "coding", "--dataset", che, "--split", ":", "--model", "m/m", "--temperature", "0.5"])
     _, cfg = train.resolve_flags(args)
     assert (cfg.temperature, cfg.top_p) == (0.5, 0.95)  # a flag given wins over the env's default
-    args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults
+    args = train.parse_args(["--env", "coding"])  # the tiny model: its own defaults; one test timeout
     _, cfg = train.resolve_flags(args)
-    assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 3.0)
+    assert (cfg.temperature, args.learning_rate, args.test_timeout) == (1.0, 3e-3, 10.0)
+
+
+def test_help_shows_the_defaults_a_run_uses(capsys):
+    """--help prints the demo's defaults (the tiny model's) and a real model's on the coding env, from
+    runs.run_defaults, the one place they are set; eval.py's, the paper's evaluation sampling."""
+    import eval as ev
+
+    def help_of(parse_args):
+        with pytest.raises(SystemExit):
+            parse_args(["--help"])
+        return " ".join(capsys.readouterr().out.split())
+    text = help_of(train.parse_args)
+    assert "G, completions per agent per prompt (Sec. 2 step 1) (default: the tiny model 8, a real model 4)" in text
+    assert "tokens per completion at most (default: the tiny model 24, a real model 256)" in text
+    assert "sampling temperature (0: greedy) (default 1.0; a real model on coding/tldr/arxiv 0.7)" in text
+    assert "(default 1.0; a real model on coding/tldr/arxiv 0.9)" in text  # top-p
+    assert "(default: the tiny model 0.003, a real model 1e-05; a real model on tldr/arxiv 5e-06)" in text
+    assert "seconds per sandbox test (default 10)" in text
+    for flags, real in (([], dict(num_generations=8, max_new_tokens=24, temperature=1.0, learning_rate=3e-3)),
+                        (["--env", "coding", "--model", "m/m"], dict(temperature=0.7, top_p=0.9, learning_rate=1e-5))):
+        args = train.parse_args(flags)
+        train.resolve_flags(args)
+        assert {k: getattr(args, k) for k in real} == real  # what --help says is what a run gets
+    text = help_of(ev.parse_args)
+    assert "sampling temperature (0: greedy) (default 0.8)" in text and "(default 0.95)" in text
+    assert "tokens per completion at most (default: the tiny model 24, a real model 256)" in text
+
+
+def test_trls_flags_resolve_and_args_json_keeps_them_as_given(monkeypatch):
+    """TRL's spellings become our settings in Config; args.json records the flags as given and fills
+    the rest (a resume resolves them again). Batch scaling needs every reward in one process."""
+    args = train.parse_args(["--loss-type", "dr_grpo", "--advantage", "std", "--mask-truncated-completions",
+                             "--max-grad-norm", "1.0"])
+    _, cfg = train.resolve_flags(args)
+    assert (cfg.loss_type, cfg.advantage, cfg.scale_rewards) == ("token_budget", "mean", "group")
+    assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (True, 1.0)
+    assert (args.loss_type, args.advantage, args.scale_rewards) == ("dr_grpo", "std", "group")
+    monkeypatch.setattr(runs, "world", lambda: (0, 2))
+    with pytest.raises(ValueError, match="^--scale-rewards: batch needs"):
+        train.resolve_flags(train.parse_args(["--scale-rewards", "batch", "--batch-size", "2"]))
 
 
 def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
@@ -780,7 +822,7 @@ def test_resume_accepts_the_nones_an_earlier_version_saved_for_what_is_filled_no
     out = tmp_path / "run"
     flags = ["--num-generations", "2", "--max-new-tokens", "4", "--save-every", "1", "--out", str(out)]
     train.train(train.parse_args(["--steps", "1", *flags]))
-    path = out / "checkpoint-1" / models.CHECKPOINT_STATE
+    path = out / "checkpoint-1" / runs.CHECKPOINT_STATE
     state = json.loads(path.read_text())
     state["args"].update(dict.fromkeys(runs.FILLED))  # as a run of the earlier version saved it
     path.write_text(json.dumps(state))
@@ -813,7 +855,8 @@ def test_out_naming_a_file_is_refused_before_any_model_loads(tmp_path, monkeypat
 def test_a_run_that_fails_before_its_first_step_leaves_out_as_it_found_it(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("the sampler broke")
-    monkeypatch.setattr(magrpo, "train_step", crash)
+    monkeypatch.setattr(magrpo, "train_step", crash)  # the tree's step, and the one-turn step's
+    monkeypatch.setattr(magrpo, "single_turn_step", crash)
     new, empty = tmp_path / "new", tmp_path / "empty"
     empty.mkdir()
     for out in (new, empty):
