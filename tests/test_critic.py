@@ -77,7 +77,8 @@ def test_train_step_with_a_critic_subtracts_the_values_from_before_its_fit(tok, 
     for i in range(2):
         expected = (returns - values[i][:, None]).view(-1)
         assert torch.allclose(turns[0].advantages[i], expected)
-    explained = 1 - torch.cat([returns - v[:, None] for v in values]).var(unbiased=False) / returns.var(unbiased=False)
+    residuals = torch.cat([returns - v[:, None] for v in values])  # every head's rows together
+    explained = 1 - residuals.var(unbiased=False) / returns.var(unbiased=False)
     assert metrics["critic_explained_variance"] == pytest.approx(float(explained), abs=1e-5)
     assert not torch.equal(team_critic.values(states)[0], values[0])  # the fit came after
 
