@@ -609,6 +609,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     actions it is single_turn_step's step; total and go_on are as there (go_on sees every turn's rewards).
     critic: the learned V(s) of --advantage critic (critic.py). -> (turns, metrics); metrics None when
     go_on said no."""
+    if (cfg.advantage == "critic") != (critic is not None):
+        raise ValueError(f"--advantage {cfg.advantage}: a critic goes with --advantage critic alone")
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
     # each example's episode into a tree of such groups.

@@ -83,6 +83,15 @@ def test_train_step_with_a_critic_subtracts_the_values_from_before_its_fit(tok, 
     assert not torch.equal(team_critic.values(states)[0], values[0])  # the fit came after
 
 
+def test_train_step_refuses_a_critic_without_its_advantage_and_the_reverse(tok):
+    agents = team(tok)
+    env = envs.DemoEnv()
+    with pytest.raises(ValueError, match="--advantage critic"):
+        magrpo.train_step(agents, env, env.examples[:1], magrpo.Config(advantage="critic"), [0])
+    with pytest.raises(ValueError, match="--advantage mean"):
+        magrpo.train_step(agents, env, env.examples[:1], magrpo.Config(), [0], critic=critic.Critic(agents))
+
+
 def test_config_critic_refuses_a_group_scale():
     with pytest.raises(ValueError, match="--scale-rewards"):
         magrpo.Config(advantage="critic", scale_rewards="group")
