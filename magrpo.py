@@ -55,6 +55,8 @@ class Config:
     temperature: float = option(1.0, "sampling temperature (0: greedy)")
     top_p: float = option(1.0, "nucleus sampling: keep the most likely tokens up to this mass")
     top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
+    logprob: str = option("cut", "Eq. 2's log-prob under top-k/top-p: cut (of the distribution that drew "
+                                 "the token) or full (before the cut, as TRL and the authors)")
     compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
     joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
     advantage: str = option("mean", "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, "
@@ -81,7 +83,7 @@ class Config:
     CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax"),
                "scale_rewards": ("none", "group", "batch"),
                "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
-               "feedback": ("level", "plain", "expert")}
+               "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
     # Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
     # (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
     SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
@@ -249,23 +251,19 @@ def row_logprobs(model, rollout, temperature=1.0):
 
 
 def completion_logprobs(model, rollout, temperature=1.0):
-    """log pi_theta(a_t | h, a_<t) of every completion token (Eq. 2) at the sampling temperature, before
-    any top-p/k cut, as TRL's GRPO (greedy: T = 1): row_logprobs' values, with less work. rollout: a
-    sampler.Rollout, its prompt ids and mask [rows, P] left-padded, its completion ids and mask
-    [rows, T]. -> float32 [rows, T] with grad; the positions after a row's EOS are to be masked by
-    the caller."""
+    """log pi_theta(a_t | h, a_<t) of every completion token of a sampler.Rollout (Eq. 2) at the sampling
+    temperature (greedy: T = 1), over the logits / T above each token's floor where it has floors (a
+    top-k/top-p cut). -> float32 [rows, T] with grad; the caller masks the positions after EOS."""
     T = temperature if temperature > 0 else 1.0
-    # A group's G rows continue the same prompt, so the prompt runs once for several of its rows, in
-    # one forward pass with their completions after it, each attending to the prompt and to itself
-    # (Prefix Grouper, Liu et al. 2025). That saves the prompt's repeats, and the gradient is the same,
-    # since the prompt's keys and values are computed with it.
+    # A group's rows continue the same prompt, so the prompt runs once for several of them, in one
+    # forward pass with their completions after it, each attending to the prompt and to itself (Prefix
+    # Grouper, Liu et al. 2025); the gradient is the same, the prompt's keys and values being in it.
     ids, mask, positions, predicting = shared_prompt_rows(model, rollout)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                 use_cache=False, **forward_kwargs(model, last=1))
     hidden = out.hidden_states[-1].flatten(0, 1)[predicting]  # [rows, T, H], each predicting a token
-    # The logits over the whole vocabulary are made a chunk of positions at a time and never all kept
-    # (sampler.token_logprobs), since with 150k tokens they are the largest tensors of the pass.
-    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out)
+    # The logits over the vocabulary, the pass's largest tensors, are made a chunk at a time (sampler).
+    return token_logprobs(model, hidden, rollout.completion_ids, T, check=out, floors=rollout.floors)
 
 
 def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
@@ -322,40 +320,42 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
-    rollouts = []
-    for i, agent in enumerate(agents):
-        rollouts.append(sample_agent(agent, i, [env.prompts(ex)[i] for ex in examples], G, cfg, turn_seeds))
+    prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
+    rollouts = [sample_agent(agent, i, prompts[i], G, cfg, turn_seeds) for i, agent in enumerate(agents)]
     # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
     outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
     if go_on is not None and not go_on(rewards):
         return rollouts, rewards, None, None
-    # Eq. 1 among each prompt's G joint actions; every agent's g-th completion gets the g-th advantage.
+    # Eq. 1 among a prompt's G joint actions; a group of all-0 advantages teaches nothing, and is counted.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
     advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
-    # A group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
         (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
-        loss_sum, drift, tokens = 0.0, 0.0, 0.0
+        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
         for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
             if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
                 continue
             rows = rollout.rows(start, stop)
+            if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
+                rows.floors = None
             logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
             loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
             loss.backward()
             loss_sum = loss_sum + loss.detach()
             # The sampler's log-probs should be these, and a drift means it sampled another policy.
-            drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
+            gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+            drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
             tokens += float(rows.completion_mask.sum())
         for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
         drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
+        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
     return rollouts, rewards, advantages, metrics
 
 # -----------------------------------------------------------------------------
@@ -614,7 +614,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         counts = [0.0] * cfg.num_turns
         for t, mask in enumerate(masks):
             counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
-        loss_sum, drift, tokens = 0.0, 0.0, 0.0
+        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
         for turn, mask, weight, normalizer in zip(turns, masks, weights, total(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
@@ -622,18 +622,22 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
                 if not advantages.any():  # These rows' loss and gradient would be 0 anyway.
                     continue
                 rows = rollout.rows(start, stop)
+                if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
+                    rows.floors = None
                 logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
                 rows_mask = mask[start:stop, :logprobs.shape[1]]
                 loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
                 # The sampler's log-probs should be these, and a drift means it sampled another policy.
-                drift += float(((logprobs.detach() - rows.logprobs).abs() * rows.completion_mask).sum())
+                gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+                drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())
         for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
         drift, tokens = total([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
+        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
     return turns, metrics
 
 
@@ -641,21 +645,19 @@ def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
     """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
     paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
-    # A gradient that some process has is summed (0 where one has none); one that none has stays None.
-    for p, anyone in zip(params, total([p.grad is not None for p in params])):
+    for p, anyone in zip(params, total([p.grad is not None for p in params])):  # some process has it
         if anyone:
             p.grad = total(p.grad if p.grad is not None else torch.zeros_like(p))
     (loss,) = total([float(loss)])
-    grads = [p.grad.float().norm() for p in params if p.grad is not None]
-    grad_norm = torch.stack(grads).norm().item() if grads else 0.0
+    grads = [p.grad for p in params if p.grad is not None]
+    grad_norm = torch.stack([grad.float().norm() for grad in grads]).norm().item() if grads else 0.0
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
     if skipped:
         warnings.warn(f"non-finite loss ({loss}) or grad norm ({grad_norm}): skipping this agent's step")
     else:
         if 0 < max_grad_norm < grad_norm:  # as torch's clip_grad_norm_ (TRL's)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(max_grad_norm / (grad_norm + 1e-6))
+            for grad in grads:
+                grad.mul_(max_grad_norm / (grad_norm + 1e-6))
         agent.optimizer.step()  # Parameters without a gradient (all advantages 0) are left alone.
     agent.model.zero_grad(set_to_none=True)
     return {"loss": loss, "grad_norm": grad_norm, "skipped": int(skipped)}

@@ -130,6 +130,8 @@ def prepare_out(args):
         # An earlier version saved None for the flags fill_resolved fills now: the same run.
         if value is None and name in FILLED:
             continue
+        if name == "dtype" and vars(args).get(name) == "auto":  # what auto resolved to, recorded
+            continue
         if name not in RESUMABLE and value != vars(args).get(name):
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
                              f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "

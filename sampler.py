@@ -102,10 +102,11 @@ class Rollout:
     prompt_mask: torch.Tensor  # [B*G, P] 1 on real prompt tokens
     completion_ids: torch.Tensor  # [B*G, T] pad after the first EOS
     completion_mask: torch.Tensor  # [B*G, T] 1 up to and including the first EOS, 0 after
-    logprobs: torch.Tensor  # [B*G, T] log softmax(logits / T) of each sampled token (T = 1: greedy)
+    logprobs: torch.Tensor  # [B*G, T] log-prob of each sampled token, in the distribution that drew it
     texts: list  # B lists of G decoded completions, without EOS/pad
     num_generations: int
     seconds: float = 0.0  # wall time of the generate call
+    floors: torch.Tensor = None  # [B*G, T] top-k/top-p's cut: logits / T above it were kept (kept_floor)
 
     def __len__(self):
         return self.completion_ids.shape[0]
@@ -116,9 +117,10 @@ class Rollout:
         prompt_mask, completion_mask = self.prompt_mask[start:stop], self.completion_mask[start:stop]
         first = prompt_mask.shape[1] - int(prompt_mask.sum(-1).max())  # prompts are padded on the left
         end = int(completion_mask.sum(-1).max())  # completions on the right
+        floors = None if self.floors is None else self.floors[start:stop, :end]
         return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
                        self.completion_ids[start:stop, :end], completion_mask[:, :end],
-                       self.logprobs[start:stop, :end], [], self.num_generations)
+                       self.logprobs[start:stop, :end], [], self.num_generations, floors=floors)
 
 
 def eos_token_ids(model, tokenizer):
@@ -208,6 +210,24 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
     return token.squeeze(-1).clamp(max=vocab - 1)  # (a uniform at the very top of the cdf)
 
 
+def kept_floor(logits, temperature=1.0, top_p=1.0, top_k=0):
+    """A floor per row between the logits / temperature that sample_token's cuts keep and those they
+    drop (-inf: none dropped), found by the same operations: the token it draws comes from the softmax
+    over the logits above it. Halfway between the smallest kept and the largest dropped, so that a
+    trainer whose logits round a little differently keeps the same tokens."""
+    scaled = cut = logits.float() / temperature
+    kept = torch.full_like(scaled[:, 0], -math.inf)  # the smallest logit kept
+    if top_k and top_k < scaled.shape[-1]:
+        kept = scaled.topk(top_k, dim=-1).values[:, -1]
+        cut = scaled.masked_fill(scaled < kept[:, None], -math.inf)
+    if top_p < 1.0:
+        sorted_p, order = torch.softmax(cut, dim=-1).sort(-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p >= top_p
+        kept = cut.gather(-1, order).masked_fill(outside, math.inf).amin(-1)
+    dropped = scaled.masked_fill(scaled >= kept[:, None], -math.inf).amax(-1)
+    return (kept + dropped) / 2
+
+
 def decode_step(model, cache, tokens, mask, positions, slot=None):
     """One step of the decode loop: each row's newest token, at its position id, goes through the model
     with the KV cache of the row's earlier tokens, and the cache takes the token's keys and values.
@@ -269,13 +289,14 @@ def shared_prompt_rows(model, rollout):
     return ids, mask, positions, predicting
 
 
-def token_logprobs(model, hidden, tokens, temperature=1.0, check=None):
+def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, floors=None):
     """log softmax(logits / T) at `tokens` [rows, n], from the final hidden states [rows, n, H] that
     predict them. The output layer runs on as many positions at a time as LOGITS_BYTES of float32
     logits hold, and again in the backward pass (checkpointing), so the [rows, n, vocab] logits are
     never all held: with a 150k vocabulary they would be 0.6 MB per token. check: the model's own
     output on these rows, whose last logits must be its output layer's of its last hidden state (a
-    logit scale or softcap would break that)."""
+    logit scale or softcap would break that). floors [rows, n]: each token's softmax is over the logits
+    / T at or above its floor (Rollout.floors: top-k/top-p's cut; None: all)."""
     head = model.get_output_embeddings()
     if check is not None:
         made = head(check.hidden_states[-1][:, -1]).float()
@@ -285,15 +306,19 @@ def token_logprobs(model, hidden, tokens, temperature=1.0, check=None):
     chunk = max(1, LOGITS_BYTES // (4 * tokens.shape[0] * head.weight.shape[0]))
     parts = [tokens.new_zeros(tokens.shape[0], 0, dtype=torch.float32)]
     for start in range(0, tokens.shape[1], chunk):
+        floor = None if floors is None else floors[:, start:start + chunk]
         parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
-                                                       tokens[:, start:start + chunk], temperature,
+                                                       tokens[:, start:start + chunk], temperature, floor,
                                                        use_reentrant=False))
     return torch.cat(parts, dim=1)
 
 
-def _chunk_logprobs(head, hidden, tokens, temperature):
+def _chunk_logprobs(head, hidden, tokens, temperature, floors):
     logits = head(hidden).float() / temperature
-    return logits.gather(-1, tokens[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, tokens[..., None]).squeeze(-1)
+    if floors is not None:  # The token itself is kept, whatever the rounding of the two passes.
+        logits = logits.masked_fill(logits < torch.minimum(floors, chosen)[..., None], -math.inf)
+    return chosen - torch.logsumexp(logits, dim=-1)
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
@@ -345,6 +370,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     slot = torch.tensor([P], device=device)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
+    cut = temperature > 0 and (top_p < 1.0 or 0 < top_k < model.config.vocab_size)
+    floors = torch.full((rows, max_new_tokens), -math.inf, device=device) if cut else None
     alive = torch.arange(rows, device=device)  # the original row of each row in the batch
     done = torch.zeros(rows, dtype=torch.bool, device=device)  # whether each row of the batch is done
     step = compiled(decode_step, device) if compile else decode_step
@@ -352,10 +379,15 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         for t in range(max_new_tokens):
             uniform = None if uniforms is None else uniforms[:, t]
             token = sample_token(logits, temperature, top_p, top_k, uniform)
-            # The sampler's own log-prob of the token, log softmax(logits / T) before any top-k/p cut, as
-            # the trainer computes it (greedy decoding counts as T = 1 there too).
+            # The sampler's own log-prob of the token, log softmax(logits / T) over the logits that the
+            # top-k/p cut kept, as the trainer computes it (greedy decoding counts as T = 1 there too).
             scaled = logits / (temperature if temperature > 0 else 1.0)
-            logprob = scaled.gather(-1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
+            chosen = scaled.gather(-1, token[:, None])[:, 0]
+            if cut:
+                floor = torch.minimum(kept_floor(logits, temperature, top_p, top_k), chosen)
+                floors[alive, t] = floor
+                scaled = scaled.masked_fill(scaled < floor[:, None], -math.inf)
+            logprob = chosen - torch.logsumexp(scaled, -1)
             # A row that is done runs on, masked: it writes padding, and its tokens are never read.
             token = token.masked_fill(done, pad_id)
             completion[alive, t] = token
@@ -382,10 +414,12 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     ends = torch.isin(completion, eos)
     lengths = torch.where(ends.any(-1), ends.int().argmax(-1) + 1, max_new_tokens)
     completion, logprobs, lengths = completion[:N], logprobs[:N], lengths[:N]  # the real rows
+    floors = None if floors is None else floors[:N]
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
-                   completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start)
+                   completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start,
+                   floors)
 
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):

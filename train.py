@@ -435,9 +435,17 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
     agents on one base share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
+    # The tiny model's steps are too small for a GPU, where launching their kernels costs more than
+    # running them (docs/benchmarks.md), so --device auto keeps it on the CPU.
+    device = args.device
+    tiny = set(models.model_names(args)) == {models.TINY} and not args.feedback_model
+    if device == "auto" and tiny and torch.cuda.is_available():
+        device = "cpu"
+        print("device: cpu (--device auto keeps the tiny model on the CPU, where it runs faster)",
+              file=sys.stderr)
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
-    n = 1 if lora and args.device == "auto" else env.num_agents
-    devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
+    n = 1 if lora and device == "auto" else env.num_agents
+    devices = models.agent_devices(device, n, local_rank, local_world) * (env.num_agents // n)
     models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
@@ -449,6 +457,9 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
         agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         agents.append(agent)
+    # args.json records the device(s) and the dtype the run used, not "auto".
+    args.device = ",".join(dict.fromkeys(str(agent.model.device) for agent in agents))
+    args.dtype = str(agents[0].model.dtype).removeprefix("torch.")
     return agents, models.load_expert(args, devices[0])
 
 

@@ -4,6 +4,7 @@ returns. `pytest -k NAME` runs a function's tests (completion_logprobs, group_ad
 node_return, ...), and a failure says what differs (where, by how much, and what the difference
 usually means). The sampler's are in test_sampler.py. CPU, tiny random models, hand-written rollouts:
 nothing here samples, so these tests do not wait for the sampler."""
+import dataclasses
 import math
 import statistics
 from types import SimpleNamespace
@@ -128,7 +129,8 @@ def test_completion_logprobs_of_long_prompts_and_short_completions(tok):
     completion after it in its own block, sampler.shared_prompt_rows): the values and the gradient are
     the row-by-row reference's, for whole groups and for a micro-batch that cuts them."""
     model = models.tiny_model(tok, arch="qwen2", init_std=0.15, seed=4)
-    prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20, "x = [i for i in range(9)]"]
+    prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20,
+               "x = [i for i in range(9)]"]
     short = ["ab", "", "xyz!", "q"]
     r = scripted_rollout(magrpo.Agent(model, tok), prompts, 4, lambda b, g: short[(b + g) % 4])
     ids = sampler.shared_prompt_rows(model, r)[0]
@@ -292,6 +294,29 @@ def test_the_log_prob_pass_refuses_a_model_whose_logits_are_scaled(tok):
     model.__class__ = Scaled
     with pytest.raises(ValueError, match="not its output layer's"):
         completion_logprobs(model, hand_rollout(model, tok))
+
+
+def test_the_log_prob_pass_under_top_p_and_top_k_is_the_samplers(tok):
+    """On-policy under a cut (fp32): with top-p < 1 or top-k, the trainer's log-probs are the sampler's,
+    those of the cut and renormalised distribution that drew each token (the rollout's floors); without
+    the floors (--logprob full, TRL's and the authors' choice) they are the uncut ones, lower, and the
+    drift the step logs shows the difference."""
+    model = models.tiny_model(tok, init_std=0.3, seed=6)
+    prompts = ["def add(a, b):", "Hi", "The quick brown fox jumps", "x"]
+    for top_p, top_k in ((0.7, 0), (1.0, 5), (0.8, 20)):
+        r = sampler.generate(model, tok, prompts, 2, 10, temperature=0.9, top_p=top_p, top_k=top_k, seed=3)
+        mask = r.completion_mask.bool()
+        with torch.no_grad():
+            cut = completion_logprobs(model, r, temperature=0.9)
+            full = completion_logprobs(model, dataclasses.replace(r, floors=None), temperature=0.9)
+        assert torch.allclose(cut[mask], r.logprobs[mask], atol=1e-4), (top_p, top_k)
+        assert (full[mask] <= cut[mask] + 1e-5).all(), (top_p, top_k)
+        assert (full[mask] < cut[mask] - 1e-3).any(), (top_p, top_k)
+    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
+    advantages = torch.tensor([1.0, -1.0] * 4)
+    drift = {mode: update_on(agent, [(r, advantages)], magrpo.Config(temperature=0.9, logprob=mode))
+             ["logprob_drift"] for mode in ("cut", "full")}
+    assert drift["cut"] < 1e-5 < 1e-2 < drift["full"], drift
 
 
 def test_micro_batches_hold_whole_groups_where_they_can():
@@ -783,9 +808,14 @@ def test_train_step_logs_the_drift_between_the_samplers_and_the_trainers_logprob
     r.logprobs = reference_logprobs(model, r, temperature=0.7).float()  # what a sampler would record
     cfg = magrpo.Config(temperature=0.7)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
-    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] < 1e-5
+    good = update_on(agent, [(r, advantages)], cfg)
+    assert good["logprob_drift"] <= good["logprob_drift_max"] < 1e-5
     r.logprobs = torch.zeros_like(r.logprobs)
-    assert update_on(agent, [(r, advantages)], cfg)["logprob_drift"] > 0.1
+    bad = update_on(agent, [(r, advantages)], cfg)
+    assert 0.1 < bad["logprob_drift"] < bad["logprob_drift_max"]  # the max beside the mean
+    trained = r.completion_mask.bool()
+    largest = reference_logprobs(model, r, 0.7)[trained].abs().max().item()
+    assert bad["logprob_drift_max"] == pytest.approx(largest)
     assert update_on(agent, [(r, torch.zeros(8))], cfg)["logprob_drift"] is None  # no row trained
 
 

@@ -122,7 +122,8 @@ def test_train_step_with_one_turn_is_single_turn_magrpo(tok):
 
 @pytest.mark.parametrize("options", [dict(), dict(advantage="rloo", loss_type="token_mean", micro_batch_size=3),
                                      dict(advantage="std", loss_type="seq_mean", max_grad_norm=0.05),
-                                     dict(scale_rewards="batch", loss_type="token_budget", turn_weights=(1.0,))])
+                                     dict(scale_rewards="batch", loss_type="token_budget", turn_weights=(1.0,)),
+                                     dict(top_p=0.8), dict(top_k=20, logprob="full")])
 def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, options):
     """Sec. 2 written straight (single_turn_step) and Sec. 3's tree (train_step) with one turn: the same
     completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""

@@ -788,6 +788,22 @@ def test_a_tiny_run_uses_one_thread_and_args_json_says_so(tmp_path, monkeypatch)
     assert json.loads((tmp_path / "args.json").read_text())["cpu_threads"] == 1
 
 
+def test_device_auto_keeps_the_tiny_model_on_the_cpu_and_args_json_records_what_the_run_used(
+        tmp_path, monkeypatch, capsys):
+    """A machine with a GPU (pretended): --device auto leaves the tiny model on the CPU and says so,
+    and args.json records the device and dtype the run used, not "auto"; a resume with the default
+    --dtype auto continues the run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    argv = ["--steps", "1", "--num-generations", "2", "--max-new-tokens", "4", "--out", str(tmp_path)]
+    train.train(train.parse_args(argv))
+    assert "device: cpu (--device auto keeps the tiny model on the CPU" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "args.json").read_text())
+    assert (saved["device"], saved["dtype"]) == ("cpu", "float32")
+    train.train(train.parse_args(argv[:1] + ["2"] + argv[2:] + ["--resume"]))
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 def flags_of(saved):
     """The command line that args.json describes: each value as its flag (a list: a comma list)."""
     argv = []
@@ -855,7 +871,8 @@ def test_out_naming_a_file_is_refused_before_any_model_loads(tmp_path, monkeypat
 def test_a_run_that_fails_before_its_first_step_leaves_out_as_it_found_it(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("the sampler broke")
-    monkeypatch.setattr(magrpo, "train_step", crash)
+    monkeypatch.setattr(magrpo, "train_step", crash)  # the tree's step, and the one-turn step's
+    monkeypatch.setattr(magrpo, "single_turn_step", crash)
     new, empty = tmp_path / "new", tmp_path / "empty"
     empty.mkdir()
     for out in (new, empty):
