@@ -12,10 +12,6 @@ import re
 
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
-# A single file is one split, all of it. train.py trains on it, so it has no eval or test split (they
-# would be its training rows); a slice or another file is the way to hold rows out.
-FILE_SPLITS = {"train": ":"}
-HUB_SPLITS = dict.fromkeys(SPLIT_NAMES, ":")  # the hub's rows are already the split asked for
 
 
 def take_split(rows, split, named, source, default="train"):
@@ -89,12 +85,15 @@ def read_rows(source, parse, hub_split=None):
 def load_rows(dataset, split, parse, hub):
     """(the rows `split` is cut from, their split names): a file, or a hub dataset, either one of `hub`
     (name: (hub name, its split for train, for eval/test)) or another name (train, validation)."""
-    # A path that looks like a file but is missing is a missing file, not a hub name to download.
+    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
+    # is one split, all of it: train.py trains on it, so it has no eval or test split (they would be
+    # its training rows), and a slice or another file is the way to hold rows out.
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse), FILE_SPLITS
+        return read_rows(dataset, parse), {"train": ":"}
     # The hub holds the held-out rows apart, so eval and test load them and train the training split.
     name, train, held_out = hub.get(dataset, (dataset, "train", "validation"))
-    return read_rows(name, parse, held_out if split in ("eval", "test") else train), HUB_SPLITS
+    rows = read_rows(name, parse, held_out if split in ("eval", "test") else train)
+    return rows, dict.fromkeys(SPLIT_NAMES, ":")  # the rows are already the split asked for
 
 
 def code_row(row):

@@ -651,8 +651,8 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     cls = ENVS.get(args.env)
     if cls is None:
         raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(ENVS))}")
-    flags = {key: flag for key, flag in FLAGS.items() if cls.runs_code or key not in ("timeout", "isolation")}
-    given = {key: getattr(args, flag[2:].replace("-", "_")) for key, flag in flags.items()}
+    flags = {key: name for key, name in FLAGS.items() if cls.runs_code or key not in ("timeout", "isolation")}
+    given = {key: getattr(args, name[2:].replace("-", "_")) for key, name in flags.items()}
     given = {key: value for key, value in given.items() if value is not None and value is not False}
     if split is not None:  # train.py's in-training eval, on --eval-split
         given["split"], flags["split"] = split, flag or "--split"

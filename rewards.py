@@ -138,8 +138,8 @@ class CodeReward:
     n_tests: int = 0
     has_aux: bool = False
     has_main: bool = False
-    calls_aux: bool = False    # ours: aux's results changed main's answers (measured); theirs: `aux(` in main
-    wrapper: bool = False      # ours: only into aux's own (measured); theirs: main's text is a wrapper's
+    calls_aux: bool = False    # ours: aux's results change main's answers (measured); theirs: `aux(` in main
+    wrapper: bool = False      # ours: main's answers are aux's (measured); theirs: main's text wraps aux
     discards_aux: bool = False
     authors: bool = False      # the bonus is the authors' rule (--authors-rewards), else ours
     syntax_error: str = ""

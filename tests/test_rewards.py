@@ -316,6 +316,15 @@ FORGERIES = {
                   "    except OSError:\n"
                   "        pass\n"
                   "return 2 * x + 1",
+    "profile_hook_aborts_aux": "import sys\n"
+                               "def hook(frame, event, arg):\n"
+                               "    if event == 'return' and frame.f_code.co_name == 'ran':\n"
+                               "        sys.setprofile(None)\n"
+                               "        raise KeyError('after the count, before the body')\n"
+                               "sys.setprofile(hook)\n"
+                               "try:\n    y = aux(x)\nexcept KeyError:\n    pass\n"
+                               "sys.setprofile(None)\n"
+                               "return 2 * x + 1",
     "result_ignored": "_ = aux(x)\nreturn 2 * x + 1",
     "aux_aborted": "try:\n    aux(None)\nexcept TypeError:\n    pass\nreturn 2 * x + 1",
     "probe_of_aux_unused": "y = aux(x)\nassert y is not None\nreturn 2 * x + 1",
