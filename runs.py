@@ -63,14 +63,10 @@ def run_defaults(purpose, tiny, settings=None):
     """The defaults of a run ("train" or "eval") that are not Config's own, by flag: training's (the
     tiny model's, or the paper's and the env's `settings`) or evaluation's (the paper's sampling; the
     tiny model's length). Config then fills the rest (fill_defaults(args, asdict(cfg)))."""
-    defaults = {}
-    if purpose == "eval":
-        defaults.update(RUN_DEFAULTS["eval"])
-        if tiny:  # as long as the tiny model writes in training
-            defaults["max_new_tokens"] = RUN_DEFAULTS["tiny"]["max_new_tokens"]
-    else:
-        defaults.update(RUN_DEFAULTS["tiny"] if tiny else {**RUN_DEFAULTS["train"], **(settings or {})})
-    return defaults
+    if purpose == "eval":  # the tiny model writes as long as it learnt to in training
+        length = {"max_new_tokens": RUN_DEFAULTS["tiny"]["max_new_tokens"]} if tiny else {}
+        return {**RUN_DEFAULTS["eval"], **length}
+    return dict(RUN_DEFAULTS["tiny"]) if tiny else {**RUN_DEFAULTS["train"], **(settings or {})}
 
 
 def fill_defaults(args, defaults):
@@ -89,16 +85,14 @@ def show_defaults(parser, purpose, env_settings):
         name = action.dest
         if name not in tiny:
             continue
-        # The envs whose value differs from a real model's default, grouped by value: "tldr/arxiv 5e-06".
-        by_env = {}
-        for env, settings in env_settings.items():
-            if settings.get(name, real[name]) != real[name]:
-                by_env.setdefault(settings[name], []).append(env)
         text = f"default {real[name]}"
         if tiny[name] != real[name]:
             text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
-        if by_env:
-            text += "; a real model on " + ", ".join(f"{'/'.join(e)} {value}" for value, e in by_env.items())
+        # The envs whose own value differs from a real model's default: "tldr 5e-06, arxiv 5e-06".
+        per_env = [f"{env} {own[name]}" for env, own in env_settings.items()
+                   if own.get(name, real[name]) != real[name]]
+        if per_env:
+            text += "; a real model on " + ", ".join(per_env)
         action.help = f"{action.help or ''} ({text})".strip()
 
 

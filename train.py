@@ -427,9 +427,8 @@ def fill_resolved(args, env, cfg):
     args.num_agents = env.num_agents
     args.dataset = args.dataset or env.dataset  # coding: humaneval; tldr, arxiv: builtin; demo: None
     args.split = args.split or env.split  # the split trained on; None for an env that has none to name
-    if env.runs_code:  # what the sandbox runs the model's code with
-        args.sandbox, args.test_timeout = env.isolation, env.test_timeout
-    args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # args.json records one for every env
+    args.sandbox = env.isolation if env.runs_code else args.sandbox  # the level model code runs at
+    args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # the coding env's too; one for every env
     if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
         args.termination_threshold = getattr(env, "max_reward", None)
     # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.

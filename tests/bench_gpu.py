@@ -7,10 +7,14 @@ Qwen2.5-Coder-3B's config, built on the device in bf16. Not a test; CI runs the 
     python tests/bench_gpu.py --small              # anywhere: a tiny config of the same shape, seconds
     python tests/bench_gpu.py --skip-compile       # eager decoding only
 
-It measures, then prints one table:
+It prints each result as it is measured (a timeout keeps what came before), each timing after a
+warm-up run of the same call:
 - greedy equality of sampler.generate with transformers' model.generate;
-- decoding: tokens/s at 4, 16 and 64 rows x 256 new tokens, eager and --compile, against the memory
-  bandwidth floor it computes from the model's bytes and the KV cache (a decode step must read both);
+- decoding: tokens/s at 4, 16 and 64 rows x 256 new tokens, sampling at T = 1: transformers'
+  model.generate, ours eager and --compile, against the memory bandwidth floor it computes from the
+  model's bytes and the KV cache (a decode step must read both);
+- --compile on 12 generate calls of 4-12 rows and 20-200 prompt tokens: the graphs it compiles;
+- the top kernels of a compiled decoding run (torch.profiler; eager with --small or --skip-compile);
 - the log-prob pass of Eq. 2 (forward and backward, 8 rows): time and peak memory, each group's
   prompt shared (magrpo.completion_logprobs) against every row run whole, G = 4 and 8;
 - one magrpo.train_step of two LoRA agents (r = 16, G = 4) on one shared base, with its peak memory;
@@ -113,35 +117,91 @@ def floor_tokens_per_second(model, rows, context, device):
 
 
 def decoding(model, tok, vocab, rows_list, new_tokens, compile_too, device):
-    """Rows of the table: tokens/s eager and compiled, and the floor, per number of rows."""
-    table = []
+    """The decoding table, a row printed as it is measured: tokens/s of model.generate, ours eager and
+    compiled, and the floor, per number of rows (the best of two runs after a warm-up)."""
+    print(f"\n| decoding, {new_tokens} new tokens, T = 1 | model.generate tokens/s | eager tokens/s | "
+          "--compile tokens/s | floor tokens/s | eager / generate | compile / floor |", flush=True)
+    print("|---|---|---|---|---|---|---|", flush=True)
     for rows in rows_list:
         texts = prompts(vocab, rows, 64, seed=rows)
-        row = {"rows": rows, "floor": floor_tokens_per_second(model, rows, 64 + new_tokens // 2, device)}
-        for name, compiled in (("eager", False), ("compile", True)):
-            if compiled and not compile_too:
-                continue
-            for _ in range(2):  # the first run warms up (and compiles)
-                r, seconds, _ = timed(lambda: sampler.generate(model, tok, texts, 1, new_tokens, temperature=1.0,
-                                                               seed=0, compile=compiled), device)
-            row[name] = int(r.completion_mask.sum()) / seconds
-        table.append(row)
-    return table
+        ids = torch.tensor(tok(texts)["input_ids"], device=device)
+        runs = {"model.generate": lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                         do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                                         max_new_tokens=new_tokens, pad_token_id=0,
+                                                         eos_token_id=0),
+                "eager": lambda: sampler.generate(model, tok, texts, 1, new_tokens, seed=0)}
+        if compile_too:
+            runs["compile"] = lambda: sampler.generate(model, tok, texts, 1, new_tokens, seed=0, compile=True)
+        row = {"floor": floor_tokens_per_second(model, rows, 64 + new_tokens // 2, device)}
+        for name, run in runs.items():
+            run()  # the warm-up (and the compile)
+            for _ in range(2):
+                out, seconds, _ = timed(run, device)
+                made = generated_tokens(out, ids.shape[1])
+                row[name] = max(row.get(name, 0.0), made / seconds)
+        eager_ratio = row["eager"] / row["model.generate"]
+        ratio = row["compile"] / row["floor"] if row.get("compile") and row["floor"] else None
+        print(f"| {rows} rows | {cell(row['model.generate'])} | {cell(row['eager'])} | "
+              f"{cell(row.get('compile'))} | {cell(row['floor'])} | {eager_ratio:.2f} | {cell(ratio)} |",
+              flush=True)
+
+
+def generated_tokens(out, prompt_length):
+    """The tokens a generate call made, up to and including each row's first EOS (id 0), either's output."""
+    if isinstance(out, sampler.Rollout):
+        return int(out.completion_mask.sum())
+    eos = (out[:, prompt_length:] == 0).long()
+    return int((eos.cumsum(-1) - eos == 0).sum())
+
+
+def graph_count(model, tok, vocab):
+    """The graphs --compile makes over 12 generate calls of 4-12 rows and 20-200 prompt tokens."""
+    before = sampler.compiled_graphs()
+    g = torch.Generator().manual_seed(3)
+    for call in range(12):
+        rows = int(torch.randint(4, 13, (1,), generator=g))
+        length = int(torch.randint(20, 201, (1,), generator=g))
+        texts = prompts(vocab, rows, length, seed=100 + call)
+        sampler.generate(model, tok, texts, 1, 8, seed=call, compile=True)
+    graphs = sampler.compiled_graphs() - before
+    print(f"\n--compile, 12 generate calls of 4-12 rows and 20-200 prompt tokens: {graphs} new graphs",
+          flush=True)
+
+
+def top_kernels(model, tok, vocab, compiled, device):
+    """torch.profiler's top operations of a decoding run of 16 rows x 8 new tokens, after a warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+    texts = prompts(vocab, 16, 64, seed=5)
+
+    def run():
+        return sampler.generate(model, tok, texts, 1, 8, seed=0, compile=compiled)
+    run()
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        timed(run, device)
+    print(f"\ntop operations of 8 {'compiled' if compiled else 'eager'} decode steps (16 rows), a step's "
+          "share is an eighth:", flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=12),
+          flush=True)
 
 
 def logprob_pass(model, vocab, completion_tokens, device):
-    """Rows of the table: the pass's seconds and peak bytes, shared and per-row, G = 4 and 8, 8 rows."""
-    table = []
+    """The log-prob pass's table, a row printed as it is measured: seconds and peak bytes, shared and
+    per-row, G = 4 and 8, 8 rows, each after a warm-up call."""
+    print(f"\n| log-prob pass, 8 rows x {completion_tokens} tokens, prompt 256 | G | seconds | peak GiB |",
+          flush=True)
+    print("|---|---|---|---|", flush=True)
     for G in (4, 8):
         groups = [random_rollout(vocab, 256, G, completion_tokens, device) for _ in range(8 // G)]
         fields = [torch.cat(parts) for parts in zip(*[(r.prompt_ids, r.prompt_mask, r.completion_ids,
                                                        r.completion_mask, r.logprobs) for r in groups])]
         rows = sampler.Rollout(*fields, [], G)
         for name, fn in (("shared", magrpo.completion_logprobs), ("per-row", magrpo.row_logprobs)):
-            _, seconds, peak = timed(lambda: fn(model, rows, 1.0).sum().backward(), device)
-            model.zero_grad(set_to_none=True)
-            table.append({"G": G, "pass": name, "seconds": seconds, "peak": peak})
-    return table
+            for _ in range(2):  # the first warms up
+                _, seconds, peak = timed(lambda: fn(model, rows, 1.0).sum().backward(), device)
+                model.zero_grad(set_to_none=True)
+            print(f"| {name} | {G} | {seconds:.3f} | {cell(gib(peak))} |", flush=True)
 
 
 class VaryingEnv(envs.Env):
@@ -224,26 +284,16 @@ def main():
           f"({torch.cuda.get_device_name(args.device) if dtype == torch.bfloat16 else 'CPU'})", flush=True)
     equal = greedy_equal(model, tok, vocab, new_tokens)
     print(f"greedy equal to model.generate: {equal}", flush=True)
-    decode = decoding(model, tok, vocab, rows_list, new_tokens, compile_too, args.device)
-    passes = logprob_pass(model, vocab, new_tokens, args.device)
+    decoding(model, tok, vocab, rows_list, new_tokens, compile_too, args.device)
+    if compile_too:
+        graph_count(model, tok, vocab)
+    top_kernels(model, tok, vocab, compile_too, args.device)
+    logprob_pass(model, vocab, new_tokens, args.device)
     step = lora_train_step(model, tok, vocab, min(new_tokens, 64), args.device)
+    print("\n| one train_step, 2 LoRA agents (r 16), G = 4 | seconds | peak GiB |\n|---|---|---|", flush=True)
+    print(f"| shared base | {step['seconds']:.2f} | {cell(gib(step['peak']))} |", flush=True)
     del model
     resident, peak = full_finetune_bytes(config, args.device)
-
-    print(f"\n| decoding, {new_tokens} new tokens | eager tokens/s | --compile tokens/s | floor tokens/s | "
-          "compile / floor |")
-    print("|---|---|---|---|---|")
-    for row in decode:
-        ratio = row["compile"] / row["floor"] if row.get("compile") and row["floor"] else None
-        print(f"| {row['rows']} rows | {cell(row.get('eager'))} | {cell(row.get('compile'))} | "
-              f"{cell(row['floor'])} | {cell(ratio)} |")
-    print(f"\n| log-prob pass, 8 rows x {new_tokens} tokens, prompt 256 | G | seconds | peak GiB |")
-    print("|---|---|---|---|")
-    for row in passes:
-        print(f"| {row['pass']} | {row['G']} | {row['seconds']:.3f} | {cell(gib(row['peak']))} |")
-    print(f"\n| one train_step, 2 LoRA agents (r 16), G = 4 | seconds | peak GiB |")
-    print("|---|---|---|")
-    print(f"| shared base | {step['seconds']:.2f} | {cell(gib(step['peak']))} |")
     print(f"\nfull fine-tuning, bytes per parameter: resident {cell(resident)}, peak during a step {cell(peak)}")
     print(f"greedy equal: {equal}; {time.time() - start:.0f} s in all")
 

@@ -619,9 +619,9 @@ def test_help_shows_the_defaults_a_run_uses(capsys):
     text = help_of(train.parse_args)
     assert "G, completions per agent per prompt (Sec. 2 step 1) (default: the tiny model 8, a real model 4)" in text
     assert "tokens per completion at most (default: the tiny model 24, a real model 256)" in text
-    assert "sampling temperature (0: greedy) (default 1.0; a real model on coding/tldr/arxiv 0.7)" in text
-    assert "(default 1.0; a real model on coding/tldr/arxiv 0.9)" in text  # top-p
-    assert "(default: the tiny model 0.003, a real model 1e-05; a real model on tldr/arxiv 5e-06)" in text
+    assert "sampling temperature (0: greedy) (default 1.0; a real model on coding 0.7, tldr 0.7, arxiv 0.7)" in text
+    assert "(default 1.0; a real model on coding 0.9, tldr 0.9, arxiv 0.9)" in text  # top-p
+    assert "(default: the tiny model 0.003, a real model 1e-05; a real model on tldr 5e-06, arxiv 5e-06)" in text
     assert "seconds per sandbox test (default 10)" in text
     for flags, real in (([], dict(num_generations=8, max_new_tokens=24, temperature=1.0, learning_rate=3e-3)),
                         (["--env", "coding", "--model", "m/m"], dict(temperature=0.7, top_p=0.9, learning_rate=1e-5))):
