@@ -403,7 +403,8 @@ def resolve_flags(args):
     runs.fill_defaults(args, dataclasses.asdict(cfg))
     args.world_size = runs.world()[1]
     if cfg.scale_rewards == "batch" and args.world_size > 1:  # Each process holds only its share of them.
-        raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, not torchrun's")
+        raise ValueError("--scale-rewards: batch needs the whole step's rewards in one process, "
+                         "not torchrun's")
     # A group needs G >= 2 for its baseline (Eq. 1), a critic does not, and a step needs a prompt per process.
     least = dict(num_generations=1 if cfg.advantage == "critic" else 2, steps=1, batch_size=args.world_size,
                  eval_limit=1, save_total_limit=1, save_every=0, log_completions_every=0)
