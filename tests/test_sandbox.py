@@ -543,9 +543,18 @@ def as_a_normal_user(script, timeout=120):
     if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True, timeout=60,
                       **user).returncode != 0:
         pytest.skip("user namespaces are not allowed to a normal user here")
-    source = f"import sys\nsys.path.insert(0, {ROOT_DIR!r})\n" + script
-    return subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout, cwd="/",
-                          **user)
+    # The uid may not read the repository (a clone in root's home, a copy under pytest's 0700 tmp), so
+    # sandbox.py, which imports only the standard library, goes to a directory that every user may read.
+    home = tempfile.mkdtemp(prefix="magrpo-sandbox-")
+    try:
+        os.chmod(home, 0o755)
+        shutil.copy(os.path.join(ROOT_DIR, "sandbox.py"), home)
+        os.chmod(os.path.join(home, "sandbox.py"), 0o644)
+        source = f"import sys\nsys.path.insert(0, {home!r})\n" + script
+        return subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout,
+                              cwd="/", **user)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_run_as_a_normal_user():
