@@ -5,7 +5,8 @@ Paper: arXiv 2508.04652. The rewards are *leveled*: each level scores one aspect
 that leaves the later levels nothing to measure ends the reward there, so an early failure gives a
 small, informative reward. Writing: each level gates the next. Code: a main function must be there
 for the syntax level, and the program must parse for the tests; the structure level (each function
-defined with a return) gates nothing, so a program without it still earns syntax and tests.
+defined with a return) gates nothing, so a program without it still earns syntax and tests. Ours pays
+aux's part of it (0.4) with the bonus, once every test passed; the authors' before any test.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
     TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
@@ -130,7 +131,9 @@ def extract_function(text, name, signature=None):
 class CodeReward:
     """One joint action's code reward by level, with what the levels looked at (for logs and
     multi-turn feedback); float(r) is the trainer's scalar."""
-    structure: float = 0.0     # L1 is 0.4 aux defined with a return + 0.6 entry function likewise
+    structure: float = 0.0     # L1 is 0.6 entry function defined with a return, + 0.4 aux likewise
+    # (ours: aux's 0.4 once every test passed, as the bonus, so that an aux earns nothing over an answer
+    # that passes more tests; theirs: before any test, as the paper. docs/rewards.md)
     syntax: float = 0.0        # L2 is 0.5 if imports + aux + main parse
     tests: float = 0.0         # L3 is passed / n_tests
     # What the levels looked at, from which the multi-turn feedback (envs.py) tells each agent.
@@ -138,6 +141,7 @@ class CodeReward:
     n_tests: int = 0
     has_aux: bool = False
     has_main: bool = False
+    aux_returns: bool = False  # ours: aux is defined with a return, for L1's 0.4 once every test passed
     calls_aux: bool = False    # ours: aux's results change main's answers (measured); theirs: `aux(` in main
     wrapper: bool = False      # ours: main's answers are aux's (measured); theirs: main's text wraps aux
     discards_aux: bool = False
@@ -207,7 +211,10 @@ def _judge_text(item):
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
-    reward.structure = 0.4 * _has_return(aux_fn) + 0.6 * _has_return(main_fn)
+    # Main's 0.6 is paid now; aux's 0.4 only once every test passed (_score_code), as the bonus, so
+    # that defining an aux never outscores an answer that passes more tests (docs/rewards.md).
+    reward.aux_returns = _has_return(aux_fn)
+    reward.structure = 0.6 * _has_return(main_fn)
     if not reward.has_main:
         return reward, None
     # L2 syntax checks that the program (the prompt's context, i.e. its imports and helpers, then
@@ -249,6 +256,9 @@ def _score_code(items, judge, sandbox_options):
             if not reward.authors:
                 reward.calls_aux = report.helper_use in ("used", "wrapped")
                 reward.wrapper = report.helper_use == "wrapped"
+            # Ours: L1's 0.4 for an aux with a return once every test passed (0.4 + 0.6 is the sum it was).
+            if not reward.authors and reward.aux_returns and 0 < reward.passed == reward.n_tests:
+                reward.structure = 0.4 + reward.structure
     return [reward for reward, _ in judged]
 
 

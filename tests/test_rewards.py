@@ -45,10 +45,10 @@ TABLE = [
     ("cooperates", AUX, f("y = aux(x)\nreturn y + 1"), 4.0, True),
     ("thin_wrapper", "def aux(x):\n    return 2 * x + 1\n", f("return aux(x)"), 3.0, True),
     ("no_aux_call", AUX, f("return 2 * x + 1"), 2.5, True),
-    ("main_empty", AUX, "", 0.4, False),
-    ("syntax_error", AUX, "def f(x): return (2 * x +", 1.0, False),
-    ("half_pass", AUX, f("return aux(x) + (1 if x == 1 else 0)"), 2.0, True),  # no bonus: a test fails
-    ("none_pass", AUX, f("return aux(x) - 7"), 1.5, True),
+    ("main_empty", AUX, "", 0.0, False),  # aux's 0.4 only once every test passed
+    ("syntax_error", AUX, "def f(x): return (2 * x +", 0.6, False),  # no tests: main's 0.6 only
+    ("half_pass", AUX, f("return aux(x) + (1 if x == 1 else 0)"), 1.6, True),  # a test fails: no 0.4 nor bonus
+    ("none_pass", AUX, f("return aux(x) - 7"), 1.1, True),
     ("discards_result", AUX, f("aux(x)\nreturn 2 * x + 1"), 2.5, True),  # aux ran, its result unused
     ("single_agent", "", f("return 2 * x + 1"), 2.1, True),
 ]
@@ -176,13 +176,13 @@ def test_code_that_exits_gets_no_test_credit(exiting):
     pytest.importorskip("sandbox")
     r = code_reward(AUX, f(f"{exiting}\nreturn 2 * x + 1"), "f", TEST)
     assert r.passed == 0 and r.tests == 0
-    assert float(r) == pytest.approx(1.5)
+    assert float(r) == pytest.approx(1.1)
 
 
 def test_gated_levels_run_no_code(no_sandbox):
-    assert float(code_reward(AUX, "", "f", TEST)) == pytest.approx(0.4)
+    assert float(code_reward(AUX, "", "f", TEST)) == 0.0  # aux's 0.4 comes only with every test passed
     r = code_reward(AUX, "def f(x): return (2 * x +", "f", TEST)
-    assert (r.structure, r.syntax, r.tests) == (pytest.approx(1.0), 0.0, 0.0)
+    assert (r.structure, r.syntax, r.tests) == (pytest.approx(0.6), 0.0, 0.0) and r.aux_returns
     assert "SyntaxError" in r.syntax_error
     assert float(code_reward("", "prose only, no code", "f", TEST)) == 0.0
 
@@ -213,7 +213,7 @@ def test_no_tests_passed_means_no_bonus(fake_sandbox, monkeypatch):
     none_pass = types.SimpleNamespace(passed=0, total=3, helper_use="used")
     monkeypatch.setattr(fake_sandbox, "run_tests_many", lambda jobs, **kw: [none_pass for _ in jobs])
     r = code_reward(AUX, f("y = aux(x)\nreturn y + 1"), "f", TEST)
-    assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.5)
+    assert r.calls_aux and r.coop == 0 and float(r) == pytest.approx(1.1)
 
 
 AUX1 = "def aux(x):\n    return 2 * x + 1\n"  # the whole answer: main needs only to return it
@@ -279,11 +279,11 @@ def test_code_reward_pays_only_for_a_call_of_aux_that_ran(shape):
 
 def test_code_reward_a_constant_with_a_dead_call_scores_below_a_right_answer():
     """The free bonus a policy would learn: a constant answer (1 test of 2) with a call of aux that
-    never runs scored 3.5, above the right answer without aux (2.5). Now 2.0; a live call still pays."""
+    never runs scored 3.5, above the right answer without aux (2.5). Now 1.6; a live call still pays."""
     pytest.importorskip("sandbox")
     constant = float(code_reward(AUX, f("if x < 0:\n    return aux(x)\nreturn 3"), "f", TEST))
     right = float(code_reward(AUX, f("return 2 * x + 1"), "f", TEST))
-    assert constant == pytest.approx(2.0) and constant < right == pytest.approx(2.5)
+    assert constant == pytest.approx(1.6) and constant < right == pytest.approx(2.5)
     live = code_reward(AUX, f("if x < 2:\n    return aux(x) + 1\nreturn 5"), "f", TEST)  # aux runs once
     assert live.calls_aux and live.report.helper_use == "used" and float(live) == pytest.approx(4.0)
 
@@ -346,12 +346,13 @@ def test_code_reward_no_bonus_from_a_test_every_program_passes():
     pytest.importorskip("sandbox")
     test = "def check(candidate):\n    assert candidate(1) == 3\n    assert True\n"
     r = code_reward(AUX, f("return aux(x)"), "f", test)
-    assert (r.passed, r.n_tests, r.coop) == (0, 1, 0) and float(r) == pytest.approx(1.5), r
+    assert (r.passed, r.n_tests, r.coop) == (0, 1, 0) and float(r) == pytest.approx(1.1), r
 
 
 # Joint answers of one problem (3 tests), some passing more tests than others, with and without a
-# use of aux, a wrapper, a discarded result or a forgery: none that passes fewer tests may outscore
-# one that passes more (the bonus, 1.5, is worth more than all the tests together).
+# use of aux, a wrapper, a discarded result or a forgery, each with an aux and without one: none that
+# passes fewer tests may outscore one that passes more (the bonus, 1.5, is worth more than all the
+# tests together, and aux's 0.4 more than one of 3 tests: so both are paid once every test passed).
 RANKED = [f("y = aux(x)\nreturn y + 1"), f("return aux(x) + (x < 3)"), f("return aux(x) + (x < 2)"),
           f("return aux(x)"), f("return 2 * x + 1"), f("return 2 * x + (x < 3)"),
           f("return 2 * x + (x == 1)"), f("aux(x)\nreturn aux(x) + (x < 3)"), f("return 3"),
@@ -361,9 +362,12 @@ RANKED = [f("y = aux(x)\nreturn y + 1"), f("return aux(x) + (x < 3)"), f("return
 
 def test_code_reward_correctness_first():
     pytest.importorskip("sandbox")
-    items = [dict(aux=AUX, main=main, entry_point="f", test=TEST3) for main in RANKED]
+    items = [dict(aux=aux, main=main, entry_point="f", test=TEST3) for aux in (AUX, "") for main in RANKED]
     rewards = code_reward_many(items)
     assert sorted({r.passed for r in rewards}) == [0, 1, 2, 3]
+    # With aux and without: e.g. aux with 0 of 3 (0.4 + 0.6 + 0.5 = 1.5 when aux's 0.4 came before the
+    # tests) against no aux with 1 of 3 (0.6 + 0.5 + 1/3 = 1.43); now 1.1 against 1.43.
+    assert {(r.has_aux, r.passed) for r in rewards} >= {(True, 0), (False, 1), (True, 1), (False, 2)}
     for a in rewards:
         for b in rewards:
             assert not (a.passed < b.passed and float(a) > float(b)), (a, b)
@@ -405,7 +409,7 @@ def test_code_reward_a_value_without_text_is_the_programs_failure(test):
     describes its failure scores as the wrong answer it is: never a sandbox_error."""
     pytest.importorskip("sandbox")
     r = code_reward(AUX, f("y = aux(x) + 1\nreturn y if x == 1 else 10 ** 5000"), "f", test)
-    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(2.0)
+    assert r.sandbox_error is None and (r.passed, r.n_tests) == (1, 2) and float(r) == pytest.approx(1.6)
 
 
 def test_code_reward_runs_at_the_isolation_asked_for():
@@ -646,8 +650,8 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
     "aux_in_a_comment": (AUX, f("# aux(x) would help\nreturn 2 * x + 1"), TEST, 4.0, 2.5),
     "nested_def_drops_the_rest": (AUX, f("def aux(y):\n    return y\nreturn aux(x) * 2 + 1"), TEST, 1.5, 2.5),
     "return_paren_is_no_return": (AUX, "def f(x):\n    return(2 * x + 1)\n", TEST, 0.4, 2.5),
-    "break_outside_loop_parses": (AUX, f("break\nreturn 2 * x + 1"), TEST, 1.5, 1.0),
-    "sentence_line_dropped": (AUX, f("Note: this doubles x and adds one.\nreturn 2 * x + 1"), TEST, 2.5, 1.0),
+    "break_outside_loop_parses": (AUX, f("break\nreturn 2 * x + 1"), TEST, 1.5, 0.6),
+    "sentence_line_dropped": (AUX, f("Note: this doubles x and adds one.\nreturn 2 * x + 1"), TEST, 2.5, 0.6),
     "multiline_assert_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                                "    assert candidate(1) == \\\n        3\n"
                                "    assert candidate(2) == 5\n", 3.5, 4.0),
@@ -658,12 +662,12 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
                                 1.5, 4.0),
     "duplicate_asserts_once": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                                "    assert candidate(1) == 3\n    assert candidate(1) == 3\n"
-                               "    assert candidate(2) == 4\n", 3.5, 2.1666666666666665),
+                               "    assert candidate(2) == 4\n", 3.5, 1.7666666666666666),
     "called_twice_per_test": (AUX, "def f(x, _calls=[0]):\n    _calls[0] += 1\n    if _calls[0] % 2 == 0:\n"
-                                   "        return 0\n    return aux(x) + 1\n", TEST, 1.5, 2.0),
-    "a_third_with_discard": (AUX, f("aux (x)\nreturn 3"), TEST3, 2.833333333333333, 1.8333333333333333),
+                                   "        return 0\n    return aux(x) + 1\n", TEST, 1.5, 1.6),
+    "a_third_with_discard": (AUX, f("aux (x)\nreturn 3"), TEST3, 2.833333333333333, 1.4333333333333333),
     "a_third_wrapper_discard": (AUX, 'def f(x):\n    """Doc\n    """\n    aux (x)\n    return 3\n', TEST3,
-                                1.833333333333333, 1.8333333333333333),
+                                1.833333333333333, 1.4333333333333333),
     "fences_and_prose": ("Helper:\n```python\ndef aux(x):\n    return 2 * x\n```\nDone.",
                          "```python\ndef f(x):\n    y = aux(x)\n    return y + 1\n```\nThis works.",
                          TEST, 4.0, 4.0),
