@@ -306,7 +306,11 @@ class CodingEnv(Env):
         if timeout <= 0:
             raise ValueError(f"the test timeout must be > 0 seconds, got {timeout}")
         # The sandbox's level for model code (--sandbox), found now, so that the run records the one it has.
-        self.isolation = sandbox_level(isolation)
+        import sandbox  # imported here, since only an env that runs code needs it
+        try:
+            self.isolation = sandbox.isolation_level(isolation)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
         # --authors-rewards scores with the authors' exact code reward instead of ours (rewards.py's switch).
         self.score_many = reward_functions(authors).code_many
         # One agent is the main agent alone (the num_agents=1 variant).
@@ -315,14 +319,12 @@ class CodingEnv(Env):
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         self.dataset = dataset = dataset or "humaneval"  # args.json records it
-        if dataset == "humaneval":
-            rows, named = read_rows(humaneval_path(), code_row), self.splits["humaneval"]
-        else:
-            rows, named = load_rows(dataset, split or default_split, code_row, self.hub)
+        source = humaneval_path() if dataset == "humaneval" else dataset
+        rows, named = read_rows(source, code_row, split or default_split, self.hub)
         # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
         # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
-        named = self.splits["coophumaneval"] if self.coop else named
+        named = self.splits.get("coophumaneval" if self.coop else dataset, named)
         self.examples, self.split = take_split(rows, split, named, dataset, default_split)
         self.settings = self.coop_settings if self.coop else self.settings
 
@@ -434,22 +436,17 @@ class CodingEnv(Env):
         """The single-model baseline (Sec. 6) and the num_agents=1 variant: no aux."""
         return self.file_prompt(ex, SINGLE_HEAD)
 
-    def item(self, ex, outputs):
-        """code_reward's arguments for ours, and the raw prompt for the authors' (rewards.py)."""
-        aux, main = ("", *outputs)[-2:]  # (main,) has no aux
-        # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its
-        # poly); the authors' take their import lines from the whole raw prompt.
-        context, stub = prompt_parts(ex)
-        return dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"], imports=context,
-                    signature=stub, prompt=ex["prompt"])
-
     def reward(self, ex, outputs):
         """rewards.CodeReward: float(), the levels, the test counts and report."""
         return self.rewards([ex], [outputs])[0]
 
     def rewards(self, examples, outputs):
         """The batch's rewards, in order: one sandbox call tests all the programs in parallel."""
-        items = [self.item(ex, out) for ex, out in zip(examples, outputs)]
+        # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its poly);
+        # the authors' take their import lines from the whole raw prompt. (main,) has no aux.
+        items = [dict(aux=("", *out)[-2], main=out[-1], entry_point=ex["entry_point"], test=ex["test"],
+                      imports=prompt_parts(ex)[0], signature=prompt_parts(ex)[1], prompt=ex["prompt"])
+                 for ex, out in zip(examples, outputs)]
         return self.score_many(items, timeout=self.test_timeout, isolation=self.isolation)
 
     def single_reward(self, ex, output):
@@ -485,7 +482,7 @@ class WritingEnv(Env):
         self.dataset = dataset or "builtin"  # args.json records it
         if dataset and dataset != "builtin":
             parse = functools.partial(text_row, field=text_field)
-            rows, named = load_rows(dataset, split or default_split, parse, self.hub)
+            rows, named = read_rows(dataset, parse, split or default_split, self.hub)
             self.examples, self.split = take_split(rows, split, named, dataset, default_split)
             return
         if text_field:
@@ -675,28 +672,15 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
         raise ValueError(f"{where}: {e}") from None
 
 
-def sandbox_level(wanted):
-    """The sandbox's level for --sandbox `wanted` (None or auto: MAGRPO_SANDBOX's, else the best that
-    works here); ValueError where a level asked for can't be had."""
-    import sandbox  # imported here, since only an env that runs code needs it
-    try:
-        return sandbox.isolation_level(wanted)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
-
-
 # -----------------------------------------------------------------------------
-# Rows for the envs: one reader of a JSON/JSONL file or a hub dataset (read_rows), the cut of rows to a
-# named split or a slice (take_split), the row formats (HumanEval's, a text's) and the built-in prose
-# corpus of the writing envs. A bad row stops with the file and line to fix. Each env above says which
-# source, splits and hub names are its own.
+# The envs' rows: one reader of a JSON/JSONL file or a hub dataset, the cut to a split, the row formats
+# and the built-in prose corpus of the writing envs. Each env above names its own sources and splits.
 
 
 def take_split(rows, split, named, source, default="train"):
-    """(the rows of a split name (its slice in `named`) or of a slice ("33:133"), never empty; the split
-    taken: `split`, else `default`, else ":", all rows)."""
-    # With no split named, the program's own is used (train for train.py, test for eval.py). A single
-    # file has no test split, so eval.py scores all of it, the file the user gave it to evaluate.
+    """(the rows of `split`, a name in `named` or a slice like "33:133", never empty; the split taken:
+    `split`, else `default` where the data has it, else ":", all rows)."""
+    # A single file has no test split, so eval.py without --split scores all of it, the file it was given.
     if split is None:
         split = default if default in named else ":"
     # A split named but missing (eval or test of a single file) must not fall back to all rows.
@@ -704,8 +688,7 @@ def take_split(rows, split, named, source, default="train"):
         raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
                          "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
     spec = named.get(split, split)
-    # A slice is written as in Python, start:stop, either one empty or negative.
-    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)  # as in Python: a bound empty or negative
     if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
     part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
@@ -715,22 +698,13 @@ def take_split(rows, split, named, source, default="train"):
     return part, split
 
 
-def read_rows(source, parse, hub_split=None):
-    """parse(row) of each row of a JSON array (as the authors release CoopHumanEval) or JSONL file, or
-    with `hub_split` ("train[:1000]") of a hub dataset (needs `datasets` and a network)."""
-    if hub_split is not None:
-        try:
-            import datasets  # imported here, because offline runs and the tests never need the package
-            data = datasets.load_dataset(source, split=hub_split)
-        except ImportError:
-            raise ValueError(f"{source!r} is not a local file; to load it from the hub, pip install datasets "
-                             "(or pass a local JSON/JSONL file)") from None
-        except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ValueError(f"cannot load {source!r} split {hub_split!r} from the hub ({first}); offline, "
-                             "pass a local JSON/JSONL file as --dataset") from None
-        rows = [(f"{source}[{hub_split}] row {i}", dict(row)) for i, row in enumerate(data)]
-    else:
+def read_rows(source, parse, split="train", hub={}):
+    """(parse(row) of each row, the split names the rows hold) of a JSON array (as the authors release
+    CoopHumanEval) or JSONL file, else of a hub dataset: `hub` maps a name to (its hub name, the split
+    to train on, the one held out); another name has train and validation (needs `datasets`)."""
+    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
+    # is one split, all of it: train.py trains on it, so eval or test would be its training rows.
+    if os.path.exists(source) or source.endswith((".jsonl", ".jsonl.gz", ".json")):
         with (gzip.open if source.endswith(".gz") else open)(source, "rt", encoding="utf-8") as f:
             try:
                 text = f.read()
@@ -748,6 +722,23 @@ def read_rows(source, parse, hub_split=None):
         else:  # JSONL has one object a line; blank lines are skipped but counted, so that line numbers match
             lines = enumerate(text.split("\n"), 1)
             rows = [(f"{source}:{n}", loads(line, n)) for n, line in lines if line.strip()]
+        named = {"train": ":"}
+    else:
+        name, train, held_out = hub.get(source, (source, "train", "validation"))
+        hub_split = held_out if split in ("eval", "test") else train
+        try:
+            import datasets  # imported here, because offline runs and the tests never need the package
+            data = datasets.load_dataset(name, split=hub_split)
+        except ImportError:
+            raise ValueError(f"{name!r} is not a local file; to load it from the hub, pip install datasets "
+                             "(or pass a local JSON/JSONL file)") from None
+        except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"cannot load {name!r} split {hub_split!r} from the hub ({first}); offline, "
+                             "pass a local JSON/JSONL file as --dataset") from None
+        rows = [(f"{name}[{hub_split}] row {i}", dict(row)) for i, row in enumerate(data)]
+        # The hub holds the held-out rows apart, so the rows loaded are the split asked for, whole.
+        named = dict.fromkeys(SPLIT_NAMES, ":")
     parsed = []
     for where, row in rows:
         # A bad row stops the run with the place to fix it, not a traceback from deep in a reward.
@@ -757,21 +748,7 @@ def read_rows(source, parse, hub_split=None):
             parsed.append(parse(row))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-    return parsed
-
-
-def load_rows(dataset, split, parse, hub):
-    """(the rows `split` is cut from, their split names): a file, or a hub dataset, either one of `hub`
-    (name: (hub name, its split for train, for eval/test)) or another name (train, validation)."""
-    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
-    # is one split, all of it: train.py trains on it, so it has no eval or test split (they would be
-    # its training rows), and a slice or another file is the way to hold rows out.
-    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse), {"train": ":"}
-    # The hub holds the held-out rows apart, so eval and test load them and train the training split.
-    name, train, held_out = hub.get(dataset, (dataset, "train", "validation"))
-    rows = read_rows(name, parse, held_out if split in ("eval", "test") else train)
-    return rows, dict.fromkeys(SPLIT_NAMES, ":")  # the rows are already the split asked for
+    return parsed, named
 
 
 def code_row(row):
