@@ -69,7 +69,6 @@ class Env(abc.ABC):
         """-> one text per agent, ending in the request to revise; `mode` is one of the three kinds of
         external feedback in Sec. 3 (level, plain, expert)."""
         agents = range(self.num_agents)
-        # Plain feedback is the request to revise alone, with no diagnostics.
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
         # In expert mode another model reviewed the joint answer; each agent reads the review of its own part.
@@ -78,16 +77,14 @@ class Env(abc.ABC):
         else:
             # Level feedback says what the reward saw, level by level; the trainer passes the one it computed.
             reward = self.reward(ex, outputs) if reward is None else reward
-            # A reward whose scoring raised (a magrpo.ScoreError) saw nothing, so we say so rather than
-            # diagnose a zero the answer did not earn.
+            # A reward whose scoring raised (magrpo.ScoreError) saw nothing: no zero the answer did not earn.
             error = getattr(reward, "error", None)
             notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
                      else self.diagnose(ex, outputs, reward, i) for i in agents]
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def revision_prompt(self, ex, i, history):
-        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
-        # Agent i gets only its own answers and feedback, since each agent sees only its own history (Sec. 1).
+        """Agent i's turn-1 prompt, then per earlier turn its own answer, feedback and cue (Sec. 1)."""
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
@@ -113,11 +110,10 @@ class Env(abc.ABC):
         # One agent has no one to discuss with, and a prompt that spoke of partners would mislead it.
         if len(first) < 2:
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
-        others = [text for agent, text in enumerate(first) if agent != i]
-        # Its own prompt and first answer, the others' answers, then its prompt again to write anew.
-        # A team of two has a partner; a larger one, other agents, each answer under its name.
+        # Its own prompt and first answer, the others' answers (a partner's, or each under its name),
+        # then its prompt again to write anew.
         if len(first) == 2:
-            shown, fit = "[your partner wrote]\n" + others[0], "the two fit together"
+            shown, fit = "[your partner wrote]\n" + first[1 - i], "the two fit together"
         else:
             shown = "\n\n".join(f"[the {name} agent wrote]\n{text}" for agent, (name, text)
                                 in enumerate(zip(self.agent_names, first)) if agent != i)
@@ -184,8 +180,7 @@ class DemoEnv(Env):
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
-        # The ratio is joint, so each agent is told its own way to fix it. A ratio too low asks
-        # for a shorter headline or a longer body.
+        # The ratio is joint, so each agent is told its own way to fix it (too low: a longer body).
         longer = (ratio < lo) == (i == 1)
         advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
         return "\n".join([
@@ -195,11 +190,9 @@ class DemoEnv(Env):
             f"the body is {ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}"])
 
     def revise_note(self, i):
-        """The request that ends agent i's feedback."""
         return f"Write the {self.agent_names[i]} again."
 
     def task_text(self, ex):
-        """The whole task in words, for an expert reviewer (who sees both parts)."""
         return (f"Task: on the topic {ex['topic']!r}, one writer writes a headline in letters a to m, "
                 "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
                 "letters.")
@@ -245,12 +238,9 @@ def quoted(text, limit=160):
     # and letters drawn blank (the Hangul fillers, U+3164 ...; braille's blank), which would let
     # words joined by them read as a sentence.
     literal = repr(text[:limit])
-    shown = "".join(c.encode("unicode_escape").decode() if _draws_blank(c) else c for c in literal)
+    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
     return shown + (" (cut)" if len(text) > limit else "")
-
-
-def _draws_blank(c):
-    return c in "\u115f\u1160\u3164\uffa0\u2800" or unicodedata.category(c) in ("Mn", "Me")
 
 
 def as_comment(text):
@@ -311,9 +301,7 @@ class CodingEnv(Env):
             self.isolation = sandbox.isolation_level(isolation)
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
-        # --authors-rewards scores with the authors' exact code reward instead of ours (rewards.py's switch).
-        self.score_many = reward_functions(authors).code_many
-        # One agent is the main agent alone (the num_agents=1 variant).
+        self.score_many = reward_functions(authors).code_many  # --authors-rewards: the authors' exact reward
         self.agent_names = self.mine("aux", "main")
         # Alone, main earns neither aux's 0.4 nor the bonus, so at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
@@ -450,12 +438,11 @@ class CodingEnv(Env):
         return self.score_many(items, timeout=self.test_timeout, isolation=self.isolation)
 
     def single_reward(self, ex, output):
-        """The single model's one output is scored as main alone, with no aux: max 2.1."""
+        """Main alone, with no aux: max 2.1."""
         return self.reward(ex, (output,))
 
     def oracle_outputs(self, ex):
-        """eval's oracle: no aux, the canonical solution as main."""
-        # The oracle checks the harness (its score should be 1.0), and without a solution it means nothing.
+        """No aux, the canonical solution as main: a check of the harness (it should score 1.0)."""
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
@@ -476,24 +463,21 @@ class WritingEnv(Env):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
         self.num_agents, self.authors = num_agents, authors
-        # --authors-rewards uses the authors' writing reward and single-output cut (rewards.py's switch).
-        self.scoring = reward_functions(authors)
+        self.scoring = reward_functions(authors)  # --authors-rewards: the authors' reward and single cut
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
-        self.dataset = dataset or "builtin"  # args.json records it
-        if dataset and dataset != "builtin":
+        self.dataset = source = dataset or "builtin"  # args.json records it
+        if source != "builtin":
             parse = functools.partial(text_row, field=text_field)
-            rows, named = read_rows(dataset, parse, split or default_split, self.hub)
-            self.examples, self.split = take_split(rows, split, named, dataset, default_split)
-            return
-        if text_field:
+            rows, named = read_rows(source, parse, split or default_split, self.hub)
+        elif text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
-        rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
-                for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
-        # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
-        # held out, and eval and test are that same fifth.
-        cut = len(rows) * 4 // 5
-        named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        source = f"the built-in {self.name} corpus"
+        else:
+            rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
+                    for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
+            # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
+            # held out, and eval and test are that same fifth.
+            cut, source = len(rows) * 4 // 5, f"the built-in {self.name} corpus"
+            named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples, self.split = take_split(rows, split, named, source, default_split)
 
     def prompts(self, ex):
@@ -617,14 +601,12 @@ ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv
 
 
 def make_env(name, **kwargs):
-    """The env called `name` (--env), built with `kwargs`."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
 
 
 def add_env_flags(p):
-    """The env's flags, the same in train.py and eval.py."""
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
