@@ -776,23 +776,9 @@ def text_row(row, field=None):
     return {**row, "text": row[key].strip()}
 
 
-def prose_paragraphs(doc):
-    """A pydoc topic's prose paragraphs (12+ words) on one line each: no code, list, heading or note."""
-    for para in re.split(r"\n\s*\n", doc):
-        lines = para.strip("\n").split("\n")
-        # An indented line is code or a list; a line of *, =, ~, ^ or - underlines a heading.
-        if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
-            continue
-        text = " ".join(line.strip() for line in lines)
-        # Short lines, those that introduce a list (":"), and version notes are not prose to summarise.
-        if len(text.split()) >= 12 and not text.endswith(":") and \
-                not text.startswith(("Changed in", "New in", "Deprecated", "See ")):
-            yield text
-
-
 @functools.lru_cache(maxsize=None)
 def builtin_passages(min_words, target, max_words):
-    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole
+    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole prose
     paragraphs of one topic, min_words..max_words long, closed at `target` words."""
     try:
         from pydoc_data.topics import topics
@@ -801,10 +787,16 @@ def builtin_passages(min_words, target, max_words):
     out, seen = [], set()
     for name in sorted(topics):
         passages, length = [[]], 0  # the topic's passages so far, the words in the last one
-        for para in prose_paragraphs(topics[name]):
+        for block in re.split(r"\n\s*\n", topics[name]):
+            lines = block.strip("\n").split("\n")
+            para = " ".join(line.strip() for line in lines)
             words = len(para.split())
+            # Prose only: an indented line is code or a list, a line of *, =, ~, ^ or - underlines a heading,
+            # and short lines, those that introduce a list (":") and version notes are no prose to summarise.
+            code = any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines)
+            note = para.endswith(":") or para.startswith(("Changed in", "New in", "Deprecated", "See "))
             # Topics repeat each other's paragraphs, so each is used once and train and eval share none.
-            if para in seen or words > max_words:
+            if code or note or not 12 <= words <= max_words or para in seen:
                 continue
             seen.add(para)
             # A new passage once this one is long enough, or when the paragraph would make it too long.
