@@ -233,10 +233,9 @@ def prompt_parts(ex):
 def quoted(text, limit=160):
     """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
     of the text, every character that shows nothing or a blank escaped, so it reads as data."""
-    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces
-    # but " "); we escape too what draws blank or nothing though Python prints it: combining marks,
-    # and letters drawn blank (the Hangul fillers, U+3164 ...; braille's blank), which would let
-    # words joined by them read as a sentence.
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
+    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
+    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
     literal = repr(text[:limit])
     shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
                     or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
@@ -691,8 +690,8 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
 
 
 # -----------------------------------------------------------------------------
-# The envs' rows: one reader of a JSON/JSONL file or a hub dataset, the cut to a split, the row formats
-# and the built-in prose corpus of the writing envs. Each env above names its own sources and splits.
+# The envs' rows: one reader of a JSON/JSONL file or a hub dataset, the cut to a split, and the built-in
+# prose corpus of the writing envs. Each env above names its own sources, splits and row format.
 
 
 def take_split(rows, split, named, source, default="train"):
