@@ -173,7 +173,7 @@ def test_hub_name_without_datasets_is_a_clear_error(monkeypatch):
         envs.make_env("tldr", dataset="someone/tldr")
 
 
-def test_load_rows_picks_the_hub_split(monkeypatch):
+def test_read_rows_picks_the_hub_split(monkeypatch):
     """Known names load the authors' slices (eval and test share one); other hub names train/validation."""
     import types
     calls = []
