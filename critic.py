@@ -53,16 +53,17 @@ class Critic:
             return [self.heads[0](torch.cat(features, dim=-1)).squeeze(-1)] * len(self.agents)
         return [head(x).squeeze(-1) for head, x in zip(self.heads, features)]
 
-    def values(self, states):
+    def values(self, features):
         """V of each state, per agent, [states], as the advantages take it (no gradient)."""
         with torch.no_grad():
-            return self.predict(self.features(states))
+            return self.predict(features)
 
-    def fit(self, states, returns, total=lambda x: x):
+    def fit(self, features, returns, total=lambda x: x):
         """One Adam step of the heads on the mean squared error to the returns, [states, J] (each state's
-        J joint actions). -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), both of
+        J joint actions), from the states' features (those that gave the values: the agents have not
+        changed since). -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), both of
         the values before this step, the ones that gave the advantages; total sums over processes."""
-        predicted = self.predict(self.features(states))
+        predicted = self.predict(features)
         heads = predicted[:1] if self.mode == "central" else predicted  # one shared value, or one per agent
         errors = torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
         gaps = errors.detach()

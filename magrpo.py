@@ -580,17 +580,16 @@ def turn_returns(turns, cfg):
     return [turn.values() for turn in turns]
 
 
-def episode_advantages(turns, cfg, critic=None):
+def episode_advantages(turns, cfg, values=None):
     """Eq. 1 among siblings: per turn, per agent, an advantage per rollout row, on turn_returns. cross: a
-    completion's credit is its joint actions' mean. --advantage critic: R - the critic's V of the group's
-    prompts (critic_advantages), per agent."""
+    completion's credit is its joint actions' mean. --advantage critic: R - V, values[turn][agent] the
+    critic's V of each of the turn's groups (critic_advantages)."""
     advantages = []
-    for turn, turn_values in zip(turns, turn_returns(turns, cfg)):
+    for t, (turn, turn_values) in enumerate(zip(turns, turn_returns(turns, cfg))):
         credits = credited_returns(turn_values, turn.joint, len(turn.rollouts), turn.size)
         if cfg.advantage == "critic":
-            values = critic.values([group.prompts for group in turn.groups])
             advantages.append([critic_advantages(credit, value).view(-1)
-                               for credit, value in zip(credits, values)])
+                               for credit, value in zip(credits, values[t])])
             continue
         # remax compares with the greedy joint answer, which only turn 1 has, so later turns use the mean.
         mode = "mean" if cfg.advantage == "remax" and not turn.baseline else cfg.advantage
@@ -619,8 +618,15 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         return turns, None
     # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
+    values = features = None
+    if critic is not None:
+        # The critic's V of every group's prompts (its state), per turn and agent; the agents it reads do
+        # not change before Eq. 2, so its fit below reads the same features.
+        features = critic.features([group.prompts for turn in turns for group in turn.groups])
+        sizes = [len(turn.groups) for turn in turns]
+        values = list(zip(*[value.split(sizes) for value in critic.values(features)]))
     zero_groups = 0
-    for turn, advantages in zip(turns, episode_advantages(turns, cfg, critic)):
+    for turn, advantages in zip(turns, episode_advantages(turns, cfg, values)):
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
     metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
@@ -628,8 +634,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         # The critic learns this step's returns only now, after its values gave their advantages (and
         # before Eq. 2 changes the agents it reads): a baseline that had seen the very return it is
         # subtracted from would cancel part of it, and the gradient would be biased.
-        states = [group.prompts for turn in turns for group in turn.groups]
-        metrics.update(critic.fit(states, torch.cat(turn_returns(turns, cfg)), total))
+        metrics.update(critic.fit(features, torch.cat(turn_returns(turns, cfg)), total))
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns

@@ -56,7 +56,7 @@ def update_on(agent, parts, cfg):
         turns.append(magrpo.Turn(groups, rollout.num_generations, [rollout], [], [], [], []))
     given = [[advantages] for _, advantages in parts]
     with mock.patch.object(magrpo, "rollout_team", lambda *args, **kwargs: turns), \
-            mock.patch.object(magrpo, "episode_advantages", lambda turns, cfg, critic=None: given):
+            mock.patch.object(magrpo, "episode_advantages", lambda turns, cfg, values=None: given):
         _, metrics = magrpo.train_step([agent], None, [], cfg, [])
     return {name[:-2]: value for name, value in metrics.items() if name.endswith("_0")}
 

@@ -28,12 +28,13 @@ def test_critic_fit_on_a_fixed_batch_lowers_its_loss(tok, mode):
     team_critic = critic.Critic(team(tok), mode, learning_rate=1e-2)
     states = [[f"Topic: {t}. Headline:\n", f"Topic: {t}. Body:\n"] for t in ("cats", "rain", "tea", "ships")]
     returns = torch.tensor([[0.0, 0.2], [1.0, 1.2], [2.0, 1.8], [3.0, 3.0]])
-    first = team_critic.fit(states, returns)
+    features = team_critic.features(states)
+    first = team_critic.fit(features, returns)
     assert first["critic_loss"] == pytest.approx(float((returns ** 2).mean()))  # the heads start at 0
     for _ in range(200):
-        last = team_critic.fit(states, returns)
+        last = team_critic.fit(features, returns)
     assert last["critic_loss"] < 0.1 * first["critic_loss"] and last["critic_explained_variance"] > 0.8
-    values = team_critic.values(states)
+    values = team_critic.values(features)
     assert len(values) == 2 and values[0].shape == (4,)
     residual = returns - values[0][:, None]
     assert 1 - residual.var(unbiased=False) / returns.var(unbiased=False) > 0.8
@@ -45,11 +46,11 @@ def test_critic_per_agent_value_is_unchanged_when_a_partners_prompt_changes(tok)
     per_agent, central = critic.Critic(team(tok), "per-agent"), critic.Critic(team(tok), "central")
     returns = torch.tensor([[1.0, 2.0]])
     for c in (per_agent, central):  # a step away from 0, so that the heads read their features
-        c.fit(states + changed, torch.cat([returns, returns + 1]))
-    before, after = per_agent.values(states), per_agent.values(changed)
+        c.fit(c.features(states + changed), torch.cat([returns, returns + 1]))
+    before, after = (per_agent.values(per_agent.features(s)) for s in (states, changed))
     assert torch.equal(before[0], after[0])  # agent 0's V_0 reads only agent 0's prompt
     assert not torch.equal(before[1], after[1])
-    shared_before, shared_after = central.values(states), central.values(changed)
+    shared_before, shared_after = (central.values(central.features(s)) for s in (states, changed))
     assert torch.equal(shared_before[0], shared_before[1])  # one V(s) for every agent
     assert not torch.equal(shared_before[0], shared_after[0])  # the joint state: every prompt counts
 
@@ -70,9 +71,13 @@ def test_train_step_with_a_critic_subtracts_the_values_from_before_its_fit(tok, 
     cfg = magrpo.Config(num_generations=num_generations, max_new_tokens=8, advantage="critic")
     assert cfg.on_the_tree()  # train.py takes the tree's step for a critic
     states = [env.prompts(ex) for ex in env.examples[:2]]
-    team_critic.fit(states, torch.tensor([[1.0] * num_generations, [2.0] * num_generations]))
-    values = team_critic.values(states)
+    features = team_critic.features(states)
+    team_critic.fit(features, torch.tensor([[1.0] * num_generations, [2.0] * num_generations]))
+    values = team_critic.values(features)
+    reads, read = [], team_critic.features
+    team_critic.features = lambda states: reads.append(len(states)) or read(states)
     turns, metrics = magrpo.train_step(agents, env, env.examples[:2], cfg, [3, 4], critic=team_critic)
+    assert reads == [2]  # each state's prompts are read once a step, for the values and the fit both
     returns = turns[0].values()
     for i in range(2):
         expected = (returns - values[i][:, None]).view(-1)
@@ -80,7 +85,7 @@ def test_train_step_with_a_critic_subtracts_the_values_from_before_its_fit(tok, 
     residuals = torch.cat([returns - v[:, None] for v in values])  # every head's rows together
     explained = 1 - residuals.var(unbiased=False) / returns.var(unbiased=False)
     assert metrics["critic_explained_variance"] == pytest.approx(float(explained), abs=1e-5)
-    assert not torch.equal(team_critic.values(states)[0], values[0])  # the fit came after
+    assert not torch.equal(team_critic.values(features)[0], values[0])  # the fit came after
 
 
 def test_train_step_refuses_a_critic_without_its_advantage_and_the_reverse(tok):
