@@ -1,40 +1,103 @@
 """
 Eq. 1's group mean against the learned critics (--advantage critic) on the CPU demo, one seed: per run
 the mean reward of the first and the last 10% of steps, their ratio, the critic's explained variance
-(mean of the last 10% of steps), the share of the returns' variance that lies between states (the
-explained variance that V(s) = each state's own mean return would reach, on the same rows), the reward
-every 15 steps (the curve) and the run's time. The table of docs/critic.md. Not a test (pytest does not
-collect bench_*.py).
+(mean and median of the last 10% of steps), the share of the returns' variance that lies between states
+(the explained variance that V(s) = each state's own mean return would reach, on the same rows), how
+much the critic's features differ among prompts at the start and at the end, the reward every 15 steps
+(the curve) and the run's time. The same runs on AskedRatioEnv, the demo whose examples ask their own
+ratio (a new env, registered here as docs/envs.md shows), are named asked-<run>. The table of
+docs/critic.md. Not a test (pytest does not collect bench_*.py).
 
-    python tests/bench_critic.py                        # 4 single-turn runs + 3 two-turn runs, 150 steps
-    python tests/bench_critic.py --runs mean,central --steps 60
+    python tests/bench_critic.py                        # every run of RUNS, 150 steps each
+    python tests/bench_critic.py --runs asked-mean,asked-central --steps 60
 """
 import argparse
+import copy
 import json
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import critic  # noqa: E402
+import envs  # noqa: E402
+import magrpo  # noqa: E402
+import models  # noqa: E402
 import train  # noqa: E402
+
+
+class AskedRatioEnv(envs.DemoEnv):
+    """The demo where each example asks its own length ratio, "a body k to 2k times as long as the
+    headline", and the ratio's band follows the ask (0 at k/2 and 3k), as the demo's (k = 2). Written
+    in 24 characters, a headline with 6 distinct letters leaves room for 4x at most: the higher asks
+    trade the headline's variety for the ratio, and keep their states' values apart to the end."""
+    name = "demo-asked-ratio"
+    asks = (1, 2, 4, 8, 16)
+
+    def __init__(self, num_examples=64, seed=0, split=None, default_split="train"):
+        super().__init__(num_examples, seed, split, default_split)
+        for ex in self.examples:  # the asks in turn, the topics at random: a step's pair mixes them
+            ex["times"] = self.asks[ex["id"] % len(self.asks)]
+
+    def asked(self, ex):
+        """This env with the band of the example's ask, for the demo's reward and feedback."""
+        env, k = copy.copy(self), ex["times"]
+        env.band = (k / 2, k, 2 * k, 3 * k)
+        return env
+
+    def prompts(self, ex):
+        k, topic = ex["times"], ex["topic"]
+        return [f"Topic: {topic}. Headline, letters a to m, for a body {k} to {2 * k}x as long:\n",
+                f"Topic: {topic}. Body, letters n to z, {k} to {2 * k}x as long as the headline:\n"]
+
+    def reward(self, ex, outputs):
+        return envs.DemoEnv.reward(self.asked(ex), ex, outputs)
+
+    def diagnose(self, ex, outputs, reward, i):
+        return envs.DemoEnv.diagnose(self.asked(ex), ex, outputs, reward, i)
+
+    def task_text(self, ex):
+        k = ex["times"]
+        return envs.DemoEnv.task_text(self, ex).replace("2 to 4 times", f"{k} to {2 * k} times")
+
+
+envs.ENVS[AskedRatioEnv.name] = AskedRatioEnv
 
 RUNS = {"mean": [], "central": ["--advantage", "critic"],
         "per-agent": ["--advantage", "critic", "--critic", "per-agent"],
         "central-G1": ["--advantage", "critic", "--num-generations", "1"],
         "mean-2turn": ["--num-turns", "2"], "central-2turn": ["--advantage", "critic", "--num-turns", "2"],
         "per-agent-2turn": ["--advantage", "critic", "--critic", "per-agent", "--num-turns", "2"]}
+# The same runs on the demo whose examples ask their own ratio (AskedRatioEnv), named asked-<run>.
+RUNS.update({f"asked-{name}": ["--env", AskedRatioEnv.name] + flags for name, flags in list(RUNS.items())})
+RUNS["asked-central-lr1e-2"] = RUNS["asked-central"] + ["--critic-learning-rate", "1e-2"]
 
 
 def run(flags, seed, steps):
-    """-> (metrics rows, completions rows, seconds) of one demo run."""
+    """-> (metrics rows, completions rows, seconds, the critic's feature spread at the start and the end)
+    of one demo run."""
     with tempfile.TemporaryDirectory() as out:
+        args = train.parse_args(flags + ["--seed", str(seed), "--steps", str(steps), "--out", out,
+                                         "--save-every", "0"])
         t0 = time.perf_counter()
-        train.train(train.parse_args(flags + ["--seed", str(seed), "--steps", str(steps), "--out", out,
-                                              "--save-every", "0"]))
+        train.train(args)
         seconds = time.perf_counter() - t0
         read = lambda name: [json.loads(line) for line in open(Path(out) / name)]  # noqa: E731
-        return read("metrics.jsonl"), read("completions.jsonl"), seconds
+        env = envs.ENVS[args.env]()
+        start = [models.load_model(models.TINY, seed=seed + i) for i in range(env.num_agents)]
+        end = [models.load_model(f"{out}/agent_{i}") for i in range(env.num_agents)]
+        spreads = [feature_spread(agents, env) for agents in (start, end)]
+        return read("metrics.jsonl"), read("completions.jsonl"), seconds, spreads
+
+
+def feature_spread(models_and_tokenizers, env):
+    """How much the critic's features (critic.Critic.features) differ among the env's first 32 prompts:
+    per agent, the norm of their standard deviation over the norm of their mean; the agents' mean."""
+    agents = [magrpo.Agent(model, tok) for model, tok in models_and_tokenizers]
+    features = critic.Critic(agents).features([env.prompts(ex) for ex in env.examples[:32]])
+    return mean(float(x.std(0).norm() / x.mean(0).norm()) for x in features)
 
 
 def between_states(completions, step):
@@ -63,20 +126,29 @@ def main():
     args = p.parse_args()
     lines = []
     for name in args.runs.split(","):
-        rows, completions, seconds = run(RUNS[name], args.seed, args.steps)
+        rows, completions, seconds, (start, end) = run(RUNS[name], args.seed, args.steps)
         tenth = max(1, len(rows) // 10)
         first = mean(r["reward_mean"] for r in rows[:tenth])
         last = mean(r["reward_mean"] for r in rows[-tenth:])
-        explained = mean(r.get("critic_explained_variance") for r in rows[-tenth:])
+        explained = [r.get("critic_explained_variance") for r in rows[-tenth:]]
+        explained = [x for x in explained if x is not None]
+        shown = f"{mean(explained):.2f} ({statistics.median(explained):.2f})" if explained else "-"
         between = mean(between_states(completions, r["step"]) for r in rows[-tenth:])
         curve = " ".join(f"{r['reward_mean']:.2f}" for r in rows[::15])
-        lines.append(f"| {name} | {first:.2f} | {last:.2f} | {last / first:.2f} | {explained:.2f} | "
-                     f"{between:.2f} | {curve} | {seconds:.0f} |")
+        lines.append(f"| {name} | {first:.2f} | {last:.2f} | {last / first:.1f}x | {shown} | {between:.2f} | "
+                     f"{100 * start:.1f}% -> {100 * end:.2f}% | {curve} | {seconds:.0f} |")
+        if name.startswith("asked"):  # the last 10% of steps' turn-1 reward of each ask
+            asks = {}
+            for row in completions:
+                if row["step"] >= rows[-tenth]["step"] and row["turn"] == 1:
+                    ask = AskedRatioEnv().examples[row["example"]]["times"]
+                    asks.setdefault(ask, []).append(row["reward"])
+            lines[-1] += " " + " ".join(f"{k}x: {mean(asks[k]):.2f}" for k in sorted(asks))
     print(f"\ndemo, seed {args.seed}, {args.steps} steps; reward_mean (turn 1's); explained variance: "
-          "the last 10% of steps' mean")
-    print("| run | first 10% | last 10% | ratio | explained variance | between states "
+          "the last 10% of steps' mean (median); feature spread: at the start -> at the end")
+    print("| run | first 10% | last 10% | ratio | explained variance | between states | feature spread "
           "| reward every 15 steps | s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
 
 
