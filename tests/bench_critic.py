@@ -5,8 +5,9 @@ the mean reward of the first and the last 10% of steps, their ratio, the critic'
 (the explained variance that V(s) = each state's own mean return would reach, on the same rows), how
 much the critic's features differ among prompts at the start and at the end, the reward every 15 steps
 (the curve) and the run's time. The same runs on AskedRatioEnv, the demo whose examples ask their own
-ratio (a new env, registered here as docs/envs.md shows), are named asked-<run>. The table of
-docs/critic.md. Not a test (pytest does not collect bench_*.py).
+ratio (a new env, registered here as docs/envs.md shows), are named asked-<run>; after each, its
+last 10% of steps' reward by ask, and a probe of whether the final agents' features hold those values
+(a least-squares fit's R^2 on prompts of unseen topics). The table of docs/critic.md. Not a test (pytest does not collect bench_*.py).
 
     python tests/bench_critic.py                        # every run of RUNS, 150 steps each
     python tests/bench_critic.py --runs asked-mean,asked-central --steps 60
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import critic  # noqa: E402
@@ -76,8 +79,8 @@ RUNS["asked-central-lr1e-2"] = RUNS["asked-central"] + ["--critic-learning-rate"
 
 
 def run(flags, seed, steps):
-    """-> (metrics rows, completions rows, seconds, the critic's feature spread at the start and the end)
-    of one demo run."""
+    """-> (metrics rows, completions rows, seconds, its env, the agents at the start and at the end, each
+    a list of (model, tokenizer)) of one demo run."""
     with tempfile.TemporaryDirectory() as out:
         args = train.parse_args(flags + ["--seed", str(seed), "--steps", str(steps), "--out", out,
                                          "--save-every", "0"])
@@ -85,19 +88,35 @@ def run(flags, seed, steps):
         train.train(args)
         seconds = time.perf_counter() - t0
         read = lambda name: [json.loads(line) for line in open(Path(out) / name)]  # noqa: E731
-        env = envs.ENVS[args.env]()
-        start = [models.load_model(models.TINY, seed=seed + i) for i in range(env.num_agents)]
-        end = [models.load_model(f"{out}/agent_{i}") for i in range(env.num_agents)]
-        spreads = [feature_spread(agents, env) for agents in (start, end)]
-        return read("metrics.jsonl"), read("completions.jsonl"), seconds, spreads
+        start = [models.load_model(models.TINY, seed=seed + i) for i in range(2)]
+        end = [models.load_model(f"{out}/agent_{i}") for i in range(2)]
+        return read("metrics.jsonl"), read("completions.jsonl"), seconds, envs.ENVS[args.env](), start, end
+
+
+def features(models_and_tokenizers, env, count):
+    """The critic's features (critic.Critic.features) of the env's first `count` prompts, per agent."""
+    agents = [magrpo.Agent(model, tok) for model, tok in models_and_tokenizers]
+    return critic.Critic(agents).features([env.prompts(ex) for ex in env.examples[:count]])
 
 
 def feature_spread(models_and_tokenizers, env):
-    """How much the critic's features (critic.Critic.features) differ among the env's first 32 prompts:
-    per agent, the norm of their standard deviation over the norm of their mean; the agents' mean."""
-    agents = [magrpo.Agent(model, tok) for model, tok in models_and_tokenizers]
-    features = critic.Critic(agents).features([env.prompts(ex) for ex in env.examples[:32]])
-    return mean(float(x.std(0).norm() / x.mean(0).norm()) for x in features)
+    """How much the critic's features differ among the env's first 32 prompts: per agent, the norm of
+    their standard deviation over the norm of their mean; the agents' mean."""
+    return mean(float(x.std(0).norm() / x.mean(0).norm()) for x in features(models_and_tokenizers, env, 32))
+
+
+def probe(models_and_tokenizers, value_of_ask):
+    """Whether the features hold each state's value: a least-squares fit (ridge 1, features standardized)
+    of the value of each prompt's ask on both agents' features, on 200 prompts less those of 6 topics;
+    -> its R^2 on the prompts of those 6 topics, unseen by the fit."""
+    env = AskedRatioEnv(num_examples=200)
+    x = torch.cat(features(models_and_tokenizers, env, 200), dim=-1)
+    y = torch.tensor([value_of_ask[ex["times"]] for ex in env.examples])
+    seen = torch.tensor([ex["topic"] not in env.topics[18:] for ex in env.examples])
+    x = (x - x[seen].mean(0)) / (x[seen].std(0) + 1e-8)
+    y = y - y[seen].mean()
+    w = torch.linalg.solve(x[seen].T @ x[seen] + torch.eye(x.shape[1]), x[seen].T @ y[seen])
+    return float(1 - ((x[~seen] @ w - y[~seen]) ** 2).mean() / y[~seen].var(unbiased=False))
 
 
 def between_states(completions, step):
@@ -126,7 +145,7 @@ def main():
     args = p.parse_args()
     lines = []
     for name in args.runs.split(","):
-        rows, completions, seconds, (start, end) = run(RUNS[name], args.seed, args.steps)
+        rows, completions, seconds, env, start, end = run(RUNS[name], args.seed, args.steps)
         tenth = max(1, len(rows) // 10)
         first = mean(r["reward_mean"] for r in rows[:tenth])
         last = mean(r["reward_mean"] for r in rows[-tenth:])
@@ -136,7 +155,8 @@ def main():
         between = mean(between_states(completions, r["step"]) for r in rows[-tenth:])
         curve = " ".join(f"{r['reward_mean']:.2f}" for r in rows[::15])
         lines.append(f"| {name} | {first:.2f} | {last:.2f} | {last / first:.1f}x | {shown} | {between:.2f} | "
-                     f"{100 * start:.1f}% -> {100 * end:.2f}% | {curve} | {seconds:.0f} |")
+                     f"{100 * feature_spread(start, env):.1f}% -> {100 * feature_spread(end, env):.2f}% | "
+                     f"{curve} | {seconds:.0f} |")
         if name.startswith("asked"):  # the last 10% of steps' turn-1 reward of each ask
             asks = {}
             for row in completions:
@@ -144,6 +164,8 @@ def main():
                     ask = AskedRatioEnv().examples[row["example"]]["times"]
                     asks.setdefault(ask, []).append(row["reward"])
             lines[-1] += " " + " ".join(f"{k}x: {mean(asks[k]):.2f}" for k in sorted(asks))
+            if len(asks) == len(AskedRatioEnv.asks):
+                lines[-1] += f" probe R^2 {probe(end, {k: mean(v) for k, v in asks.items()}):.2f}"
     print(f"\ndemo, seed {args.seed}, {args.steps} steps; reward_mean (turn 1's); explained variance: "
           "the last 10% of steps' mean (median); feature spread: at the start -> at the end")
     print("| run | first 10% | last 10% | ratio | explained variance | between states | feature spread "
