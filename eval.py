@@ -351,7 +351,7 @@ def parse_args(argv=None):
     # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    envs.add_env_flags(p)
+    runs.add_env_flags(p)
     p.set_defaults(env=None)  # demo, unless the --agents run's args.json names its env (read_run)
     models.add_model_flags(p)
     runs.add_config_flags(p, SAMPLING_FIELDS)
@@ -521,7 +521,7 @@ def setup(args):
     agents, the expert reviewer or None)."""
     check_flags(args)
     # Without --split we take the test split of a dataset that has named ones, else the whole file given.
-    env = envs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
+    env = runs.env_from_flags(args, default_split="test")  # a forgotten flag must not score training data
     args.split = env.split  # the rows scored: a split's name, or a slice (":" for a whole file)
     if env.runs_code:  # what the sandbox runs the model's code with, for the report
         args.sandbox, args.test_timeout = env.isolation, env.test_timeout

@@ -23,6 +23,7 @@ Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): 
 import ast
 import re
 import textwrap
+import unicodedata
 from collections import namedtuple
 from dataclasses import dataclass, field
 from functools import reduce
@@ -82,6 +83,19 @@ def prompt_imports(prompt):
     return "\n".join(out)
 
 
+def prompt_parts(ex):
+    """A HumanEval problem `ex` as (context, stub): what precedes the entry's def (imports, helpers), and
+    that def; a task in prose: (its imports, None). The prompts show both, the program joins them."""
+    prompt, entry = ex["prompt"], ex["entry_point"]
+    starts = [match.start() for match in re.finditer(rf"^def {re.escape(entry)}\s*\(", prompt, re.M)]
+    # A prompt without the entry's def (a task in prose) keeps only its imports as code.
+    if not starts:
+        return prompt_imports(prompt), None
+    # The last def of the entry is the stub to complete, and what comes before it is context (imports,
+    # the helpers that HumanEval/10, 32, 38 and 50 define and test).
+    return prompt[:starts[-1]].strip("\n"), prompt[starts[-1]:]
+
+
 def _body(lines, indent):
     """The leading lines that are blank or indented deeper than `indent` columns: a def's body."""
     for line in lines:
@@ -122,6 +136,33 @@ def extract_function(text, name, signature=None):
         if pattern.search(candidate):
             return _cut_function(candidate, name, pattern)
     return None
+
+# -----------------------------------------------------------------------------
+# Code in the coding env's prompts (envs.CodingEnv): an earlier answer, and what a program wrote
+
+def quoted(text, limit=160):
+    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
+    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
+    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
+    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
+    literal = repr(text[:limit])
+    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
+    return shown + (" (cut)" if len(text) > limit else "")
+
+
+def as_comment(text):
+    """Text as Python comments, to sit in a prompt that is a Python file."""
+    return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
+
+
+def shown_code(ex, text, name):
+    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
+    # The main agent may have written the body alone (it continues the stub), which the stub completes.
+    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
+    return found if found else as_comment(text or f"(no {name} function)")
+
 
 # -----------------------------------------------------------------------------
 # The code reward (Sec. 4): structure -> syntax -> tests -> cooperation bonus

@@ -1,7 +1,7 @@
 """
-What a run needs besides the algorithm, for train.py and eval.py: Config's flags, the run directory
-(checkpoints written atomically, logs that survive a full disk), signals, torchrun's processes, and
-what a step scored (metrics.jsonl) with its learning curve (curve.svg).
+What a run needs besides the algorithm, for train.py and eval.py: the flags (Config's, the env's), the
+run directory (checkpoints written atomically, logs that survive a full disk), signals, torchrun's
+processes, and what a step scored (metrics.jsonl) with its learning curve (curve.svg).
 magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
@@ -9,6 +9,7 @@ magrpo.py knows nothing of these; train.py's loop calls them.
 import contextlib
 import dataclasses
 import datetime
+import inspect
 import json
 import math
 import os
@@ -22,11 +23,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import envs
 import magrpo
 import models
+import rewards
 
 # -----------------------------------------------------------------------------
-# Config's fields as flags: each field of magrpo.Config is a flag of train.py and eval.py.
+# The flags of train.py and eval.py: each field of magrpo.Config is one, and the env's flags make the env.
 
 # Flags that do not change what a resumed run computes: the rest must match the checkpoint's, since
 # a run resumed with another learning rate or G would be neither the old run nor a new one.
@@ -101,6 +104,54 @@ def config_from_flags(args, **overrides):
     values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(magrpo.Config)}
     given = {name: value for name, value in values.items() if value is not None}
     return magrpo.Config(**{**given, **overrides})
+
+def add_env_flags(p):
+    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}")
+    p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
+    p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
+    p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
+    p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
+    p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
+    p.add_argument("--test-timeout", type=float,
+                   help=f"coding: seconds per sandbox test (default {rewards.TEST_TIMEOUT:g})")
+    p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
+                   help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
+                        "else rlimits; a level named is required")
+
+
+# The constructor keyword of each env flag. timeout and isolation go only to an env that runs code.
+ENV_FLAGS = {"dataset": "--dataset", "split": "--split", "text_field": "--text-field",
+             "num_agents": "--num-agents", "authors": "--authors-rewards", "timeout": "--test-timeout",
+             "isolation": "--sandbox"}
+
+
+def env_from_flags(args, split=None, flag=None, default_split="train"):
+    """The env of --env, its constructor called with each env flag given, or another `split` (flag
+    `flag`), and `default_split`. ValueError("--flag: ...") for a flag the constructor does not take
+    (a flag that changed nothing would make a run lie about itself) or its own complaint."""
+    cls = envs.ENVS.get(args.env)
+    if cls is None:
+        raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(envs.ENVS))}")
+    code_only = ("timeout", "isolation")
+    flags = {key: name for key, name in ENV_FLAGS.items() if cls.runs_code or key not in code_only}
+    given = {key: getattr(args, name[2:].replace("-", "_")) for key, name in flags.items()}
+    given = {key: value for key, value in given.items() if value is not None and value is not False}
+    if split is not None:  # train.py's in-training eval, on --eval-split
+        given["split"], flags["split"] = split, flag or "--split"
+    params = inspect.signature(cls).parameters
+    options = {"default_split": default_split} if "default_split" in params else {}
+    for key, value in given.items():
+        if key in params:
+            options[key] = value
+        elif value != getattr(cls, key, None):  # a value the env has anyway, e.g. its num_agents, is fine
+            raise ValueError(f"{flags[key]}: the {args.env} env ({cls.__name__}) takes no {key!r} argument")
+    # The env's own complaints (bad data, a missing file) end the run in one line: its flag, else --env.
+    try:
+        return cls(**options)
+    except (ValueError, OSError) as e:
+        where = flag or "/".join(dict.fromkeys(flags[key] for key in given)) or f"--env {args.env}"
+        raise ValueError(f"{where}: {e}") from None
+
 
 # -----------------------------------------------------------------------------
 # The run directory: refuse to clobber a run, resume one, write checkpoints atomically. A run is

