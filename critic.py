@@ -9,22 +9,38 @@ al., "CoLLM", arXiv 2601.21972, CoLLM-CC and CoLLM-DC). Two critics (--critic):
     per-agent  each agent's own V_i(h_i) of its own prompt alone: the critic of agent i sees nothing
                of its partners, so its training stays decentralised too (IAC, CoLLM-DC)
 
-A value is a linear head on the last hidden state of the prompt's last token, from the agent's own
-model under no_grad: the base is frozen for the critic, and the policy's gradient is untouched by it.
-The heads have their own Adam, and fit the returns by mean squared error once per step, after their
-values gave the step's advantages (docs/critic.md says why, and what the demo shows).
+A value is a linear head on the last hidden state of the prompt's last token, read under no_grad from
+the agent as the run began, frozen (a LoRA team's shared base, its adapters off; else a frozen copy):
+a feature that moved with every policy step would leave the head chasing it. The policy's gradient is
+untouched by the critic. The heads have their own Adam, and fit once per step, after their values
+gave the step's advantages, by FIT_STEPS steps on the mean squared error to the returns of the latest
+REPLAY_STEPS steps' states (docs/critic.md says why, and what the demo shows).
 """
+import contextlib
+import copy
+
 import torch
+
+import models
+
+REPLAY_STEPS = 64  # the heads fit the states of this many latest steps: a step has a few states only
+FIT_STEPS = 20     # Adam steps per fit
 
 
 class Critic:
     """The value heads of a team's agents: one on all their prompt features (central), or one per agent
     on its own (per-agent). The heads start at 0, so that V = 0 (A = R) until they have learnt."""
 
-    def __init__(self, agents, mode="central", learning_rate=1e-3):
+    def __init__(self, agents, mode="central", learning_rate=1e-3, start=None):
+        """start: the agents as the run began, if `agents` are no longer those (a resumed run's)."""
         if mode not in ("central", "per-agent"):
             raise ValueError(f"--critic: use central or per-agent, got {mode!r}")
         self.agents, self.mode = agents, mode
+        # A LoRA agent's base is frozen already, and read with the adapters off; another model is copied.
+        self.readers = [agent.model if models.is_lora(agent.model) else
+                        copy.deepcopy(begun.model).requires_grad_(False).eval()
+                        for agent, begun in zip(agents, start or agents)]
+        self.replay = []  # (features, returns) of the latest REPLAY_STEPS steps
         widths = [agent.model.config.hidden_size for agent in agents]
         self.heads = torch.nn.ModuleList([torch.nn.Linear(w, 1) for w in
                                           ([sum(widths)] if mode == "central" else widths)])
@@ -34,16 +50,17 @@ class Critic:
 
     @torch.no_grad()
     def features(self, states):
-        """Per agent, [states, H_i]: its model's last hidden state at the last token of its own prompt
-        in each state (a state: one prompt per agent), in float32 on the CPU where the heads are."""
+        """Per agent, [states, H_i]: the last hidden state, at the last token of its own prompt in each
+        state (a state: one prompt per agent), of the agent as the run began, in float32 on the CPU."""
         features = []
-        for i, agent in enumerate(self.agents):
+        for i, (agent, reader) in enumerate(zip(self.agents, self.readers)):
             rows = []
-            for prompts in states:
-                ids = agent.tokenizer(agent.format(prompts[i]), return_tensors="pt", add_special_tokens=False)
-                ids = ids["input_ids"].to(agent.model.device)
-                out = agent.model(input_ids=ids, output_hidden_states=True)
-                rows.append(out.hidden_states[-1][0, -1].float().cpu())
+            with adapters_off(reader):
+                for prompts in states:
+                    text = agent.format(prompts[i])
+                    ids = agent.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                    out = reader(input_ids=ids.to(reader.device), output_hidden_states=True)
+                    rows.append(out.hidden_states[-1][0, -1].float().cpu())
             features.append(torch.stack(rows))
         return features
 
@@ -58,30 +75,59 @@ class Critic:
         with torch.no_grad():
             return self.predict(features)
 
-    def fit(self, features, returns, total=lambda x: x):
-        """One Adam step of the heads on the mean squared error to the returns, [states, J] (each state's
-        J joint actions), from the states' features (those that gave the values: the agents have not
-        changed since). -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), both of
-        the values before this step, the ones that gave the advantages; total sums over processes."""
+    def errors(self, features, returns):
+        """R - V of every row of every head, flat: returns [states, J], the central head's one value of
+        each state or each per-agent head's."""
         predicted = self.predict(features)
-        heads = predicted[:1] if self.mode == "central" else predicted  # one shared value, or one per agent
-        errors = torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
-        gaps = errors.detach()
-        count, r, r2, e, e2 = total([len(gaps), float(returns.sum()) * len(heads),
-                                     float((returns ** 2).sum()) * len(heads), float(gaps.sum()),
+        heads = predicted[:1] if self.mode == "central" else predicted
+        return torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
+
+    def fit(self, features, returns, total=lambda x: x):
+        """Fit the heads to this step's returns, [states, J] (each state's J joint actions), from the
+        features that gave its values, and to the latest REPLAY_STEPS steps': FIT_STEPS Adam steps on the
+        mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
+        step's rows and the values before the fit, those of the advantages; total sums over processes."""
+        with torch.no_grad():
+            gaps = self.errors(features, returns)
+        heads = len(gaps) // returns.numel()
+        count, r, r2, e, e2 = total([len(gaps), float(returns.sum()) * heads,
+                                     float((returns ** 2).sum()) * heads, float(gaps.sum()),
                                      float((gaps ** 2).sum())])
-        self.optimizer.zero_grad(set_to_none=True)
-        ((errors ** 2).sum() / count).backward()  # each process's share of the whole batch's mean
-        for p in self.heads.parameters():
-            p.grad = total(p.grad)
-        self.optimizer.step()
         spread = r2 / count - (r / count) ** 2
         explained = 1 - (e2 / count - (e / count) ** 2) / spread if spread > 1e-12 else None
+        # A step holds a few states only, too few to learn from alone; older returns were earned by older
+        # policies, so only the latest steps' are kept.
+        self.replay = (self.replay + [(features, returns)])[-REPLAY_STEPS:]
+        states = [torch.cat([f[i] for f, _ in self.replay]) for i in range(len(features))]
+        targets = torch.cat([r for _, r in self.replay])
+        (rows,) = total([heads * targets.numel()])
+        for _ in range(FIT_STEPS):
+            self.optimizer.zero_grad(set_to_none=True)
+            (self.errors(states, targets).pow(2).sum() / rows).backward()  # this process's share of the mean
+            for p in self.heads.parameters():
+                p.grad = total(p.grad)
+            self.optimizer.step()
         return {"critic_loss": e2 / count, "critic_explained_variance": explained}
 
     def state_dict(self):
-        return {"heads": self.heads.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"heads": self.heads.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "replay": self.replay}
 
     def load_state_dict(self, state):
         self.heads.load_state_dict(state["heads"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.replay = state.get("replay", [])  # (a critic saved before the replay starts without one)
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """The model without its LoRA adapters (models.LoRALinear), i.e. their shared frozen base."""
+    layers = [m for m in model.modules() if isinstance(m, models.LoRALinear)]
+    scalings = [m.scaling for m in layers]
+    for m in layers:
+        m.scaling = 0.0
+    try:
+        yield model
+    finally:
+        for m, scaling in zip(layers, scalings):
+            m.scaling = scaling

@@ -285,7 +285,7 @@ def saving(out, what, *tmps):
 # short), is skipped for the one before. Saved and loaded here, side by side.
 CHECKPOINT_STATE = "trainer_state.json"  # the step, the run's flags and each file's size (HF's name)
 OPTIMIZER_STATE, RNG_STATE = "optimizer.pt", "rng_state.pt"  # beside each agent's weights; the RNGs'
-CRITIC_STATE = "critic.pt"  # --advantage critic: the value heads and their optimizer (critic.py)
+CRITIC_STATE = "critic.pt"  # --advantage critic: the value heads, their optimizer and replay (critic.py)
 
 
 def save_checkpoint(out, step, agents, args, logs=(), critic=None):

@@ -110,7 +110,12 @@ class Run:
         self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
         self.critic = None  # the learned V(s) of --advantage critic (critic.py)
         if self.cfg.advantage == "critic":
-            self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate)
+            # The critic reads the agents as they began, so a resumed run's (the checkpoint's) are loaded
+            # again from --model for it; a LoRA team's frozen base is that already.
+            start = None
+            if checkpoint is not None and not models.is_lora(self.agents[0].model):
+                start = build(args, self.env, None, local_rank, local_world)[0]
+            self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate, start)
         # The in-training eval has its own split, never the training rows (a plain file has none).
         self.eval_env = None
         if args.eval_every:

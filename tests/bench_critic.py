@@ -1,13 +1,12 @@
 """
 Eq. 1's group mean against the learned critics (--advantage critic) on the CPU demo, one seed: per run
 the mean reward of the first and the last 10% of steps, their ratio, the critic's explained variance
-(mean and median of the last 10% of steps), the share of the returns' variance that lies between states
-(the explained variance that V(s) = each state's own mean return would reach, on the same rows), how
-much the critic's features differ among prompts at the start and at the end, the reward every 15 steps
-(the curve) and the run's time. The same runs on AskedRatioEnv, the demo whose examples ask their own
-ratio (a new env, registered here as docs/envs.md shows), are named asked-<run>; after each, its
-last 10% of steps' reward by ask, and a probe of whether the final agents' features hold those values
-(a least-squares fit's R^2 on prompts of unseen topics). The table of docs/critic.md. Not a test (pytest does not collect bench_*.py).
+over the last 10% of steps' rows together (and per step: the mean and median of those steps'), the
+share of the returns' variance that lies between states (the explained variance that V(s) = each
+state's own mean return would reach, on the same rows), the reward every 15 steps (the curve) and the
+run's time. The same runs on AskedRatioEnv, the demo whose examples ask their own ratio (a new env,
+registered here as docs/envs.md shows), are named asked-<run>; after each, its last 10% of steps'
+reward by ask. The table of docs/critic.md. Not a test (pytest does not collect bench_*.py).
 
     python tests/bench_critic.py                        # every run of RUNS, 150 steps each
     python tests/bench_critic.py --runs asked-mean,asked-central --steps 60
@@ -21,13 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import critic  # noqa: E402
 import envs  # noqa: E402
-import magrpo  # noqa: E402
-import models  # noqa: E402
 import train  # noqa: E402
 
 
@@ -79,8 +73,7 @@ RUNS["asked-central-lr1e-2"] = RUNS["asked-central"] + ["--critic-learning-rate"
 
 
 def run(flags, seed, steps):
-    """-> (metrics rows, completions rows, seconds, its env, the agents at the start and at the end, each
-    a list of (model, tokenizer)) of one demo run."""
+    """-> (metrics rows, completions rows, seconds) of one demo run."""
     with tempfile.TemporaryDirectory() as out:
         args = train.parse_args(flags + ["--seed", str(seed), "--steps", str(steps), "--out", out,
                                          "--save-every", "0"])
@@ -88,35 +81,17 @@ def run(flags, seed, steps):
         train.train(args)
         seconds = time.perf_counter() - t0
         read = lambda name: [json.loads(line) for line in open(Path(out) / name)]  # noqa: E731
-        start = [models.load_model(models.TINY, seed=seed + i) for i in range(2)]
-        end = [models.load_model(f"{out}/agent_{i}") for i in range(2)]
-        return read("metrics.jsonl"), read("completions.jsonl"), seconds, envs.ENVS[args.env](), start, end
+        return read("metrics.jsonl"), read("completions.jsonl"), seconds
 
 
-def features(models_and_tokenizers, env, count):
-    """The critic's features (critic.Critic.features) of the env's first `count` prompts, per agent."""
-    agents = [magrpo.Agent(model, tok) for model, tok in models_and_tokenizers]
-    return critic.Critic(agents).features([env.prompts(ex) for ex in env.examples[:count]])
-
-
-def feature_spread(models_and_tokenizers, env):
-    """How much the critic's features differ among the env's first 32 prompts: per agent, the norm of
-    their standard deviation over the norm of their mean; the agents' mean."""
-    return mean(float(x.std(0).norm() / x.mean(0).norm()) for x in features(models_and_tokenizers, env, 32))
-
-
-def probe(models_and_tokenizers, value_of_ask):
-    """Whether the features hold each state's value: a least-squares fit (ridge 1, features standardized)
-    of the value of each prompt's ask on both agents' features, on 200 prompts less those of 6 topics;
-    -> its R^2 on the prompts of those 6 topics, unseen by the fit."""
-    env = AskedRatioEnv(num_examples=200)
-    x = torch.cat(features(models_and_tokenizers, env, 200), dim=-1)
-    y = torch.tensor([value_of_ask[ex["times"]] for ex in env.examples])
-    seen = torch.tensor([ex["topic"] not in env.topics[18:] for ex in env.examples])
-    x = (x - x[seen].mean(0)) / (x[seen].std(0) + 1e-8)
-    y = y - y[seen].mean()
-    w = torch.linalg.solve(x[seen].T @ x[seen] + torch.eye(x.shape[1]), x[seen].T @ y[seen])
-    return float(1 - ((x[~seen] @ w - y[~seen]) ** 2).mean() / y[~seen].var(unbiased=False))
+def window_explained(rows, completions):
+    """The critic's explained variance over the rows of `rows`' steps together: 1 - (their mean squared
+    error R - V, the mean of the steps' critic_loss, each step the same number of rows) / (the variance of
+    their returns: with one turn, or two with --expand best, the rewards of every completion row)."""
+    steps = {r["step"] for r in rows}
+    returns = [row["reward"] for row in completions if row["step"] in steps]
+    spread = statistics.pvariance(returns)
+    return 1 - mean(r["critic_loss"] for r in rows) / spread if spread > 1e-12 else None
 
 
 def between_states(completions, step):
@@ -145,18 +120,18 @@ def main():
     args = p.parse_args()
     lines = []
     for name in args.runs.split(","):
-        rows, completions, seconds, env, start, end = run(RUNS[name], args.seed, args.steps)
+        rows, completions, seconds = run(RUNS[name], args.seed, args.steps)
         tenth = max(1, len(rows) // 10)
         first = mean(r["reward_mean"] for r in rows[:tenth])
         last = mean(r["reward_mean"] for r in rows[-tenth:])
         explained = [r.get("critic_explained_variance") for r in rows[-tenth:]]
         explained = [x for x in explained if x is not None]
-        shown = f"{mean(explained):.2f} ({statistics.median(explained):.2f})" if explained else "-"
+        per_step = f"{mean(explained):.2f} ({statistics.median(explained):.2f})" if explained else "-"
+        window = f"{window_explained(rows[-tenth:], completions):.2f}" if explained else "-"
         between = mean(between_states(completions, r["step"]) for r in rows[-tenth:])
         curve = " ".join(f"{r['reward_mean']:.2f}" for r in rows[::15])
-        lines.append(f"| {name} | {first:.2f} | {last:.2f} | {last / first:.1f}x | {shown} | {between:.2f} | "
-                     f"{100 * feature_spread(start, env):.1f}% -> {100 * feature_spread(end, env):.2f}% | "
-                     f"{curve} | {seconds:.0f} |")
+        lines.append(f"| {name} | {first:.2f} | {last:.2f} | {last / first:.1f}x | {window} | {per_step} | "
+                     f"{between:.2f} | {curve} | {seconds:.0f} |")
         if name.startswith("asked"):  # the last 10% of steps' turn-1 reward of each ask
             asks = {}
             for row in completions:
@@ -164,11 +139,9 @@ def main():
                     ask = AskedRatioEnv().examples[row["example"]]["times"]
                     asks.setdefault(ask, []).append(row["reward"])
             lines[-1] += " " + " ".join(f"{k}x: {mean(asks[k]):.2f}" for k in sorted(asks))
-            if len(asks) == len(AskedRatioEnv.asks):
-                lines[-1] += f" probe R^2 {probe(end, {k: mean(v) for k, v in asks.items()}):.2f}"
-    print(f"\ndemo, seed {args.seed}, {args.steps} steps; reward_mean (turn 1's); explained variance: "
-          "the last 10% of steps' mean (median); feature spread: at the start -> at the end")
-    print("| run | first 10% | last 10% | ratio | explained variance | between states | feature spread "
+    print(f"\ndemo, seed {args.seed}, {args.steps} steps; reward_mean (turn 1's); explained variance: over "
+          "the last 10% of steps' rows together, and per step: the mean (median) of those steps'")
+    print("| run | first 10% | last 10% | ratio | explained variance, last 10% | per step | between states "
           "| reward every 15 steps | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))

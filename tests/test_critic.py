@@ -1,5 +1,7 @@
 """Tests of --advantage critic (critic.py, magrpo.critic_advantages): A = R - V(s) with values given, the
 heads' regression, what each critic sees, and one step of the tree with a critic. Tiny models, CPU."""
+import copy
+
 import pytest
 import torch
 
@@ -53,6 +55,62 @@ def test_critic_per_agent_value_is_unchanged_when_a_partners_prompt_changes(tok)
     shared_before, shared_after = (central.values(central.features(s)) for s in (states, changed))
     assert torch.equal(shared_before[0], shared_before[1])  # one V(s) for every agent
     assert not torch.equal(shared_before[0], shared_after[0])  # the joint state: every prompt counts
+
+
+def test_critic_features_read_the_agents_as_they_began_frozen(tok):
+    """The critic reads a frozen copy of each agent as it began (a LoRA agent: the shared base, its
+    adapters off), so a policy step moves no feature; `start` gives those of a resumed run."""
+    states = [[f"Topic: {t}. Headline:\n", f"Topic: {t}. Body:\n"] for t in ("cats", "tea")]
+    agents = team(tok)
+    team_critic = critic.Critic(agents, "per-agent")
+    before = team_critic.features(states)
+    with torch.no_grad():
+        for p in agents[0].model.parameters():
+            p.add_(0.1)  # a policy step, as large as you like
+    after = team_critic.features(states)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+    moved = critic.Critic(agents, "per-agent").features(states)[0]  # a critic begun now reads the moved agent
+    assert not torch.equal(moved, before[0])
+    resumed = critic.Critic(agents, "per-agent", start=team(tok)).features(states)  # a resumed run's start
+    assert all(torch.equal(x, y) for x, y in zip(resumed, before))
+    base = models.tiny_model(tok, seed=7, init_std=0.3)
+    plain = critic.Critic([magrpo.Agent(base, tok)]).features([s[:1] for s in states])[0]
+    adapted = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
+    with torch.no_grad():
+        for name, p in adapted.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # an adapter that has learnt: the agent is no longer its base
+    lora_critic = critic.Critic([adapted])
+    assert lora_critic.readers[0] is adapted.model  # no copy of the base
+    assert torch.equal(lora_critic.features([s[:1] for s in states])[0], plain)
+    ids = tok("Topic: cats.", return_tensors="pt")["input_ids"]
+    assert not torch.equal(adapted.model(ids).logits, base(ids).logits)  # the adapters are back on after
+
+
+def test_critic_fit_takes_its_steps_on_the_latest_replay_steps(tok, monkeypatch):
+    """Each fit adds its step's states to the replay, keeps the latest REPLAY_STEPS steps', and takes
+    FIT_STEPS Adam steps on their mean squared error (checked against Adam on the rows written out)."""
+    monkeypatch.setattr(critic, "REPLAY_STEPS", 2)
+    monkeypatch.setattr(critic, "FIT_STEPS", 3)
+    team_critic = critic.Critic(team(tok), "central", learning_rate=1e-2)
+    states = [[f"Topic: {t}. Headline:\n", f"Topic: {t}. Body:\n"] for t in ("cats", "rain", "tea")]
+    features = [team_critic.features([s]) for s in states]
+    returns = [torch.tensor([[float(k), k + 0.5]]) for k in range(3)]
+    team_critic.fit(features[0], returns[0])
+    reference = copy.deepcopy(team_critic)  # its heads and their Adam, stepped by hand below
+    heads, adam = reference.heads, reference.optimizer
+    team_critic.fit(features[1], returns[1])
+    team_critic.fit(features[2], returns[2])
+    assert [float(r[0, 0]) for _, r in team_critic.replay] == [1.0, 2.0]  # the latest 2 steps'
+    for k in (1, 2):  # the reference: Adam on the mean squared error of the replay's rows
+        x = torch.cat([torch.cat(features[j], dim=-1) for j in range(max(0, k - 1), k + 1)])
+        y = torch.cat(returns[max(0, k - 1):k + 1])
+        for _ in range(3):
+            adam.zero_grad()
+            ((y - heads[0](x)) ** 2).mean().backward()
+            adam.step()
+    fitted = team_critic.heads.parameters()
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(heads.parameters(), fitted))
 
 
 def test_critic_rejects_an_unknown_mode(tok):

@@ -194,10 +194,12 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path, uninterrupted):
     assert json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 6
 
 
-def test_resume_with_a_critic_continues_exactly_where_it_stopped(tmp_path):
-    """--advantage critic: the checkpoint carries the value heads and their Adam, so the resumed run's
-    metrics (critic_loss too) and its final heads are the uninterrupted run's, to the bit."""
-    flags = QUICK + ["--advantage", "critic", "--critic", "per-agent", "--num-generations", "2"]
+@pytest.mark.parametrize("lora", [[], ["--lora-r", "4"]])
+def test_resume_with_a_critic_continues_exactly_where_it_stopped(tmp_path, lora):
+    """--advantage critic: the checkpoint carries the value heads, their Adam and their replay, and the
+    critic reads the agents as they began (reloaded from --model; a LoRA team's base), so the resumed
+    run's metrics (critic_loss too) and its final heads are the uninterrupted run's, to the bit."""
+    flags = QUICK + ["--advantage", "critic", "--critic", "per-agent", "--num-generations", "2"] + lora
     whole, out = str(tmp_path / "whole"), str(tmp_path / "run")
     train.train(train.parse_args(flags + ["--out", whole]))
     train.train(train.parse_args(flags[:1] + ["3"] + flags[2:] + ["--save-every", "1", "--out", out]))
