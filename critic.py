@@ -98,8 +98,9 @@ class Critic:
         # A step holds a few states only, too few to learn from alone; older returns were earned by older
         # policies, so only the latest steps' are kept.
         self.replay = (self.replay + [(features, returns)])[-REPLAY_STEPS:]
-        states = [torch.cat([f[i] for f, _ in self.replay]) for i in range(len(features))]
-        targets = torch.cat([r for _, r in self.replay])
+        features_kept, returns_kept = zip(*self.replay)
+        states = [torch.cat(rows) for rows in zip(*features_kept)]  # per agent, every kept step's states
+        targets = torch.cat(returns_kept)
         (rows,) = total([heads * targets.numel()])
         for _ in range(FIT_STEPS):
             self.optimizer.zero_grad(set_to_none=True)
