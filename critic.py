@@ -23,7 +23,7 @@ import torch
 
 import models
 
-REPLAY_STEPS = 64  # the heads fit the states of this many latest steps: a step has a few states only
+REPLAY_STEPS = 16  # the heads fit the states of this many latest steps: a step has a few states only
 FIT_STEPS = 20     # Adam steps per fit
 
 
