@@ -620,8 +620,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
     values = features = None
     if critic is not None:
-        # The critic's V of every group's prompts (its state), per turn and agent; the agents it reads do
-        # not change before Eq. 2, so its fit below reads the same features.
+        # The critic's V of every group's prompts (its state), per turn and agent; it reads the agents as
+        # they began, so its fit below takes the same features.
         features = critic.features([group.prompts for turn in turns for group in turn.groups])
         sizes = [len(turn.groups) for turn in turns]
         values = list(zip(*[value.split(sizes) for value in critic.values(features)]))
@@ -631,9 +631,9 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         zero_groups += turn.zero_advantage_groups()
     metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
     if critic is not None:
-        # The critic learns this step's returns only now, after its values gave their advantages (and
-        # before Eq. 2 changes the agents it reads): a baseline that had seen the very return it is
-        # subtracted from would cancel part of it, and the gradient would be biased.
+        # The critic learns this step's returns only now, after its values gave their advantages: a
+        # baseline that had seen the very return it is subtracted from would cancel part of it, and the
+        # gradient would be biased.
         metrics.update(critic.fit(features, torch.cat(turn_returns(turns, cfg)), total))
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
