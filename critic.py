@@ -36,10 +36,15 @@ class Critic:
         if mode not in ("central", "per-agent"):
             raise ValueError(f"--critic: use central or per-agent, got {mode!r}")
         self.agents, self.mode = agents, mode
-        # A LoRA agent's base is frozen already, and read with the adapters off; another model is copied.
-        self.readers = [agent.model if models.is_lora(agent.model) else
-                        copy.deepcopy(begun.model).requires_grad_(False).eval()
-                        for agent, begun in zip(agents, start or agents)]
+        # A LoRA agent's base is frozen already, and read with the adapters off. Another agent is copied,
+        # unless `start` holds it as it began already (loaded for the critic alone).
+        self.readers = []
+        for agent, begun in zip(agents, start or agents):
+            if models.is_lora(agent.model):
+                self.readers.append(agent.model)
+                continue
+            reader = begun.model if start else copy.deepcopy(agent.model)
+            self.readers.append(reader.requires_grad_(False).eval())
         self.replay = []  # (features, returns) of the latest REPLAY_STEPS steps
         widths = [agent.model.config.hidden_size for agent in agents]
         self.heads = torch.nn.ModuleList([torch.nn.Linear(w, 1) for w in

@@ -107,14 +107,15 @@ class Run:
         # Every input is checked (flags, --out, the models) before anything is written.
         self.env, self.cfg = resolve_flags(args)
         checkpoint = runs.prepare_out(args)
-        self.agents, self.expert = build(args, self.env, checkpoint, local_rank, local_world)
+        self.agents = build(args, self.env, checkpoint, local_rank, local_world)
+        self.expert = models.load_expert(args, str(self.agents[0].model.device))  # --feedback expert's
         self.critic = None  # the learned V(s) of --advantage critic (critic.py)
         if self.cfg.advantage == "critic":
             # The critic reads the agents as they began, so a resumed run's (the checkpoint's) are loaded
             # again from --model for it; a LoRA team's frozen base is that already.
             start = None
             if checkpoint is not None and not models.is_lora(self.agents[0].model):
-                start = build(args, self.env, None, local_rank, local_world)[0]
+                start = build(args, self.env, None, local_rank, local_world)
             self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate, start)
         # The in-training eval has its own split, never the training rows (a plain file has none).
         self.eval_env = None
@@ -446,8 +447,8 @@ def fill_resolved(args, env, cfg):
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1):
-    """(agents, expert): the agents of --model or of a checkpoint, on this process's devices; LoRA
-    agents on one base share its frozen copy."""
+    """The agents of --model or of a checkpoint, on this process's devices; LoRA agents on one base
+    share its frozen copy."""
     lora, bases = models.lora_from_flags(args), {}
     # The tiny model's steps are too small for a GPU, where launching their kernels costs more than
     # running them (docs/benchmarks.md), so --device auto keeps it on the CPU.
@@ -474,7 +475,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     # args.json records the device(s) and the dtype the run used, not "auto".
     args.device = ",".join(dict.fromkeys(str(agent.model.device) for agent in agents))
     args.dtype = str(agents[0].model.dtype).removeprefix("torch.")
-    return agents, models.load_expert(args, devices[0])
+    return agents
 
 
 if __name__ == "__main__":

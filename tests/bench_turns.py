@@ -20,7 +20,7 @@ import train  # noqa: E402
 def seconds_per_step(num_turns, steps, expand):
     args = train.parse_args(["--num-turns", str(num_turns), "--expand", expand, "--steps", str(steps)])
     env, cfg = train.resolve_flags(args)
-    agents, expert = train.build(args, env)
+    agents = train.build(args, env)
     times = []
     for step in range(steps):
         batch = [env.examples[i] for i in train.batch_at(len(env.examples), args.seed, step, args.batch_size)]

@@ -324,7 +324,7 @@ def test_lora_train_shares_one_base_and_resume_continues_exactly(tmp_path):
     whole, out = str(tmp_path / "whole"), str(tmp_path / "run")
     args = train.parse_args(QUICK + ["--out", whole])
     env, _ = train.resolve_flags(args)
-    agents, _ = train.build(args, env)
+    agents = train.build(args, env)
     emb = [a.model.get_input_embeddings().weight for a in agents]
     assert emb[0] is emb[1] and all(models.is_lora(a.model) for a in agents)  # one tiny base, from --seed
     train.train(train.parse_args(QUICK + ["--out", whole]))

@@ -149,7 +149,7 @@ def test_eval_rewards_under_remax_decode_each_turn_once(monkeypatch):
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
     args = train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)])
     env, cfg = train.resolve_flags(args)
-    agents, expert = train.build(args, env)
+    agents = train.build(args, env)
     assert all(a.model.dtype == torch.bfloat16 for a in agents)
     assert all(isinstance(a.optimizer, models.MasterWeightAdamW) for a in agents)
     train.train(train.parse_args(["--steps", "2", "--dtype", "bfloat16", "--out", str(tmp_path)]))
@@ -375,7 +375,7 @@ def test_save_checkpoint_fails_whole_whatever_writer_fails(tmp_path, monkeypatch
     complete checkpoint, the partial copy is gone, the earlier checkpoint stays; the next save works."""
     out = str(tmp_path / "run")
     args = train.parse_args(QUICK + ["--out", out])
-    agents, _ = train.build(args, train.resolve_flags(args)[0])
+    agents = train.build(args, train.resolve_flags(args)[0])
     runs.save_checkpoint(out, 1, agents, args)
     disk = FullDisk(monkeypatch, writers=(writer,))
     disk.full = True
