@@ -17,8 +17,9 @@ import random
 import re
 from dataclasses import dataclass
 
+from authors import reward_functions
 from rewards import (ARXIV, TEST_TIMEOUT, TLDR, as_comment, band_score, prompt_parts, quoted,
-                     reward_functions, shown_code)
+                     shown_code)
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import authors
 import envs
 import models
 import rewards
@@ -374,7 +375,7 @@ def test_authors_rewards_switch_every_env(humaneval):
     text1 = "night many a cat has new house night"  # "many", "new", "first", "long" are stopwords for them
     text2 = "warm also life play good and thus thus thus new sun has long sleep warm and many a first sun and has many life many long"
     ex = tldr.examples[0]
-    theirs = rewards.reward_functions(authors=True)
+    theirs = authors.reward_functions(authors=True)
     assert float(tldr.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.TLDR))
     assert float(tldr.reward(ex, (text1, text2))) != float(envs.make_env("tldr").reward(ex, (text1, text2)))
     assert float(arxiv.reward(ex, (text1, text2))) == float(theirs.writing(text1, text2, rewards.ARXIV))

@@ -9,12 +9,13 @@ import types
 
 import pytest
 
+import authors
 import rewards as R
 from rewards import (CodeReward, arxiv_reward, code_reward, code_reward_many, extract_function,
                      prompt_imports, strip_fences, tldr_reward)
 
 # The authors' rewards, through the one switch the envs use (--authors-rewards)
-THEIRS = R.reward_functions(authors=True)
+THEIRS = authors.reward_functions(authors=True)
 
 
 def their_code_reward(aux, main, entry_point, test, timeout=R.TEST_TIMEOUT, **item):
@@ -524,18 +525,18 @@ def test_transition_categories_are_the_authors_twelve():
     assert sum(map(len, R.TRANSITIONS.values())) == 279
     assert "so" in R.TRANSITIONS["cause_effect"] and "as" in R.TRANSITIONS["time"]
     for phrase in CONNECTIVES:  # each names exactly one category, in both matchers
-        assert len(R.transition_categories(phrase)) == 1 == len(R._authors_transition_categories(phrase))
+        assert len(R.transition_categories(phrase)) == 1 == len(authors.transition_categories(phrase))
     assert R.transition_categories("However, it rained.") == {"contrast", "concession"}  # in two lists
 
 
 def test_transition_categories_authors_match_substrings():
     text = "alsoso thusly ifx butter"
     assert R.transition_categories(text) == set()
-    assert R._authors_transition_categories(text) == {
+    assert authors.transition_categories(text) == {
         "elaboration", "cause_effect", "condition", "contrast"}  # also, so/thus, if, but
-    assert R._authors_transition_categories("My personal shadow has a life.") == {
+    assert authors.transition_categories("My personal shadow has a life.") == {
         "cause_effect", "condition", "time"}  # per-SO-nal, s-HAD-ow (condition), h-AS, l-IF-e
-    assert R._authors_transition_categories("FOR EXAMPLE") == {"examples"}  # case-insensitive
+    assert authors.transition_categories("FOR EXAMPLE") == {"examples"}  # case-insensitive
 
 # -----------------------------------------------------------------------------
 # writing rewards, the authors' (THEIRS): their first release, exactly. Expected values marked
@@ -743,23 +744,23 @@ def test_prompt_imports_authors():
     prompt = ("from typing import List\nimport math\n\n\ndef max_fill(grid):\n    import math\n"
               '    """\n    import this module\n    from the list, import nothing\n    """\n')
     assert prompt_imports(prompt) == "from typing import List\nimport math"
-    assert R._authors_prompt_imports(prompt) == "from typing import List\nimport math\nimport this module"
-    assert R._authors_prompt_imports("from typing import (\n    List,\n)\n") == "from typing import ("
+    assert authors.prompt_imports(prompt) == "from typing import List\nimport math\nimport this module"
+    assert authors.prompt_imports("from typing import (\n    List,\n)\n") == "from typing import ("
 
 
 def test_code_reward_authors_extraction():
-    fn = R._authors_function
+    fn = authors.extract_function
     assert fn("```python\n    def f(x):\n        return x\n```", "f") == "def f(x):\n        return x"
     assert fn("Sure.\ndef f(x):\n    return x\nThis works.", "f") == "def f(x):\n    return x"
     assert fn("def f(x):\n    def g(y):\n        return y\n    return g(x)\n", "f") == \
         "def f(x):\n\n    def g(y):\n        return y"  # the line after the nested def is lost
     assert fn("def f(x):\n    It returns x.\n    return x\n", "f") == "def f(x):\n    return x"
     assert fn("def fx(x):\n    return x", "f") == "" and fn("", "f") == ""
-    assert R._authors_is_wrapper("def f(x):\n    return aux(x) + 1")
-    assert R._authors_is_wrapper('def f(x):\n    """A\n    """\n    y = g(x)\n    return y')
-    assert not R._authors_is_wrapper('def f(x):\n    """A."""\n    y = aux(x)\n    return y + 1')
-    assert R._authors_discards("def f(x):\n    aux (x)\n    return 1")
-    assert not R._authors_discards("def f(x):\n    aux(x)\n    aux (xy)\n    return 1")
+    assert authors.is_wrapper("def f(x):\n    return aux(x) + 1")
+    assert authors.is_wrapper('def f(x):\n    """A\n    """\n    y = g(x)\n    return y')
+    assert not authors.is_wrapper('def f(x):\n    """A."""\n    y = aux(x)\n    return y + 1')
+    assert authors.discards_aux("def f(x):\n    aux (x)\n    return 1")
+    assert not authors.discards_aux("def f(x):\n    aux(x)\n    aux (xy)\n    return 1")
 
 # -----------------------------------------------------------------------------
 # single-agent writing: one output, two parts
