@@ -106,7 +106,8 @@ def config_from_flags(args, **overrides):
     return magrpo.Config(**{**given, **overrides})
 
 def add_env_flags(p):
-    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}")
+    p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}, or your own: "
+                                                   f"FILE.py:CLASS or MODULE:CLASS")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
     p.add_argument("--split", help="named split (train, eval, test) or a slice like 33:133")
     p.add_argument("--text-field", help="writing envs: the JSONL field holding the text")
@@ -129,9 +130,10 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     """The env of --env, its constructor called with each env flag given, or another `split` (flag
     `flag`), and `default_split`. ValueError("--flag: ...") for a flag the constructor does not take
     (a flag that changed nothing would make a run lie about itself) or its own complaint."""
-    cls = envs.ENVS.get(args.env)
-    if cls is None:
-        raise ValueError(f"--env: unknown env {args.env!r}: choose from {', '.join(sorted(envs.ENVS))}")
+    try:
+        cls = envs.env_class(args.env)
+    except ValueError as e:
+        raise ValueError(f"--env: {e}") from None
     code_only = ("timeout", "isolation")
     flags = {key: name for key, name in ENV_FLAGS.items() if cls.runs_code or key not in code_only}
     given = {key: getattr(args, name[2:].replace("-", "_")) for key, name in flags.items()}

@@ -478,9 +478,14 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     return agents
 
 
+def main(argv=None):
+    """The command line, `python train.py [flags]`, from Python: train(parse_args(argv))."""
+    return train(parse_args(argv))
+
+
 if __name__ == "__main__":
     try:
-        train(parse_args())
+        main()
         status = 0
     except SystemExit as e:
         status = e.code

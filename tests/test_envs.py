@@ -493,29 +493,55 @@ def test_train_runs_each_env(tmp_path, flags, script, script_agents):
 # A new env, written from docs/envs.md alone
 
 
-def docs_env():
-    """The Mini env of docs/envs.md, its code block run as a reader would paste it."""
+def docs_env_code():
+    """The code block of docs/envs.md's new env, as a reader would paste it into a file."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "envs.md").read_text()
     section = page.split("\n## A new env\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def docs_env():
+    """The Mini env of docs/envs.md, its code block run as a reader would paste it."""
     namespace = {}
-    exec(section.split("```python\n", 1)[1].split("```", 1)[0], namespace)
+    exec(docs_env_code(), namespace)
     return namespace["Mini"]
 
 
 @pytest.mark.integration
 def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_path, monkeypatch, capsys):
     import eval as ev
-    monkeypatch.setitem(envs.ENVS, "mini", docs_env())
+    # The forker's own file, named on the command line: train.py and eval.py run it unchanged.
+    (tmp_path / "mini_env.py").write_text(docs_env_code())
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    train.train(train.parse_args(["--env", "mini", "--steps", "2", "--num-generations", "2",
-                                  "--max-new-tokens", "4", "--eval-every", "1", "--eval-limit", "2",
-                                  "--out", str(out)]))
+    train.main(["--env", "mini_env.py:Mini", "--steps", "2", "--num-generations", "2",
+                "--max-new-tokens", "4", "--eval-every", "1", "--eval-limit", "2", "--out", str(out)])
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all("eval_reward_mean" in r for r in rows)
     assert sorted(p.name for p in out.glob("agent_*")) == ["agent_0", "agent_1", "agent_2"]
     report = ev.main(["--agents", str(out), "--num-samples", "2", "--k", "1", "--limit", "1",
                       "--methods", "magrpo,concat,sequential,discussion", "--latency-problems", "0"])
     assert set(report["methods"]) == {"magrpo", "concat", "sequential", "discussion"}
+
+
+def test_env_class_reads_a_forkers_own_file_or_module_or_says_what_is_wrong(tmp_path, monkeypatch):
+    (tmp_path / "mini_env.py").write_text(docs_env_code())
+    cls = envs.env_class(f"{tmp_path / 'mini_env.py'}:Mini")
+    assert issubclass(cls, envs.Env) and cls.num_agents == 3 and len(cls().examples) == 6
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert envs.env_class("mini_env:Mini").name == "mini"  # an importable module
+    assert envs.env_class("demo") is envs.DemoEnv
+    (tmp_path / "broken.py").write_text("import envs\n\nclass Mini(envs.Env)\n    pass\n")
+    with pytest.raises(ValueError, match=r"broken.py:3: "):  # the file and line of the user's mistake
+        envs.env_class(f"{tmp_path / 'broken.py'}:Mini")
+    with pytest.raises(ValueError, match="no file"):
+        envs.env_class(f"{tmp_path / 'absent.py'}:Mini")
+    with pytest.raises(ValueError, match="defines no subclass of envs.Env named 'Maxi'"):
+        envs.env_class(f"{tmp_path / 'mini_env.py'}:Maxi")
+    with pytest.raises(ValueError, match="unknown env 'nope'.*FILE.py:CLASS"):
+        envs.env_class("nope")
+    with pytest.raises(SystemExit, match="^train.py: error: --env: env 'nowhere:X': No module named 'nowhere'"):
+        train.main(["--env", "nowhere:X", "--out", str(tmp_path / "run")])
 
 
 def test_a_flag_the_env_does_not_take_is_one_line_naming_the_flag_and_the_env(monkeypatch, tmp_path):
