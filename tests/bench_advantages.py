@@ -16,9 +16,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import magrpo  # noqa: E402
 import train  # noqa: E402
 
-MODES = ("none", "mean", "rloo", "std", "remax")
+# Every group baseline of Config's --advantage (its one list), with its other names (std); the critic,
+# a learned baseline, has its own benchmark (tests/bench_critic.py).
+MODES = tuple(mode for mode in magrpo.Config.CHOICES["advantage"] if mode != "critic") + tuple(
+    spelling for owner, spelling in magrpo.Config.SPELLINGS if owner == "advantage")
 
 
 def run(mode, seed, steps, target):

@@ -8,6 +8,7 @@ import io
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,43 @@ def test_the_readme_lists_the_kits_blankable_functions_and_where_they_live():
         for name in re.findall(r"`(\w+)`", names):
             named[name] = module
     assert named == {name: spec[0] for name, spec in make_assignment.TEACHABLE.items()}
+
+# -----------------------------------------------------------------------------
+# Each list of choices has one source (magrpo.Config's choices and spellings, envs.ENVS); the docs'
+# tables and the benchmarks follow it, so a new mode or env that is not documented fails here.
+
+
+def choices_of(name):
+    """Config's values of a setting, with the other names it takes (--advantage std, TRL's loss types)."""
+    spellings = tuple(spelling for owner, spelling in magrpo.Config.SPELLINGS if owner == name)
+    return magrpo.Config.CHOICES[name] + spellings
+
+
+def flags_row(script, flag):
+    rows = [line for line in flags_section(script).split("\n") if line.startswith(f"| `{flag}` |")]
+    assert len(rows) == 1, f"docs/flags.md, {script}: want one row for {flag}"
+    return rows[0]
+
+
+def test_each_list_of_choices_has_one_source_that_the_docs_and_benchmarks_follow():
+    import envs
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import bench_advantages
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    # README's table of Eq. 1's baselines: one row per --advantage value, no other.
+    section = README.read_text().split("| `--advantage` | A of joint action", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|", section, flags=re.MULTILINE)
+    assert sorted(rows) == sorted(choices_of("advantage")), "README's --advantage table"
+    # The benchmark of the baseline family runs every group baseline (a critic is docs/critic.md's bench).
+    assert set(bench_advantages.MODES) == set(choices_of("advantage")) - {"critic"}
+    for script in SCRIPTS:
+        for name in magrpo.Config.CHOICES:
+            if "--" + name.replace("_", "-") not in help_flags(SCRIPTS[script]):
+                continue
+            row = flags_row(script, "--" + name.replace("_", "-"))
+            missing = [value for value in choices_of(name) if not re.search(rf"\b{value}\b", row)]
+            assert not missing, f"docs/flags.md, {script}, --{name.replace('_', '-')}: {missing} not listed"
+        listed = re.search(r"one of ([\w, ]+?), or your own", flags_row(script, "--env")).group(1).split(", ")
+        assert listed == sorted(envs.ENVS), f"docs/flags.md, {script}, --env"
