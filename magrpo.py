@@ -16,7 +16,7 @@ compares siblings, the revisions of one node (episode_advantages). With the defa
 node's return, r + gamma * the mean of its children's returns (node_return; gamma is --discount,
 which only --expand all reads).
 
-The order below: Config; the agents; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2;
+The order below: Config; Sec. 2 steps 1-3 (sample, join, score); Eq. 1; Eq. 2;
 single_turn_step; Sec. 3's tree of turns and train_step, its step for every setting (turns, cross
 joint actions, ReMax). A course blanks some of these functions (tests/make_assignment.py --list names
 them); pytest -k NAME runs each one's tests. Try it: python train.py (the CPU demo).
@@ -33,95 +33,38 @@ from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, position
                      shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
-# The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
-# becomes --num-generations), with the help written beside it here. The defaults are the paper's where
-# it fixes one (Sec. 2: G = 4, 256 new tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned
-# joint actions; Sec. 3: gamma 0.9, the best node revised, solved at the maximum reward). The others are
-# plain choices: sampling at T 1 without a cut (a run takes each env's sampling, the authors', from
-# its settings), every turn's loss weighing 1 (the authors' code of the paper's time weighed turns
-# 1.2 and 0.8: --turn-weights 1.2,0.8), and level feedback (the paper's came from an expert model).
-
-
-def option(default, help_text):
-    """A Config field: its default, and the help of its command-line flag."""
-    return field(default=default, metadata={"help": help_text})
+# The knobs of one step. The defaults are the paper's where it fixes one (Sec. 2: G = 4, 256 new
+# tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned joint actions; Sec. 3: gamma 0.9,
+# the best node revised, solved at the maximum reward). The others are plain choices: sampling at T 1
+# without a cut (a run takes each env's sampling, the authors', from its settings), every turn's loss
+# weighing 1, and level feedback (the paper's came from an expert model). Each field is a flag of
+# train.py (num_generations is --num-generations); its help, choices and checks are runs.py's.
 
 
 @dataclass
 class Config:
-    """The settings of a MAGRPO step, checked on creation (a bad one names its flag)."""
-    num_generations: int = option(4, "G, completions per agent per prompt (Sec. 2 step 1)")
-    max_new_tokens: int = option(256, "tokens per completion at most")
-    temperature: float = option(1.0, "sampling temperature (0: greedy)")
-    top_p: float = option(1.0, "nucleus sampling: keep the most likely tokens up to this mass")
-    top_k: int = option(0, "sample among the k most likely tokens only (0: off)")
-    logprob: str = option("cut", "Eq. 2's log-prob under top-k/top-p: cut (of the distribution that drew "
-                                 "the token) or full (before the cut, as TRL and the authors)")
-    compile: bool = option(False, "torch.compile the sampler's decode step (a CUDA graph on a GPU)")
-    joint: str = option("aligned", "joint actions: aligned (G of them, the paper) or cross (G^n)")
-    advantage: str = option("mean", "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, "
-                                     "none (REINFORCE: no baseline), remax or critic (R - V(s), a learned "
-                                     "value: --critic); std: mean with --scale-rewards group")
-    scale_rewards: str = option("none", "Eq. 1's advantages divided by the std + 1e-4 of their group "
-                                        "(GRPO), of the turn's whole batch, or none (the paper); as TRL's")
-    loss_type: str = option("seq_sum", "Eq. 2's normalisation: seq_sum (the paper), token_mean (TRL's "
-                                       "dapo), seq_mean (grpo), token_budget (dr_grpo); TRL's bnpo, a token "
-                                       "mean per micro-batch, is token_mean here (TRL's, one micro-batch)")
-    mask_truncated_completions: bool = option(False, "completions that never reached EOS get no gradient")
-    max_grad_norm: float = option(0.0, "clip each agent's gradient norm to this (0: off, as the paper; "
-                                       "TRL's default is 1.0)")
-    micro_batch_size: int = option(8, "rows per log-prob forward/backward (memory, not maths)")
-    num_turns: int = option(1, "T: answer, get feedback, revise (Sec. 3; 1: single turn)")
-    expand: str = option("best", "multi-turn: revise the best joint answer of each group, or all")
-    discount: float = option(0.9, "gamma of node_return, with --expand all (best: turn rewards)")
-    termination_threshold: float = option(None, "a joint answer whose reward reaches it is solved "
-                                                "(None: env max)")
-    turn_weights: tuple = option(None, "comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)")
-    feedback: str = option("level", "between turns: level, plain or expert")
-    feedback_max_new_tokens: int = option(256, "bound on the expert's review (--feedback expert)")
-
-    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax", "critic"),
-               "scale_rewards": ("none", "group", "batch"),
-               "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
-               "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
-    # Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
-    # (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
-    SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
-                 ("loss_type", "dapo"): {"loss_type": "token_mean"},
-                 ("loss_type", "bnpo"): {"loss_type": "token_mean"},
-                 ("loss_type", "dr_grpo"): {"loss_type": "token_budget"},
-                 ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
-
-    def __post_init__(self):
-        if self.turn_weights is not None:
-            given = self.turn_weights
-            weights = given.split(",") if isinstance(given, str) else given  # the flag is a comma list
-            try:
-                self.turn_weights = tuple(float(w) for w in weights)
-            except ValueError:
-                raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
-        for (name, spelling), settings in self.SPELLINGS.items():
-            if getattr(self, name) != spelling:
-                continue
-            for key, value in settings.items():  # another setting it makes must be left alone, or agree
-                free = key == name or getattr(self, key) in (value, self.__dataclass_fields__[key].default)
-                self.check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
-                setattr(self, key, value)
-        for name, choices in self.CHOICES.items():
-            names = choices + tuple(spelling for owner, spelling in self.SPELLINGS if owner == name)
-            self.check(name, getattr(self, name) in choices, f"use one of {', '.join(names)}")
-        for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
-                     "feedback_max_new_tokens"):
-            self.check(name, getattr(self, name) >= 1, "must be >= 1")
-        self.check("temperature", self.temperature >= 0, "must be >= 0 (0 is greedy)")
-        self.check("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
-        self.check("top_k", self.top_k >= 0, "must be >= 0 (0: no top-k cut)")
-        self.check("discount", 0 <= self.discount <= 1, "must be in [0, 1]")
-        self.check("max_grad_norm", self.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
-        self.check("scale_rewards", self.advantage != "critic" or self.scale_rewards == "none",
-                   "--advantage critic has no group to scale by: use none")
-        one_per_turn = self.turn_weights is None or len(self.turn_weights) == self.num_turns
-        self.check("turn_weights", one_per_turn, f"give one weight per turn ({self.num_turns})")
+    """The settings of a MAGRPO step (runs.checked_config makes one from flags, each value checked)."""
+    num_generations: int = 4         # G, completions per agent per prompt (Sec. 2 step 1)
+    max_new_tokens: int = 256        # tokens per completion at most
+    temperature: float = 1.0         # sampling temperature (0: greedy)
+    top_p: float = 1.0               # nucleus sampling: the most likely tokens up to this mass
+    top_k: int = 0                   # sample among the k most likely tokens only (0: off)
+    logprob: str = "cut"             # Eq. 2's log-prob under a top-k/top-p cut: cut or full (TRL's)
+    compile: bool = False            # torch.compile the sampler's decode step
+    joint: str = "aligned"           # joint actions: aligned (G, the paper) or cross (G^n)
+    advantage: str = "mean"          # Eq. 1's baseline: mean (the paper), rloo, none, remax or critic
+    scale_rewards: str = "none"      # advantages / the std of their group or batch (GRPO), or none
+    loss_type: str = "seq_sum"       # Eq. 2's normalisation (policy_loss): seq_sum is the paper's
+    mask_truncated_completions: bool = False  # completions that never reached EOS get no gradient
+    max_grad_norm: float = 0.0       # clip each agent's gradient norm to this (0: off, as the paper)
+    micro_batch_size: int = 8        # rows per log-prob forward/backward (memory, not maths)
+    num_turns: int = 1               # T: answer, get feedback, revise (Sec. 3; 1: single turn)
+    expand: str = "best"             # multi-turn: revise the best joint answer of each group, or all
+    discount: float = 0.9            # gamma of node_return, with --expand all
+    termination_threshold: float = None  # a reward that reaches it is solved (None: the env's max)
+    turn_weights: tuple = None       # each turn's loss weight (None: all 1)
+    feedback: str = "level"          # between turns: level, plain or expert
+    feedback_max_new_tokens: int = 256  # bound on the expert's review (--feedback expert)
 
     def on_the_tree(self):
         """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
@@ -130,26 +73,6 @@ class Config:
         options = (self.joint != "aligned", self.advantage in ("remax", "critic"),
                    self.mask_truncated_completions)
         return self.num_turns > 1 or any(options) or self.turn_weights not in (None, (1.0,))
-
-    def check(self, name, ok, why):
-        if not ok:
-            raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(self, name)!r}")
-
-
-@dataclass
-class Agent:
-    """One policy pi_theta_i with its own tokenizer and optimizer (a team may mix models)."""
-    model: torch.nn.Module
-    tokenizer: object
-    optimizer: object = None
-    chat_template: bool = False  # raw prompts by default, as the paper (Sec. 4)
-
-    def format(self, prompt):
-        """The text this agent's model sees for an env prompt."""
-        if not self.chat_template:
-            return prompt
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                  tokenize=False, add_generation_prompt=True)
 
 
 # -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """
 The agents' weights: the built-in tiny model, loading by hub name or local path, LoRA adapters on one
 shared frozen base, each agent's optimizer, saving (HF and peft formats) and where each agent runs.
-magrpo.py never imports this file: the algorithm sees an Agent's model, tokenizer and optimizer.
+magrpo.py never imports this file: the algorithm sees an Agent's model, tokenizer and optimizer
+(duck-typed), so an Agent is defined here, where agents are made.
 
     models.load_agent("tiny", "cpu", "float32", seed=0)                 # an Agent (no optimizer yet)
     models.load_agent("Qwen/Qwen2.5-Coder-3B", "cuda:0", "bfloat16", 0, lora=models.LoRAConfig(16))
@@ -20,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-from magrpo import Agent
-
 TINY = "tiny"  # --model tiny is a random-init model built from a config, with no download
 # The weights' dtype (--dtype). Training in float16 is refused (train.py), since it needs a loss scaler.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -31,6 +30,23 @@ TINY_BASE = "magrpo_tiny_base.json"  # beside a tiny model's adapter, holding it
 # peft's default targets, every attention and MLP projection of Qwen2/Llama, and GPT-2's Conv1D layers
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_TARGETS_BY_MODEL_TYPE = {"gpt2": ("c_attn", "c_proj", "c_fc")}
+
+
+@dataclass
+class Agent:
+    """One policy pi_theta_i with its own tokenizer and optimizer (a team may mix models)."""
+    model: torch.nn.Module
+    tokenizer: object
+    optimizer: object = None
+    chat_template: bool = False  # raw prompts by default, as the paper (Sec. 4)
+
+    def format(self, prompt):
+        """The text this agent's model sees for an env prompt."""
+        if not self.chat_template:
+            return prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  tokenize=False, add_generation_prompt=True)
+
 
 # -----------------------------------------------------------------------------
 # The built-in tiny model (CPU demo, tests) and real ones by hub name or local path

@@ -26,7 +26,6 @@ from tqdm import tqdm
 import envs
 import magrpo
 import models
-import rewards
 
 # -----------------------------------------------------------------------------
 # The flags of train.py and eval.py: each field of magrpo.Config is one, and the env's flags make the env.
@@ -39,17 +38,102 @@ RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every
 # The flags that args.json holds resolved (train.fill_resolved); an earlier version saved them None.
 FILLED = {"model", "num_agents", "dataset", "split", "termination_threshold", "turn_weights", "lora_alpha"}
 
+# Each Config field's flag help (magrpo.Config holds the defaults, with a word on each).
+CONFIG_HELP = {
+    "num_generations": "G, completions per agent per prompt (Sec. 2 step 1)",
+    "max_new_tokens": "tokens per completion at most",
+    "temperature": "sampling temperature (0: greedy)",
+    "top_p": "nucleus sampling: keep the most likely tokens up to this mass",
+    "top_k": "sample among the k most likely tokens only (0: off)",
+    "logprob": "Eq. 2's log-prob under top-k/top-p: cut (of the distribution that drew the token) or "
+               "full (before the cut, as TRL and the authors)",
+    "compile": "torch.compile the sampler's decode step (a CUDA graph on a GPU)",
+    "joint": "joint actions: aligned (G of them, the paper) or cross (G^n)",
+    "advantage": "Eq. 1's baseline: mean (the paper; TRL's scale_rewards=none), rloo, none (REINFORCE: no "
+                 "baseline), remax or critic (R - V(s), a learned value: --critic); std: mean with "
+                 "--scale-rewards group",
+    "scale_rewards": "Eq. 1's advantages divided by the std + 1e-4 of their group (GRPO), of the turn's "
+                     "whole batch, or none (the paper); as TRL's",
+    "loss_type": "Eq. 2's normalisation: seq_sum (the paper), token_mean (TRL's dapo), seq_mean (grpo), "
+                 "token_budget (dr_grpo); TRL's bnpo, a token mean per micro-batch, is token_mean here "
+                 "(TRL's, one micro-batch)",
+    "mask_truncated_completions": "completions that never reached EOS get no gradient",
+    "max_grad_norm": "clip each agent's gradient norm to this (0: off, as the paper; TRL's default is 1.0)",
+    "micro_batch_size": "rows per log-prob forward/backward (memory, not maths)",
+    "num_turns": "T: answer, get feedback, revise (Sec. 3; 1: single turn)",
+    "expand": "multi-turn: revise the best joint answer of each group, or all",
+    "discount": "gamma of node_return, with --expand all (best: turn rewards)",
+    "termination_threshold": "a joint answer whose reward reaches it is solved (None: env max)",
+    "turn_weights": "comma list, each turn's loss weight (e.g. 1.2,0.8; None: all 1)",
+    "feedback": "between turns: level, plain or expert",
+    "feedback_max_new_tokens": "bound on the expert's review (--feedback expert)",
+}
+# The values a Config setting takes, the one list that --help, the docs' tables and the tests read.
+CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax", "critic"),
+           "scale_rewards": ("none", "group", "batch"),
+           "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
+           "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
+# Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
+# (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
+SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
+             ("loss_type", "dapo"): {"loss_type": "token_mean"},
+             ("loss_type", "bnpo"): {"loss_type": "token_mean"},
+             ("loss_type", "dr_grpo"): {"loss_type": "token_budget"},
+             ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
+
+
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
     can tell a flag the user gave from one they fill in."""
     for f in dataclasses.fields(magrpo.Config):
         if names is None or f.name in names:
-            text = f.metadata["help"].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
+            text = CONFIG_HELP[f.name].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
             flag = f"--{f.name.replace('_', '-')}"
             if f.type is bool:  # a switch, None when not given, like the others
                 parser.add_argument(flag, action="store_true", default=None, help=text)
             else:
                 parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+
+
+def checked_config(**settings):
+    """A magrpo.Config of flag values: the other names resolved to ours (SPELLINGS), every value checked,
+    a bad one a ValueError that names its flag."""
+    cfg = magrpo.Config(**settings)
+    defaults = magrpo.Config()
+
+    def check(name, ok, why):
+        if not ok:
+            raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(cfg, name)!r}")
+    if cfg.turn_weights is not None:
+        given = cfg.turn_weights
+        weights = given.split(",") if isinstance(given, str) else given  # the flag is a comma list
+        try:
+            cfg.turn_weights = tuple(float(w) for w in weights)
+        except ValueError:
+            raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
+    for (name, spelling), resolved in SPELLINGS.items():
+        if getattr(cfg, name) != spelling:
+            continue
+        for key, value in resolved.items():  # another setting it makes must be left alone, or agree
+            free = key == name or getattr(cfg, key) in (value, getattr(defaults, key))
+            check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
+            setattr(cfg, key, value)
+    for name, choices in CHOICES.items():
+        names = choices + tuple(spelling for owner, spelling in SPELLINGS if owner == name)
+        check(name, getattr(cfg, name) in choices, f"use one of {', '.join(names)}")
+    for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
+                 "feedback_max_new_tokens"):
+        check(name, getattr(cfg, name) >= 1, "must be >= 1")
+    check("temperature", cfg.temperature >= 0, "must be >= 0 (0 is greedy)")
+    check("top_p", 0 < cfg.top_p <= 1, "must be in (0, 1]")
+    check("top_k", cfg.top_k >= 0, "must be >= 0 (0: no top-k cut)")
+    check("discount", 0 <= cfg.discount <= 1, "must be in [0, 1]")
+    check("max_grad_norm", cfg.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
+    check("scale_rewards", cfg.advantage != "critic" or cfg.scale_rewards == "none",
+          "--advantage critic has no group to scale by: use none")
+    one_per_turn = cfg.turn_weights is None or len(cfg.turn_weights) == cfg.num_turns
+    check("turn_weights", one_per_turn, f"give one weight per turn ({cfg.num_turns})")
+    return cfg
 
 
 # The defaults that depend on the run, the one place they are set. Config's own are the paper's
@@ -103,7 +187,7 @@ def config_from_flags(args, **overrides):
     """A Config from the flags that name its fields and were given (the others: Config's defaults)."""
     values = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(magrpo.Config)}
     given = {name: value for name, value in values.items() if value is not None}
-    return magrpo.Config(**{**given, **overrides})
+    return checked_config(**{**given, **overrides})
 
 def add_env_flags(p):
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}, or your own: "
@@ -114,7 +198,8 @@ def add_env_flags(p):
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
     p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
     p.add_argument("--test-timeout", type=float,
-                   help=f"coding: seconds per sandbox test (default {rewards.TEST_TIMEOUT:g})")
+                   help=f"coding: seconds per sandbox test (default "
+                        f"{inspect.signature(envs.CodingEnv).parameters['timeout'].default:g})")
     p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
                    help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
                         "else rlimits; a level named is required")

@@ -224,7 +224,7 @@ def lora_train_step(model, tok, vocab, new_tokens, device):
     team = []
     for i in range(2):  # Each agent is a copy of the frozen base that shares its weights.
         adapted = models.add_lora(model, models.LoRAConfig(16), seed=i)
-        team.append(magrpo.Agent(adapted, tok, models.make_optimizer(adapted, 1e-5)))
+        team.append(models.Agent(adapted, tok, models.make_optimizer(adapted, 1e-5)))
     env = VaryingEnv(vocab)
     cfg = magrpo.Config(num_generations=4, max_new_tokens=new_tokens, micro_batch_size=4)
     magrpo.train_step(team, env, env.examples, cfg, [0])  # warm-up

@@ -108,7 +108,7 @@ def train_step_seconds(args, G):
             model, tok = load(args)
             if args.lora_r:
                 model = models.add_lora(model, models.LoRAConfig(args.lora_r), seed=i)
-            agents.append(magrpo.Agent(model, tok, models.make_optimizer(model, 1e-5), args.chat_template))
+            agents.append(models.Agent(model, tok, models.make_optimizer(model, 1e-5), args.chat_template))
         real = magrpo.completion_logprobs
         magrpo.completion_logprobs = fn
         try:

@@ -64,7 +64,7 @@ def child(args):
         nets = [models.add_lora(base, models.LoRAConfig(args.r), seed=i) for i in range(args.agents)]
     else:
         nets = [Qwen2ForCausalLM(config).eval() for _ in range(args.agents)]
-    agents = [magrpo.Agent(m, tok, models.make_optimizer(m, 1e-5)) for m in nets]
+    agents = [models.Agent(m, tok, models.make_optimizer(m, 1e-5)) for m in nets]
     g = torch.Generator().manual_seed(1)
     rows, P, T = 8, args.prompt_len, args.completion_len
     rollout = sampler.Rollout(torch.randint(0, args.vocab, (rows, P), generator=g), torch.ones(rows, P, dtype=torch.long),

@@ -96,7 +96,7 @@ def scripted_generate(model, tokenizer, prompts, num_generations=1, max_new_toke
         for _ in range(rng.randint(1, 5)):
             words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 6))))
         return " ".join(words)[:max_new_tokens - 1]
-    return scripted_rollout(magrpo.Agent(model, tokenizer), list(prompts), num_generations, text)
+    return scripted_rollout(models.Agent(model, tokenizer), list(prompts), num_generations, text)
 
 
 @pytest.fixture

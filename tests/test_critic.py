@@ -9,10 +9,11 @@ import critic
 import envs
 import magrpo
 import models
+import runs
 
 
 def team(tok, n=2):
-    return [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.3), tok) for i in range(n)]
+    return [models.Agent(models.tiny_model(tok, seed=i, init_std=0.3), tok) for i in range(n)]
 
 
 def test_critic_advantages_is_the_return_minus_the_given_value():
@@ -74,8 +75,8 @@ def test_critic_features_read_the_agents_as_they_began_frozen(tok):
     resumed = critic.Critic(agents, "per-agent", start=team(tok)).features(states)  # a resumed run's start
     assert all(torch.equal(x, y) for x, y in zip(resumed, before))
     base = models.tiny_model(tok, seed=7, init_std=0.3)
-    plain = critic.Critic([magrpo.Agent(base, tok)]).features([s[:1] for s in states])[0]
-    adapted = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
+    plain = critic.Critic([models.Agent(base, tok)]).features([s[:1] for s in states])[0]
+    adapted = models.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
     with torch.no_grad():
         for name, p in adapted.model.named_parameters():
             if "lora_B" in name:
@@ -157,4 +158,4 @@ def test_train_step_refuses_a_critic_without_its_advantage_and_the_reverse(tok):
 
 def test_config_critic_refuses_a_group_scale():
     with pytest.raises(ValueError, match="--scale-rewards"):
-        magrpo.Config(advantage="critic", scale_rewards="group")
+        runs.checked_config(advantage="critic", scale_rewards="group")

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import eval as evaluation
-import magrpo
 import runs
 import train
 
@@ -253,14 +252,14 @@ def test_the_readme_lists_the_kits_blankable_functions_and_where_they_live():
     assert named == {name: spec[0] for name, spec in make_assignment.TEACHABLE.items()}
 
 # -----------------------------------------------------------------------------
-# Each list of choices has one source (magrpo.Config's choices and spellings, envs.ENVS); the docs'
+# Each list of choices has one source (runs.CHOICES and runs.SPELLINGS, envs.ENVS); the docs'
 # tables and the benchmarks follow it, so a new mode or env that is not documented fails here.
 
 
 def choices_of(name):
     """Config's values of a setting, with the other names it takes (--advantage std, TRL's loss types)."""
-    spellings = tuple(spelling for owner, spelling in magrpo.Config.SPELLINGS if owner == name)
-    return magrpo.Config.CHOICES[name] + spellings
+    spellings = tuple(spelling for owner, spelling in runs.SPELLINGS if owner == name)
+    return runs.CHOICES[name] + spellings
 
 
 def flags_row(script, flag):
@@ -283,7 +282,7 @@ def test_each_list_of_choices_has_one_source_that_the_docs_and_benchmarks_follow
     # The benchmark of the baseline family runs every group baseline (a critic is docs/critic.md's bench).
     assert set(bench_advantages.MODES) == set(choices_of("advantage")) - {"critic"}
     for script in SCRIPTS:
-        for name in magrpo.Config.CHOICES:
+        for name in runs.CHOICES:
             if "--" + name.replace("_", "-") not in help_flags(SCRIPTS[script]):
                 continue
             row = flags_row(script, "--" + name.replace("_", "-"))
@@ -291,3 +290,28 @@ def test_each_list_of_choices_has_one_source_that_the_docs_and_benchmarks_follow
             assert not missing, f"docs/flags.md, {script}, --{name.replace('_', '-')}: {missing} not listed"
         listed = re.search(r"one of ([\w, ]+?), or your own", flags_row(script, "--env")).group(1).split(", ")
         assert listed == sorted(envs.ENVS), f"docs/flags.md, {script}, --env"
+
+
+def test_the_readme_import_table_is_the_code_s_and_goes_one_way():
+    import ast
+    section = README.read_text().split("| module | imports of ours |", 1)[1].split("\n\n", 1)[0]
+    table = {}
+    for line in section.strip().split("\n")[1:]:
+        names, imports = (cell.strip() for cell in line.strip("|").split("|"))
+        for name in names.split(", "):
+            table[name] = set() if imports == "none" else set(imports.split(", "))
+    modules = {path.stem for path in ROOT.glob("*.py")}
+    assert set(table) == modules, f"README's import table: modules {set(table) ^ modules}"
+    order = list(table)
+    for name in modules:
+        found = set()
+        for node in ast.walk(ast.parse((ROOT / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.add(node.module.split(".")[0])
+        found &= modules
+        assert found == table[name], f"README's import table, {name}: the code imports {sorted(found)}"
+        # One way: a module imports only modules listed above it.
+        later = {other for other in found if order.index(other) >= order.index(name)}
+        assert not later, f"{name} imports {later}, listed at or below it"

@@ -17,6 +17,7 @@ import torch
 import envs
 import eval as ev
 import magrpo
+import models
 import runs
 import sampler
 import rewards
@@ -174,7 +175,7 @@ def test_curve_has_axis_titles_and_ticks():
 
 
 class FakeAgent:
-    """Stands in for magrpo.Agent: a name for its outputs and a time per generate call."""
+    """Stands in for models.Agent: a name for its outputs and a time per generate call."""
     def __init__(self, name, seconds):
         self.model, self.tokenizer, self.seconds = name, None, seconds
 
@@ -203,7 +204,7 @@ def test_methods_with_scripted_agents(monkeypatch):
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.DemoEnv(num_examples=3)
     cfg, batch, seeds = magrpo.Config(num_generations=2, max_new_tokens=8), env.examples[:2], [0, 1]
-    agents = [magrpo.Agent(FakeAgent("h", 1.0), None), magrpo.Agent(FakeAgent("b", 3.0), None)]
+    agents = [models.Agent(FakeAgent("h", 1.0), None), models.Agent(FakeAgent("b", 3.0), None)]
     (par,) = ev.run_team(env, agents, batch, cfg, seeds)
     assert [s.outputs for s in par[2:]] == [("h1.0", "b1.0"), ("h1.1", "b1.1")]  # problem 1
     assert par[0].seconds == 2.0 and par[0].tokens == 6
@@ -226,7 +227,7 @@ def test_later_turns_revise_unsolved_samples_or_with_authors_rewards_every_sampl
         def reward(self, example, outputs):  # turn 1's sample 0 solves the task
             return 3.0 if outputs[0].endswith(".0") else 1.0
     env = Scripted(num_examples=1)
-    agents = [magrpo.Agent(FakeAgent(name, 1.0), None) for name in "hb"]
+    agents = [models.Agent(FakeAgent(name, 1.0), None) for name in "hb"]
     for flags, revised in (([], [False, True]), (["--authors-rewards"], [True, True]),
                            (["--authors-rewards", "--termination-threshold", "3"], [False, True])):
         args = ev.parse_args(["--num-samples", "2", "--max-new-tokens", "8", "--num-turns", "2", "--feedback",
@@ -408,7 +409,7 @@ def test_single_agent_writing_evaluates(monkeypatch):
     monkeypatch.setattr(magrpo, "generate", fake_generate(seen))
     env = envs.make_env("tldr", num_agents=1)
     cfg = magrpo.Config(num_generations=2, max_new_tokens=8)
-    (samples,) = ev.run_team(env, [magrpo.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], cfg, [0])
+    (samples,) = ev.run_team(env, [models.Agent(FakeAgent("w", 1.0), None)], env.examples[:1], cfg, [0])
     assert len(samples[0].outputs) == 1 and "[PARAGRAPH_SPLIT]" in seen[0][1][0]
     good = "The post says cats like warm places and naps.\n[PARAGRAPH_SPLIT]\n" + DETAILED
     rec = ev.sample_record(env.reward(env.examples[0], (good,)))

@@ -78,7 +78,7 @@ def test_lora_new_adapter_changes_no_logit(tok, arch):
 def test_lora_step_changes_only_adapters(tok):
     base = base_model(tok)
     frozen = snapshot(base)
-    agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
+    agent = models.Agent(models.add_lora(base, models.LoRAConfig(4), seed=1), tok)
     agent.optimizer = models.make_optimizer(agent.model, 1e-2)
     trainable = [n for n, p in agent.model.named_parameters() if p.requires_grad]
     assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)  # AdamW gets only these
@@ -109,7 +109,7 @@ def test_lora_sampler_and_logprob_pass_run_base_plus_adapter(tok):
 def test_lora_merged_equals_base_plus_adapter(tok, arch, tmp_path):
     base = base_model(tok, arch)
     frozen = snapshot(base)
-    agent = magrpo.Agent(models.add_lora(base, models.LoRAConfig(4, alpha=16), seed=1), tok)
+    agent = models.Agent(models.add_lora(base, models.LoRAConfig(4, alpha=16), seed=1), tok)
     randomize_adapters(agent.model)
     want = logits(agent.model, tok)
     assert not torch.allclose(want, logits(base, tok), atol=1e-2)  # the adapter matters

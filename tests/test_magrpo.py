@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import magrpo
-import sampler
 import models
+import runs
+import sampler
 from conftest import (build, projected_gradient, reference_gradient, reference_logprobs, scripted_rollout,
                       update_on, weighted_loss)
 from magrpo import completion_logprobs, group_advantages, node_return, policy_loss
@@ -32,7 +33,7 @@ TEXTS = ["hello world", "x", "", "a longer completion, with more tokens"]  # EOS
 def hand_rollout(model, tok, size=3):
     """Four prompts of different lengths, `size` completions each of different lengths, written by hand
     (no sampler): groups of rows that share a prompt, as generate returns them."""
-    return scripted_rollout(magrpo.Agent(model, tok), PROMPTS, size, lambda b, g: TEXTS[(b + g) % 4])
+    return scripted_rollout(models.Agent(model, tok), PROMPTS, size, lambda b, g: TEXTS[(b + g) % 4])
 
 
 def logprob_mismatch(got, rollout, want, temperature, at_one=None, tolerance=1e-5):
@@ -132,7 +133,7 @@ def test_completion_logprobs_of_long_prompts_and_short_completions(tok):
     prompts = ["def add(a, b):\n    # return the sum of a and b, both ints", "Hi" * 20,
                "x = [i for i in range(9)]"]
     short = ["ab", "", "xyz!", "q"]
-    r = scripted_rollout(magrpo.Agent(model, tok), prompts, 4, lambda b, g: short[(b + g) % 4])
+    r = scripted_rollout(models.Agent(model, tok), prompts, 4, lambda b, g: short[(b + g) % 4])
     ids = sampler.shared_prompt_rows(model, r)[0]
     assert ids.shape[0] < len(r), "want rows that share a pass of their prompt"
     lp = completion_logprobs(model, r, temperature=0.7)
@@ -312,7 +313,7 @@ def test_the_log_prob_pass_under_top_p_and_top_k_is_the_samplers(tok):
         assert torch.allclose(cut[mask], r.logprobs[mask], atol=1e-4), (top_p, top_k)
         assert (full[mask] <= cut[mask] + 1e-5).all(), (top_p, top_k)
         assert (full[mask] < cut[mask] - 1e-3).any(), (top_p, top_k)
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
+    agent = models.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
     advantages = torch.tensor([1.0, -1.0] * 4)
     drift = {mode: update_on(agent, [(r, advantages)], magrpo.Config(temperature=0.9, logprob=mode))
              ["logprob_drift"] for mode in ("cut", "full")}
@@ -451,7 +452,7 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
     lp, adv = torch.randn(6, 5), torch.randn(6)
     mask = (torch.rand(6, 5) > 0.3).long()
     mask[:, 0] = 1
-    for loss_type in magrpo.Config.CHOICES["loss_type"]:
+    for loss_type in runs.CHOICES["loss_type"]:
         whole = policy_loss(lp, mask, adv, loss_type)
         norm = magrpo.loss_normalizer(mask, loss_type)
         parts = sum(policy_loss(lp[i:i + 2], mask[i:i + 2], adv[i:i + 2], loss_type, norm)
@@ -463,7 +464,7 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
 
 
 # TRL's GRPOTrainer, written out from its documented formulas (TRL is no dependency): the loss types
-# and scale_rewards, as our flags resolve them (Config.SPELLINGS), through group_advantages,
+# and scale_rewards, as our flags resolve them (runs.SPELLINGS), through group_advantages,
 # loss_mask, loss_normalizer and policy_loss.
 
 EOS = 0
@@ -510,8 +511,8 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
     rollout = SimpleNamespace(completion_ids=ids, completion_mask=mask)
     rewards = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]
     lp = -torch.rand(6, 4) * 3
-    cfg = magrpo.Config(loss_type=loss_type, scale_rewards=scale, max_new_tokens=6,
-                        mask_truncated_completions=masked)
+    cfg = runs.checked_config(loss_type=loss_type, scale_rewards=scale, max_new_tokens=6,
+                              mask_truncated_completions=masked)
     ours = group_advantages(rewards, cfg.advantage, scale=cfg.scale_rewards).view(-1)
     want = trl_advantages(rewards, scale)
     assert torch.allclose(ours, want, atol=1e-5), f"scale_rewards={scale}: {ours.tolist()} != {want.tolist()}"
@@ -746,25 +747,25 @@ def test_episode_advantages_cross_credits_each_completion():
 ])
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
     with pytest.raises(ValueError, match=f"^{flag}: "):
-        magrpo.Config(**{field: value})
+        runs.checked_config(**{field: value})
 
 
 def test_config_resolves_trls_loss_types_and_advantage_std_to_ours():
-    """One place (Config.SPELLINGS) turns TRL's names, and --advantage std, into our settings; the
+    """One place (runs.SPELLINGS) turns TRL's names, and --advantage std, into our settings; the
     defaults stay the paper's: --advantage mean --scale-rewards none --loss-type seq_sum, no truncation
     mask, no clipping."""
     for trl, ours in (("grpo", "seq_mean"), ("dapo", "token_mean"), ("bnpo", "token_mean"),
                       ("dr_grpo", "token_budget")):
-        assert magrpo.Config(loss_type=trl).loss_type == ours
+        assert runs.checked_config(loss_type=trl).loss_type == ours
     for given in ({"advantage": "std"}, {"advantage": "std", "scale_rewards": "group"}):
-        cfg = magrpo.Config(**given)
+        cfg = runs.checked_config(**given)
         assert (cfg.advantage, cfg.scale_rewards) == ("mean", "group")
     with pytest.raises(ValueError, match="^--scale-rewards: --advantage std sets it to group, got 'batch'"):
-        magrpo.Config(advantage="std", scale_rewards="batch")
+        runs.checked_config(advantage="std", scale_rewards="batch")
     with pytest.raises(ValueError, match="^--loss-type: use one of seq_sum, .*, grpo, dapo, bnpo, dr_grpo"):
-        magrpo.Config(loss_type="sapo")
-    cfg = magrpo.Config()
-    assert cfg == magrpo.Config(advantage="mean", scale_rewards="none", loss_type="seq_sum")
+        runs.checked_config(loss_type="sapo")
+    cfg = runs.checked_config()
+    assert cfg == runs.checked_config(advantage="mean", scale_rewards="none", loss_type="seq_sum")
     assert (cfg.mask_truncated_completions, cfg.max_grad_norm) == (False, 0.0)
 
 
@@ -772,17 +773,17 @@ def test_group_advantages_of_advantage_std_are_the_original_grpos_z_score():
     """--advantage std, as README.md documents it: (R - mean R) / (std R + 1e-4), the unbiased std of
     the group; a group of equal rewards gets 0."""
     turn = scripted_turn(R, [None, None], size=4, joint=magrpo.joint_actions(2, 4))
-    (a0, a1), = magrpo.episode_advantages([turn], magrpo.Config(num_generations=4, advantage="std"))
+    (a0, a1), = magrpo.episode_advantages([turn], runs.checked_config(num_generations=4, advantage="std"))
     want = [a / (STD + 1e-4) for a in [-2.0, -1.0, 0.0, 3.0]] + [0.0] * 4
     assert torch.allclose(a0, torch.tensor(want)) and torch.equal(a0, a1)
 
 
 def test_config_turn_weights_need_one_per_turn():
-    assert magrpo.Config(num_turns=2, turn_weights=[1.2, 0.8]).turn_weights == (1.2, 0.8)
-    assert magrpo.Config(num_turns=2, turn_weights="1.2, 0.8").turn_weights == (1.2, 0.8)  # as the flag
+    assert runs.checked_config(num_turns=2, turn_weights=[1.2, 0.8]).turn_weights == (1.2, 0.8)
+    assert runs.checked_config(num_turns=2, turn_weights="1.2, 0.8").turn_weights == (1.2, 0.8)  # as the flag
     for bad in ([1.0], "1.2,x"):
         with pytest.raises(ValueError, match="^--turn-weights: "):
-            magrpo.Config(num_turns=2, turn_weights=bad)
+            runs.checked_config(num_turns=2, turn_weights=bad)
 
 # -----------------------------------------------------------------------------
 # The update: train_step on given turns (conftest.update_on)
@@ -790,7 +791,7 @@ def test_config_turn_weights_need_one_per_turn():
 
 def test_train_step_update_skips_a_non_finite_step(tok):
     model = models.tiny_model(tok)
-    agent = magrpo.Agent(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    agent = models.Agent(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-2))
     r = scripted_rollout(agent, ["a", "b"], 2, lambda b, g: TEXTS[b + g])
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.warns(UserWarning, match="non-finite"):
@@ -803,7 +804,7 @@ def test_train_step_logs_the_drift_between_the_samplers_and_the_trainers_logprob
     """logprob_drift_i: about 0 when the trainer sees the policy that sampled; large when it does not
     (here, log-probs the sampler never computed), the bug class the metric is there to catch."""
     model = models.tiny_model(tok, init_std=0.3)
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
+    agent = models.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=0.0))
     r = hand_rollout(model, tok, size=2)
     r.logprobs = reference_logprobs(model, r, temperature=0.7).float()  # what a sampler would record
     cfg = magrpo.Config(temperature=0.7)
@@ -826,7 +827,7 @@ def test_train_step_update_steps_on_the_weighted_eq2_loss_of_every_turn(tok):
     model = models.tiny_model(tok, init_std=0.3)
     ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    agent = models.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
     r1 = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
     r2 = scripted_rollout(agent, ["abc d"], 3, lambda b, g: TEXTS[3 - g])
     a1, a2 = torch.tensor([0.5, -0.5, 1.0, -1.0]), torch.tensor([2.0, 0.0, -2.0])
@@ -847,7 +848,7 @@ def test_train_step_update_clips_the_gradient_norm_with_max_grad_norm(tok):
     model = models.tiny_model(tok, init_std=0.3)
     ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    agent = models.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
     r = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
     advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
     policy_loss(completion_logprobs(ref, r, 1.0), r.completion_mask, advantages).backward()
@@ -866,7 +867,7 @@ def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eo
     model = models.tiny_model(tok, init_std=0.3)
     ref = models.tiny_model(tok, init_std=0.3)
     before = [p.detach().clone() for p in model.parameters()]
-    agent = magrpo.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
+    agent = models.Agent(model, tok, torch.optim.SGD(model.parameters(), lr=1.0))
     r = scripted_rollout(agent, ["ab", "c"], 2, lambda b, g: TEXTS[b + g])
     last = int(r.completion_mask[0].sum()) - 1
     r.completion_ids[0, last] = tok.eos_token_id + 1  # row 0 never reached EOS
@@ -908,7 +909,7 @@ def test_completion_logprobs_prints_no_deprecation_warning():
         tok = models.tiny_tokenizer()
         for arch in ("qwen2", "llama", "gpt2"):
             model = models.tiny_model(tok, arch=arch)
-            rollout = scripted_rollout(magrpo.Agent(model, tok), ["ab", "c"], 2, lambda b, g: "xy"[b:] * g)
+            rollout = scripted_rollout(models.Agent(model, tok), ["ab", "c"], 2, lambda b, g: "xy"[b:] * g)
             magrpo.completion_logprobs(model, rollout).sum().backward()
         """
     root = __import__("pathlib").Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ def team(tok, lr=1e-2, n=2, sgd=False):
     for i in range(n):
         model = models.tiny_model(tok, seed=i, init_std=0.3)
         opt = torch.optim.SGD(model.parameters(), lr=lr) if sgd else models.make_optimizer(model, lr)
-        agents.append(magrpo.Agent(model, tok, opt))
+        agents.append(models.Agent(model, tok, opt))
     return agents
 
 
@@ -269,7 +269,7 @@ def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
         seen.append(list(prompts))
         return sampler.Rollout(*[None] * 5, [[f"review {k}"] for k in range(len(prompts))], 1)
     monkeypatch.setattr(magrpo, "generate", fake_generate)
-    expert = magrpo.Agent(None, tok)
+    expert = models.Agent(None, tok)
     turn = magrpo.Turn([magrpo.Group(0, None, [], [[], []], 0)], 2, [None, None], [(0, 0), (1, 1)],
                        [("abc", "nop"), ("ab", "no")], [1.0, 2.0], [False, False])
     cfg = magrpo.Config(num_generations=2, num_turns=2, feedback="expert")

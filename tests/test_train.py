@@ -112,7 +112,7 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     import magrpo
     env = envs.DemoEnv(split="eval")
     tok = models.tiny_tokenizer()
-    agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    agents = [models.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
     got = [total / 5 for total in evaluation.team_reward_sums(agents, env, env.examples[:5], cfg, batch_size=2)]
     outs = [sampler.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
@@ -135,7 +135,7 @@ def test_eval_rewards_under_remax_decode_each_turn_once(monkeypatch):
     import magrpo
     env = envs.DemoEnv(split="eval")
     tok = models.tiny_tokenizer()
-    agents = [magrpo.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    agents = [models.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     calls, real = [], magrpo.sample_agent
     monkeypatch.setattr(magrpo, "sample_agent", lambda *a, **k: calls.append(1) or real(*a, **k))
     for advantage in ("mean", "remax"):
@@ -688,7 +688,7 @@ def test_torchrun_two_processes_train_as_one(tmp_path, lora):
 
 
 def test_weights_digest_tells_agents_apart():
-    agents = [magrpo.Agent(models.tiny_model(models.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
+    agents = [models.Agent(models.tiny_model(models.tiny_tokenizer(), seed=s), None) for s in (0, 0, 1)]
     a, b, c = (runs.weights_digest([x]) for x in agents)
     assert a == b and a != c
     with torch.no_grad():
@@ -767,7 +767,7 @@ def test_note_raw_prompts_says_when_an_instruct_model_runs_to_the_cap(capsys):
     tok = models.tiny_tokenizer()
     capped = torch.ones(4, 6, dtype=torch.long)  # four completions of 6 tokens: all at a cap of 6
     turns = [SimpleNamespace(rollouts=[SimpleNamespace(completion_mask=capped)])]
-    agent = magrpo.Agent(None, tok)
+    agent = models.Agent(None, tok)
     train.note_raw_prompts([agent], turns, max_new_tokens=6)
     assert capsys.readouterr().err == ""  # no chat template: a base model, nothing to say
     tok.chat_template = "{{ messages }}"
