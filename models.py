@@ -350,6 +350,10 @@ class MasterWeightAdamW:
             p.copy_(master)
             master.grad = None
 
+    @property
+    def param_groups(self):  # the inner AdamW's, so that a schedule sets the learning rate as on any
+        return self.inner.param_groups
+
     def state_dict(self):  # the masters too, or a resumed run would restart from the rounded weights
         return {"inner": self.inner.state_dict(), "master": [m.detach().clone() for m in self.master]}
 

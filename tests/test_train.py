@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -900,3 +901,20 @@ def test_a_run_that_fails_before_its_first_step_leaves_out_as_it_found_it(tmp_pa
     train.train(train.parse_args(["--steps", "1", "--num-generations", "2", "--max-new-tokens", "4",
                                   "--out", str(new)]))
     assert [r["step"] for r in rows_of(new)] == [0]
+
+
+def test_the_learning_rate_schedule_of_docs_runs_md_sets_every_agents_optimizer():
+    """docs/runs.md's three lines, run as a forker pastes them into train()'s loop: each agent's
+    optimizer, plain AdamW or the fp32-master one of bf16 agents, steps at the scheduled rate."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "runs.md").read_text()
+    section = page.split("## Changing the loop: a learning-rate schedule", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    tok = models.tiny_tokenizer()
+    agents = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = models.tiny_model(tok, seed=0).to(dtype)
+        agents.append(models.Agent(model, tok, models.make_optimizer(model, 1e-3)))
+    assert isinstance(agents[1].optimizer, models.MasterWeightAdamW)
+    exec(snippet, {"agents": agents, "args": SimpleNamespace(learning_rate=1e-3), "step": 9})
+    for agent in agents:
+        assert [group["lr"] for group in agent.optimizer.param_groups] == [pytest.approx(1e-4)]
