@@ -330,6 +330,9 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
     list of numbers or a tensor summed over the processes sharing the batch (default: one process);
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
+    if cfg.on_the_tree():
+        raise ValueError("single_turn_step runs Sec. 2 alone: this Config's turns, cross, remax, critic, "
+                         "turn weights or truncation masks are train_step's")
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
     prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
@@ -346,6 +349,7 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+        agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
         # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
         (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
         loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
@@ -479,10 +483,11 @@ def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
 
 def solved_threshold(env, cfg):
     """The reward at which a joint answer is solved (not revised): --termination-threshold, by default
-    the env's maximum."""
-    if cfg.termination_threshold is None:
-        return getattr(env, "max_reward", math.inf)
-    return cfg.termination_threshold
+    the env's maximum (an env without one, max_reward None: never solved)."""
+    if cfg.termination_threshold is not None:
+        return cfg.termination_threshold
+    max_reward = getattr(env, "max_reward", None)
+    return math.inf if max_reward is None else max_reward
 
 
 def expand_nodes(turn, mode):

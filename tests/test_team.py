@@ -153,6 +153,46 @@ def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_
         assert magrpo.Config(**options).on_the_tree(), options
 
 
+def test_single_turn_step_refuses_the_settings_on_the_tree(tok):
+    """Bug: called directly (as README invites), it ran settings it does not implement (a truncation mask
+    ignored, remax dying in torch.as_tensor(None), a critic raising): now one line, before sampling."""
+    env = envs.DemoEnv()
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(advantage="critic"),
+                    dict(turn_weights=(0.5,)), dict(mask_truncated_completions=True)):
+        cfg = magrpo.Config(num_generations=2, max_new_tokens=6, **options)
+        with pytest.raises(ValueError, match="^single_turn_step runs Sec. 2 alone: .* are train_step's$"):
+            magrpo.single_turn_step(team(tok), env, env.examples[:1], cfg, [1])
+
+
+def test_single_turn_step_zeroes_stale_gradients(tok):
+    """Bug: gradients left by an interrupted call (an OOM, a ^C) were added to the next step's."""
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9)
+    clean, stale = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
+    for agent in stale:
+        for p in agent.model.parameters():
+            p.grad = torch.full_like(p, 5.0)  # what a backward pass cut short leaves behind
+    magrpo.single_turn_step(clean, env, env.examples[:2], cfg, [3, 4])
+    magrpo.single_turn_step(stale, env, env.examples[:2], cfg, [3, 4])
+    for a, b in zip(clean, stale):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_solved_threshold_an_env_without_max_reward_is_never_solved(tok):
+    """Bug: Env.max_reward is None by default, and None - 1e-9 raised at every step of a new env."""
+    class Unbounded(envs.DemoEnv):
+        max_reward = None  # as envs.Env's: a new env that states none
+    env, examples, seeds = Unbounded(), Unbounded().examples[:2], [1, 2]
+    assert magrpo.solved_threshold(env, magrpo.Config()) == float("inf")
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=6)
+    rollouts, rewards, advantages, _ = magrpo.single_turn_step(team(tok), env, examples, cfg, seeds)
+    turn = magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)
+    assert turn.solved == [False] * 4
+    two = magrpo.Config(num_generations=2, max_new_tokens=6, num_turns=2, expand="all")
+    turns, _ = magrpo.train_step(team(tok), env, examples, two, seeds)
+    assert len(turns) == 2 and not any(turns[0].solved) and len(turns[1].groups) == 4
+
+
 def test_train_step_with_trls_settings_is_trls_single_turn_step(tok, monkeypatch):
     """--advantage std, --loss-type dr_grpo, --mask-truncated-completions and --max-grad-norm through
     a whole step, against the step written out from TRL's formulas: A = (R - mean) / (std + 1e-4);
