@@ -21,6 +21,7 @@ Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): 
     'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
+import math
 import re
 import textwrap
 import unicodedata
@@ -215,8 +216,8 @@ class CodeReward:
     def levels(self):
         return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
-    def __float__(self):
-        return float(self.total)
+    def __float__(self):  # NaN where the sandbox failed: no verdict, never 0 tests (magrpo.group_advantages)
+        return math.nan if self.sandbox_error is not None else float(self.total)
 
 
 def _has_return(func):

@@ -278,7 +278,8 @@ class StepGate:
             return False
         if bad:
             tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
-                       f"and count as 0 {why}", file=sys.stderr)
+                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
+                       file=sys.stderr)
         return True
 
     def agree(self, abandoned):
@@ -348,7 +349,7 @@ def completion_rows(step, indices, turns):
             advantages = [agent_advantages[group * turn.size + g].item()
                           for agent_advantages, g in zip(turn.advantages, turn.joint[action])]
             rows.append({"step": step, "example": indices[turn.groups[group].example], "turn": t,
-                         "completions": list(outputs), "reward": float(reward),
+                         "completions": list(outputs), "reward": runs.finite(float(reward)),
                          "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
     return rows
 

@@ -404,6 +404,26 @@ def test_group_advantages_none_and_remax_by_hand():
     expect_advantages([4.0, 0.0], "remax", [0.0, -4.0], baseline=4.0)
 
 
+def test_group_advantages_leaves_an_answer_without_a_verdict_out():
+    """Bug: a joint action nobody judged (NaN: a sandbox error, a ScoreError) entered Eq. 1 as a failure.
+    It gets A = 0 and stays out of its group's baseline and std, G counting the verdicts; a group left
+    with one verdict teaches nothing. By hand, on [1, nan, 3, 5] (mean 3, 3 verdicts) and [nan, 4, nan, nan]."""
+    nan = float("nan")
+    rewards = [[1.0, nan, 3.0, 5.0], [nan, 4.0, nan, nan]]
+    as_a_zero = [[-1.25, -2.25, 0.75, 2.75], [-1.0, 3.0, -1.0, -1.0]]  # the bug: nan read as 0
+    expect_advantages(rewards, "mean", [[-2.0, 0.0, 0.0, 2.0], [0.0] * 4],
+                      [("a reward without a verdict read as 0: leave it out of the baseline, with A = 0", as_a_zero),
+                       ("nan where a reward has no verdict: give it A = 0", [[-2.0, nan, 0.0, 2.0], [nan, 0.0, nan, nan]])])
+    expect_advantages(rewards, "rloo", [[1 - 4.0, 0.0, 3 - 3.0, 5 - 2.0], [0.0] * 4])
+    std = statistics.stdev([1.0, 3.0, 5.0])
+    expect_advantages(rewards, "mean", [[-2 / (std + 1e-4), 0.0, 0.0, 2 / (std + 1e-4)], [0.0] * 4], scale="group")
+    batch = statistics.stdev([1.0, 3.0, 5.0, 4.0]) + 1e-4
+    expect_advantages(rewards, "none", [[1 / batch, 0.0, 3 / batch, 5 / batch], [0.0] * 4], scale="batch")
+    expect_advantages(rewards, "remax", [[-1.0, 0.0, 1.0, 3.0], [0.0] * 4], baseline=[2.0, 1.0])
+    expect_advantages([[1.0, 2.0], [3.0, 5.0]], "remax", [[0.0, 0.0], [-1.0, 1.0]], baseline=[nan, 4.0])
+    expect_advantages([nan, nan, nan], "mean", [0.0, 0.0, 0.0])
+
+
 def test_group_advantages_refuses_a_group_of_one_and_an_unknown_baseline():
     with pytest.raises(ValueError):
         group_advantages([1.0])  # no group to compare with: Eq. 1 is 0, and std is nan
@@ -558,11 +578,12 @@ def test_node_return_by_hand():
 
 
 def test_node_return_is_a_float_whatever_the_rewards_type():
-    """A reward or a child's return may be a tensor element, an int, or a ScoreError (whose float is
-    0): the return is a Python float."""
+    """A reward or a child's return may be a tensor element, an int, or a ScoreError (no verdict: its
+    float is NaN, and so is the return): the return is a Python float."""
     expect_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5, 1.5)
     expect_return(1, [2, 4], 0.5, 2.5)
-    expect_return(magrpo.ScoreError("raised"), [1.0, 3.0], 0.5, 1.0)
+    unjudged = node_return(magrpo.ScoreError("raised"), [1.0, 3.0], 0.5)
+    assert type(unjudged) is float and math.isnan(unjudged)
     expect_return(torch.tensor(2.0), [], 0.9, 2.0)
 
 

@@ -394,6 +394,8 @@ def test_code_reward_reports_sandbox_error():
     test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
     r = code_reward("", main, "f", test, imports="import math")  # encode is missing
     assert r.sandbox_error and "encode" in r.sandbox_error
+    # No verdict: float() is NaN (Eq. 1 leaves it out), never the 1.1 of structure and syntax with 0 tests.
+    assert r.total == pytest.approx(1.1) and float(r) != float(r)
     r = code_reward("", main, "f", test, imports="import math",
                     test_setup="def encode(x):\n    return 2 * x\n")
     assert r.sandbox_error is None and r.passed == 1

@@ -299,6 +299,57 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
+class Unjudged(envs.DemoEnv):
+    """The demo, but every joint answer whose headline holds no "a" gets no verdict (its scoring raises)."""
+    def rewards(self, examples, outputs):
+        raise RuntimeError("batch scoring failed")  # score_joint falls back to one by one
+
+    def reward(self, example, outputs):
+        if "a" not in outputs[0]:
+            raise OSError("the scorer's disk is gone")
+        return super().reward(example, outputs)
+
+
+@pytest.mark.parametrize("step", ["single_turn_step", "train_step"])
+def test_an_answer_without_a_verdict_gets_no_gradient_and_no_part_in_the_baseline(tok, step):
+    """Bug: a joint answer nobody judged (a ScoreError, a sandbox failure) entered Eq. 1 as a 0 (a
+    failure): its completions were pushed away from. Its advantage is 0, its group's baseline is the mean
+    of the others, and metrics count it; the weights are those of the step on the judged answers alone."""
+    env, examples, seeds = Unjudged(), Unjudged().examples[:3], [5, 6, 7]
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9)
+    agents = team(tok, lr=0.1, sgd=True)
+    if step == "train_step":
+        turns, metrics = magrpo.train_step(agents, env, examples, cfg, seeds)
+        rewards, advantages = turns[0].rewards, turns[0].advantages[0]
+    else:
+        rollouts, rewards, advantages, metrics = magrpo.single_turn_step(agents, env, examples, cfg, seeds)
+        turns = [magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)]
+    values = torch.tensor([float(r) for r in rewards]).view(3, 4)
+    judged = ~values.isnan()
+    assert 0 < int((~judged).sum()) == metrics["no_verdict"], "the case must hold answers without a verdict"
+    want = torch.zeros(3, 4)
+    for b in range(3):
+        if judged[b].sum() >= 2:  # A group of fewer than two verdicts teaches nothing.
+            want[b, judged[b]] = values[b, judged[b]] - values[b, judged[b]].mean()
+    assert torch.allclose(advantages.view(3, 4), want, atol=1e-6)
+    assert (advantages.view(3, 4)[~judged] == 0).all()
+    # The same step where the unjudged rows' gradient is given by hand as 0: the same weights.
+    reference = team(tok, lr=0.1, sgd=True)
+    rollouts = [sampler.generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], 4, 8, 0.9,
+                                 seed=[sampler.mix_seed(sampler.mix_seed(s, 1), i) for s in seeds])
+                for i, a in enumerate(reference)]
+    for a, r in zip(reference, rollouts):
+        a.model.zero_grad()
+        lp = magrpo.completion_logprobs(a.model, r, 0.9)
+        (-(want.view(-1) * (lp * r.completion_mask).sum(-1)).sum() / 12).backward()
+        a.optimizer.step()
+    for a, b in zip(agents, reference):
+        assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    row = runs.episode_metrics(runs.episode_summary(turns), 1)
+    assert row["score_errors"] == metrics["no_verdict"]
+    assert row["reward_mean"] == pytest.approx(float(values[judged].mean()))
+
+
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):
     """--feedback expert: one review per agent per node, all in one generate call, each agent
     getting the review of its own part."""
