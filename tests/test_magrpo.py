@@ -365,7 +365,14 @@ def expect_advantages(rewards, mode, want, wrong=(), baseline=None, scale="none"
 def test_group_advantages_eq1_by_hand():
     """mean (the paper): A = R - the group's mean, over the last dim, whatever the leading dims."""
     expect_advantages(R, "mean", [[-2.0, -1.0, 0.0, 3.0], [0.0] * 4],
-                      [("R itself: the baseline is missing", R)])
+                      [("R itself: the baseline is missing", R),
+                       ("divided by the std: mean is Eq. 1 alone, R - mean (only scale='group' divides)",
+                        [[a / (STD + 1e-4) for a in (-2.0, -1.0, 0.0, 3.0)], [0.0] * 4]),
+                       ("divided by the std without 1e-4: mean is Eq. 1 alone, R - mean",
+                        [[a / STD for a in (-2.0, -1.0, 0.0, 3.0)], [float("nan")] * 4]),
+                       ("the mean over the whole batch: the baseline is each group's own mean (the last dim)",
+                        [[r - 2.5 for r in R[0]], [2.0 - 2.5] * 4]),
+                       ("mean - R: the sign is reversed", [[2.0, 1.0, 0.0, -3.0], [0.0] * 4])])
     expect_advantages([0.0, 4.0], "mean", [-2.0, 2.0])  # one group, a list
     expect_advantages([[[0.0, 4.0]]], "mean", [[[-2.0, 2.0]]])  # leading dims are groups too
 
@@ -512,13 +519,24 @@ def trl_loss(per_token, mask, loss_type, max_completion_length):
     return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-@pytest.mark.parametrize("masked", [False, True])
+TRL_REWARDS = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]  # two groups of 3
+
+
 @pytest.mark.parametrize("scale", ["none", "group", "batch"])
+def test_group_advantages_give_trls_advantages_by_hand(scale):
+    """TRL's scale_rewards, as --scale-rewards resolves it, against TRL's formula (trl_advantages)."""
+    cfg = magrpo.Config(scale_rewards=scale)
+    expect_advantages(TRL_REWARDS, cfg.advantage, trl_advantages(TRL_REWARDS, scale).view(2, 3).tolist(),
+                      scale=cfg.scale_rewards)
+
+
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
-def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type, scale, masked):
-    """Two groups of 3 rows, rows 1 and 5 cut without EOS; the budget (6) above the mask's width (4).
-    On-policy TRL's per-token loss is -A * ratio, ratio = exp(lp - lp.detach()) = 1 (its clipping never
-    binds), whose gradient is ours; its value is our loss with lp in place of the ratio."""
+def test_policy_loss_gives_trls_loss_types_by_hand(loss_type, masked):
+    """Two groups of 3 rows, rows 1 and 5 cut without EOS; the budget (6) above the mask's width (4);
+    TRL's advantages (group-scaled), given. On-policy TRL's per-token loss is -A * ratio, ratio =
+    exp(lp - lp.detach()) = 1 (its clipping never binds), whose gradient is ours; its value is our loss
+    with lp in place of the ratio. (group_advantages has its own TRL test: each test checks one function.)"""
     torch.manual_seed(0)
     lengths = [2, 4, 3, 4, 1, 4]
     ends = [True, False, True, True, True, False]  # whether the row's last token is EOS
@@ -528,16 +546,12 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
         if ended:
             ids[row, n - 1] = EOS
     rollout = SimpleNamespace(completion_ids=ids, completion_mask=mask)
-    rewards = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]
     lp = -torch.rand(6, 4) * 3
-    cfg = magrpo.Config(loss_type=loss_type, scale_rewards=scale, max_new_tokens=6,
-                        mask_truncated_completions=masked)
-    ours = group_advantages(rewards, cfg.advantage, scale=cfg.scale_rewards).view(-1)
-    want = trl_advantages(rewards, scale)
-    assert torch.allclose(ours, want, atol=1e-5), f"scale_rewards={scale}: {ours.tolist()} != {want.tolist()}"
+    cfg = magrpo.Config(loss_type=loss_type, max_new_tokens=6, mask_truncated_completions=masked)
+    want = trl_advantages(TRL_REWARDS, "group")
     loss_mask = magrpo.loss_mask(rollout, [EOS] if cfg.mask_truncated_completions else None)
     lp_ours = lp.clone().requires_grad_()
-    loss = policy_loss(lp_ours, loss_mask, ours, cfg.loss_type,
+    loss = policy_loss(lp_ours, loss_mask, want, cfg.loss_type,
                        magrpo.loss_normalizer(loss_mask, cfg.loss_type, cfg.max_new_tokens))
     loss.backward()
     trl_mask = mask.float()
@@ -547,7 +561,7 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
     ratio = torch.exp(lp_trl - lp_trl.detach())
     trl_loss(-want[:, None] * ratio, trl_mask, loss_type, 6).backward()
     value = trl_loss(-want[:, None] * lp, trl_mask, loss_type, 6)
-    case = f"--loss-type {loss_type} --scale-rewards {scale}" + " --mask-truncated-completions" * masked
+    case = f"--loss-type {loss_type}" + " --mask-truncated-completions" * masked
     assert loss.item() == pytest.approx(value.item(), rel=1e-5), f"{case}: {loss.item()} != {value.item()}"
     assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6), f"{case}: gradients differ"
     if masked:
