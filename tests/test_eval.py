@@ -55,7 +55,21 @@ def test_pass_at_k_matches_brute_force():
     for n in range(1, 10):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert ev.pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                got, want = ev.pass_at_k(n, c, k), brute_pass_at_k(n, c, k)
+                if got == pytest.approx(want, abs=1e-12):
+                    continue
+                # The usual mistakes, named (a student's loop reads this message).
+                hints = {"c / n, pass@1's value whatever k": c / n,
+                         "1 - (1 - c/n)^k: k draws with replacement; the k samples are drawn without it":
+                         1 - (1 - c / n) ** k,
+                         "C(n-c, k) / C(n, k): the chance that no sample passes; pass@k is 1 minus it":
+                         math.comb(n - c, k) / math.comb(n, k),
+                         "the authors' pass_any@k: whether one of the first k passes (here the first c do)":
+                         float(c > 0)}
+                named = "".join(f"\nyours is {words}" for words, value in hints.items()
+                                if got == pytest.approx(value, abs=1e-12))
+                pytest.fail(f"pass_at_k({n}, {c}, {k}) = {got}; want 1 - C(n-c, k) / C(n, k) = {want}{named}",
+                            pytrace=False)
 
 
 def test_pass_at_k_large_n_is_stable():

@@ -5,6 +5,7 @@ node_return, ...), and a failure says what differs (where, by how much, and what
 usually means). The sampler's are in test_sampler.py. CPU, tiny random models, hand-written rollouts:
 nothing here samples, so these tests do not wait for the sampler."""
 import dataclasses
+import itertools
 import math
 import statistics
 from types import SimpleNamespace
@@ -609,10 +610,26 @@ def test_node_return_of_a_solved_node_is_an_absorbing_state():
     assert magrpo.solved_return(3.0, 2, 0.0) == 3.0
 
 
+def expect_joint(num_agents, G, mode, want):
+    """joint_actions(num_agents, G, mode) must be `want`; the usual mistakes are named in the failure."""
+    got = magrpo.joint_actions(num_agents, G, mode)
+    if got == want:
+        return
+    hints = [(got == [tuple(reversed(a)) for a in want], "the agents reversed: (g_0, ..., g_{n-1}), agent 0 first "
+              "and the last agent's index changing fastest (itertools.product's order)"),
+             (got == list(range(G)), "plain ints: each joint action is a tuple, one index per agent"),
+             (mode == "cross" and got == [(g,) * num_agents for g in range(G)], "aligned: cross is every combination"),
+             (got is not None and sorted(map(tuple, got)) == sorted(want) and got != want, "another order: the "
+              "joint actions' order is itertools.product's, which the rewards' columns follow")]
+    named = "".join(f"\nyours is {words}" for hit, words in hints if hit)
+    pytest.fail(f"joint_actions({num_agents}, {G}, {mode!r}) = {got!r}; want {want!r}{named}", pytrace=False)
+
+
 def test_joint_actions_and_credited_returns():
-    assert magrpo.joint_actions(2, 3) == [(0, 0), (1, 1), (2, 2)]
+    expect_joint(2, 3, "aligned", [(0, 0), (1, 1), (2, 2)])
+    expect_joint(2, 2, "cross", [(0, 0), (0, 1), (1, 0), (1, 1)])
+    expect_joint(3, 2, "cross", list(itertools.product(range(2), repeat=3)))
     cross = magrpo.joint_actions(2, 2, "cross")
-    assert cross == [(0, 0), (0, 1), (1, 0), (1, 1)]
     rewards = torch.tensor([[1.0, 2.0, 3.0, 6.0]])  # R(0,0)=1, R(0,1)=2, R(1,0)=3, R(1,1)=6
     a0, a1 = magrpo.credited_returns(rewards, cross, 2, 2)
     assert torch.allclose(a0, torch.tensor([[1.5, 4.5]]))  # agent 0's g: mean over agent 1's choices

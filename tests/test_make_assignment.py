@@ -313,6 +313,55 @@ def test_each_test_counts_for_the_one_function_it_checks():
     assert not shared, f"{len(shared)} tests count for two functions, e.g. {next(iter(shared.items()))}"
 
 
+def failure_of(test, monkeypatch, module, name, wrong, *args):
+    """The failure message of `test(*args)` with `module.name` replaced by a wrong answer."""
+    monkeypatch.setattr(module, name, wrong)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        test(*args)
+    monkeypatch.undo()
+    return str(failed.value)
+
+
+def test_the_usual_mistakes_of_each_blankable_function_are_named(monkeypatch):
+    """Bug: group_advantages divided by the std in mean mode failed with raw numbers and a traceback,
+    where policy_loss names its mistake. Each function a course can blank names its usual mistakes (those
+    of the six core functions: WRONG, checked in a copy by the slow test below; here the others')."""
+    import itertools
+    import magrpo
+    import eval as evaluation
+    import rewards
+    import torch
+    import test_eval
+    import test_magrpo
+    import test_rewards
+
+    def z_score(rewards, mode="mean", baseline=None, scale="none"):
+        r = torch.as_tensor(rewards, dtype=torch.float32)
+        return (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4)
+    message = failure_of(test_magrpo.test_group_advantages_eq1_by_hand, monkeypatch, test_magrpo,
+                         "group_advantages", z_score)
+    assert "yours is divided by the std: mean is Eq. 1 alone" in message
+    with_replacement = lambda n, c, k: 1 - (1 - c / n) ** k  # noqa: E731
+    message = failure_of(test_eval.test_pass_at_k_matches_brute_force, monkeypatch, evaluation, "pass_at_k",
+                         with_replacement)
+    assert "k draws with replacement" in message
+    reversed_agents = lambda n, G, mode="aligned": [tuple(reversed(a)) for a in  # noqa: E731
+                                                    itertools.product(range(G), repeat=n)] if mode == "cross" \
+        else [(g,) * n for g in range(G)]
+    message = failure_of(test_magrpo.test_joint_actions_and_credited_returns, monkeypatch, magrpo,
+                         "joint_actions", reversed_agents)
+    assert "the agents reversed" in message
+    real_band = rewards.band_score
+    zero_outside = lambda x, band: real_band(x, band) or 0.0  # noqa: E731
+    message = failure_of(test_rewards.test_writing_reward_band_edges, monkeypatch, rewards, "band_score",
+                         zero_outside)
+    assert "0 outside the zero points" in message
+    fenced = lambda text, name, signature=None: text.strip()  # noqa: E731
+    message = failure_of(test_rewards.test_extract_function_from_prose_and_fences, monkeypatch, test_rewards,
+                         "extract_function", fenced, "```python\ndef f(x):\n    return x + 1\n```")
+    assert "the markdown fence kept" in message
+
+
 def test_blanking_keeps_the_signature_and_docstring_and_removes_the_body_and_its_comments():
     source = (ROOT / "magrpo.py").read_text()
     blanked = make_assignment.blank(source, "group_advantages")
