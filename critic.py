@@ -91,13 +91,14 @@ class Critic:
         """Fit the heads to this step's returns, [states, J] (each state's J joint actions), from the
         features that gave its values, and to the latest REPLAY_STEPS steps': FIT_STEPS Adam steps on the
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
-        step's rows and the values before the fit, those of the advantages; total sums over processes."""
+        step's rows and the values before the fit, those of the advantages; total sums over processes. A
+        NaN return (no verdict) is no target."""
         with torch.no_grad():
             gaps = self.errors(features, returns)
         heads = len(gaps) // returns.numel()
-        count, r, r2, e, e2 = total([len(gaps), float(returns.sum()) * heads,
-                                     float((returns ** 2).sum()) * heads, float(gaps.sum()),
-                                     float((gaps ** 2).sum())])
+        count, r, r2, e, e2 = total([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
+                                     float((returns ** 2).nansum()) * heads, float(gaps.nansum()),
+                                     float((gaps ** 2).nansum())])
         spread = r2 / count - (r / count) ** 2
         explained = 1 - (e2 / count - (e / count) ** 2) / spread if spread > 1e-12 else None
         # A step holds a few states only, too few to learn from alone; older returns were earned by older
@@ -106,10 +107,11 @@ class Critic:
         features_kept, returns_kept = zip(*self.replay)
         states = [torch.cat(rows) for rows in zip(*features_kept)]  # per agent, every kept step's states
         targets = torch.cat(returns_kept)
-        (rows,) = total([heads * targets.numel()])
+        (rows,) = total([heads * int((~targets.isnan()).sum())])
         for _ in range(FIT_STEPS):
             self.optimizer.zero_grad(set_to_none=True)
-            (self.errors(states, targets).pow(2).sum() / rows).backward()  # this process's share of the mean
+            squares = self.errors(states, targets).nan_to_num(0.0).pow(2)  # (a NaN target: no gradient)
+            (squares.sum() / rows).backward()  # this process's share of the mean
             for p in self.heads.parameters():
                 p.grad = total(p.grad)
             self.optimizer.step()

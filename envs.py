@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 
 from authors import reward_functions
-from rewards import (ARXIV, TEST_TIMEOUT, TLDR, as_comment, band_score, prompt_parts, quoted,
-                     shown_code)
+from rewards import (ARXIV, TEST_TIMEOUT, TLDR, WRITING_MAX, as_comment, band_score, prompt_parts,
+                     quoted, shown_code)
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 
@@ -33,7 +33,7 @@ class Env(abc.ABC):
     name = None          # its --env name
     num_agents = 2
     agent_names = ()     # one word per agent, for the baselines' prompts and the feedback
-    max_reward = None    # the reward's maximum (multi-turn: a joint answer reaching it is solved)
+    max_reward = None    # the reward's reachable maximum (a joint answer reaching it is solved; None: never)
     examples = ()        # the split's rows, a list of dicts (each an `ex`)
     dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
     split = None
@@ -431,9 +431,9 @@ class CodingEnv(Env):
 # Writing (Sec. 5), where two agents write complementary texts about one passage
 
 class WritingEnv(Env):
-    """Sec. 5: two writers, one leveled reward (max 3.0), or one writing both (the GRPO baseline); data:
+    """Sec. 5: two writers, one leveled reward (max 2.98), or one writing both (the GRPO baseline); data:
     the built-in corpus (80% train, 20% eval = test), a JSON/JSONL file or a hub name (`hub`)."""
-    max_reward = 3.0
+    max_reward = WRITING_MAX  # 2.98: the connective score tops out at 0.95, so no pair scores 3.0
     settings = dict(temperature=0.7, top_p=0.9, learning_rate=5e-6)  # the authors' writing configs
     # tried in order without --text-field ("prompt" is TLDR's on the hub, "abstract_text" arXiv_abstract's)
     text_fields = ("text", "content", "post", "prompt", "abstract", "abstract_text", "document")

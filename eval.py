@@ -163,8 +163,8 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
         batch = examples[start:start + batch_size]
         # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
         for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
-            for sample in samples:
-                totals[t] += float(sample.reward)
+            for sample in samples:  # (one without a verdict, NaN, adds 0: eval.py's report leaves it out)
+                totals[t] += runs.finite(float(sample.reward)) or 0.0
     return totals
 
 
@@ -260,10 +260,13 @@ def _number(v):  # a finite int or float; bools count, since a level may be one,
 
 def sample_record(reward, tokens=0, seconds=0.0, outputs=()):
     """One joint sample's numbers: float(reward), its levels and numeric fields (a tuple t as t_0, t_1,
-    ...); a magrpo.ScoreError, or a reward float() refuses, is reward 0 with its error kept."""
-    error = reward.error if isinstance(reward, magrpo.ScoreError) else None  # its float() is 0
+    ...); a reward without a verdict (a magrpo.ScoreError, a sandbox that failed: float() NaN) or one
+    float() refuses keeps its error, and the metrics leave it out (aggregate)."""
+    error = reward.error if isinstance(reward, magrpo.ScoreError) else getattr(reward, "sandbox_error", None)
     rec = {"reward": 0.0, "tokens": tokens, "seconds": seconds, "outputs": outputs, "error": error,
            "levels": {}, "fields": {}}
+    if error is not None:
+        return rec
     try:
         total = float(reward)
         if not math.isfinite(total):
@@ -297,14 +300,18 @@ def test_metrics(problems, ks):
     """pass@k (unbiased), pass_any@k (the authors': any of the first k samples passes) and acc@k (the
     best test pass rate among the first k samples), each a mean over problems (Sec. 6)."""
     # Each problem's samples stay in sampling order, since the authors' pass@k reads the first k and the
-    # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names.
+    # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names. A sample
+    # without a verdict (an error) is no failure: it is left out, and a problem with none left too.
     passed, rates = [], []
     for records in problems:
+        records = [r for r in records if r["error"] is None]
+        if not records:
+            continue
         rates.append([tests_rate(r) for r in records])
         passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
     metrics = {}
     for k in ks:
-        metrics[f"pass@{k}"] = runs.mean(pass_at_k(len(ok), sum(ok), k) for ok in passed)
+        metrics[f"pass@{k}"] = runs.mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
     for k in ks:
         metrics[f"pass_any@{k}"] = runs.mean(any(ok[:k]) for ok in passed)
     for k in ks:
@@ -314,8 +321,11 @@ def test_metrics(problems, ks):
 
 def aggregate(problems, ks):
     """One method's (metrics, details) from its problems' sample records: test metrics are means over
-    problems, the rest over samples; a level a sample lacks counts 0 (it was gated)."""
+    problems, the rest over samples; a level a sample lacks counts 0 (it was gated). A sample without a
+    verdict is counted under errors and left out of everything else."""
     samples = [r for recs in problems for r in recs]
+    errors = sum(r["error"] is not None for r in samples)
+    samples = [r for r in samples if r["error"] is None]
     metrics = {}
     # pass@k and the cooperation rate exist only where the reward says so (coding), so that no
     # metric means nothing for the env (a writing task has no tests).
@@ -330,7 +340,7 @@ def aggregate(problems, ks):
     metrics["reward_std"] = runs.sample_std(rewards)
     metrics["tokens_per_sample"] = runs.mean(r["tokens"] for r in samples)
     metrics["seconds_per_sample"] = runs.mean(r["seconds"] for r in samples)
-    metrics["errors"] = sum(r["error"] is not None for r in samples)
+    metrics["errors"] = errors
     # The details (the "reward detail" table) say how often each level was earned and the mean of every
     # other number the rewards carry, so that they show where a method loses its reward, level by level.
     metrics.update(runs.level_means([r["levels"] for r in samples]))

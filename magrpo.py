@@ -100,19 +100,21 @@ def joint_actions(num_agents, num_generations, mode="aligned"):
 
 def credited_returns(returns, joint, num_agents, num_generations):
     """Per agent, [B, G]: each completion's credit, the mean return of the joint actions it takes
-    part in (aligned: its one joint action's). `returns` is [B, len(joint)], in `joint`'s order."""
+    part in (aligned: its one joint action's) and have a verdict (NaN: none). `returns` is [B, len(joint)],
+    in `joint`'s order."""
     # members[i][j, g] is 1 where joint action j uses agent i's g-th completion.
     members = torch.nn.functional.one_hot(torch.tensor(joint).T, num_generations).float()
-    return [returns @ members[i] / members[i].sum(0) for i in range(num_agents)]
+    judged = (~returns.isnan()).float()
+    return [returns.nan_to_num(0.0) @ members[i] / (judged @ members[i]) for i in range(num_agents)]
 
 
 @dataclass
 class ScoreError:
-    """The reward of a joint action whose scoring raised: 0, the error kept for logs and feedback."""
+    """The reward of a joint action whose scoring raised: no verdict, NaN; the error kept for the logs."""
     error: str
 
     def __float__(self):
-        return 0.0
+        return math.nan
 
 
 def score_joint(env, examples, outputs, one=None):
@@ -140,13 +142,16 @@ def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     (the paper; no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; none:
     A = R (REINFORCE); remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et
     al. 2023). scale: none (the paper), or A divided by the std + 1e-4 of its group (the original GRPO) or
-    of all the rewards given (batch); stds are unbiased (G - 1), as TRL's. rewards: [..., G], a tensor or
-    lists, G >= 2 (else ValueError). -> float32, the rewards' shape."""
+    of all the rewards given (batch); stds are unbiased (G - 1), as TRL's. A NaN reward (no verdict) gets
+    A = 0, out of every mean and std (G counts the others); a group of fewer than two verdicts gets 0.
+    rewards: [..., G], a tensor or lists, G >= 2 (else ValueError). -> float32, the rewards' shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
-    G = rewards.shape[-1]
-    if G < 2:
-        raise ValueError(f"group_advantages needs a group of at least 2, got {G}")
-    centered = rewards - rewards.mean(-1, keepdim=True)
+    if rewards.shape[-1] < 2:
+        raise ValueError(f"group_advantages needs a group of at least 2, got {rewards.shape[-1]}")
+    judged = ~rewards.isnan()  # An answer nobody judged is no failure: it teaches nothing either way.
+    G = judged.sum(-1, keepdim=True)  # the group's verdicts
+    rewards = rewards.where(judged, 0.0)
+    centered = (rewards - rewards.sum(-1, keepdim=True) / G) * judged
     if mode == "mean":
         advantages = centered
     elif mode == "rloo":  # R - (sum - R) / (G - 1) = G / (G - 1) * (R - mean)
@@ -158,19 +163,20 @@ def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     else:  # std is mean with scale="group" (Config resolves the name)
         raise ValueError(f"group_advantages: no baseline {mode!r}: use mean, rloo, none or remax")
     # The 1e-4 keeps a group of equal rewards at 0 (not 0 / 0), and makes near-equal ones large, not huge.
-    if scale == "group":
-        return advantages / (rewards.std(-1, keepdim=True) + 1e-4)  # unbiased, as TRL's GRPO
-    if scale == "batch":
-        return advantages / (rewards.std() + 1e-4)
-    return advantages
+    if scale == "group":  # unbiased, as TRL's GRPO
+        advantages = advantages / ((centered ** 2).sum(-1, keepdim=True) / (G - 1)).sqrt().add(1e-4)
+    elif scale == "batch":
+        advantages = advantages / (rewards[judged].std() + 1e-4)
+    return advantages.where(judged & (G >= 2) & ~advantages.isnan(), 0.0)  # (NaN: a remax baseline's)
 
 
 def critic_advantages(returns, values):
     """Eq. 1 with a learned baseline in place of the group's mean (--advantage critic): A = R - V(s),
     V(s) the critic's value of the state the completions were sampled from (critic.py), so that a group
-    of one (G = 1) has an advantage too. returns: [states, G]; values: [states]. -> float32 [states, G]."""
+    of one (G = 1) has an advantage too; a NaN return (no verdict) gets 0. returns: [states, G]; values:
+    [states]. -> float32 [states, G]."""
     returns = torch.as_tensor(returns, dtype=torch.float32)
-    return returns - torch.as_tensor(values, dtype=torch.float32)[:, None]
+    return (returns - torch.as_tensor(values, dtype=torch.float32)[:, None]).nan_to_num(0.0)
 
 
 def row_logprobs(model, rollout, temperature=1.0):
@@ -253,6 +259,9 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
     list of numbers or a tensor summed over the processes sharing the batch (default: one process);
     go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
+    if cfg.on_the_tree():
+        raise ValueError("single_turn_step runs Sec. 2 alone: this Config's turns, cross, remax, critic, "
+                         "turn weights or truncation masks are train_step's")
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
     prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
@@ -262,13 +271,16 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
     if go_on is not None and not go_on(rewards):
         return rollouts, rewards, None, None
-    # Eq. 1 among a prompt's G joint actions; a group of all-0 advantages teaches nothing, and is counted.
+    # Eq. 1 among a prompt's G joint actions (one without a verdict, NaN, gets A = 0); a group of all-0
+    # advantages teaches nothing. Both are counted.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
     advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
-    metrics = {"zero_adv_groups": int(total([int((advantages.view(-1, G) == 0).all(-1).sum())])[0])}
+    counts = total([int((advantages.view(-1, G) == 0).all(-1).sum()), int(values.isnan().sum())])
+    metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+        agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
         # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
         (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
         loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
@@ -402,10 +414,11 @@ def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
 
 def solved_threshold(env, cfg):
     """The reward at which a joint answer is solved (not revised): --termination-threshold, by default
-    the env's maximum."""
-    if cfg.termination_threshold is None:
-        return getattr(env, "max_reward", math.inf)
-    return cfg.termination_threshold
+    the env's maximum (an env without one, max_reward None: never solved)."""
+    if cfg.termination_threshold is not None:
+        return cfg.termination_threshold
+    max_reward = getattr(env, "max_reward", None)
+    return math.inf if max_reward is None else max_reward
 
 
 def expand_nodes(turn, mode):
@@ -416,7 +429,7 @@ def expand_nodes(turn, mode):
     the agents to keep what is right."""
     if mode == "all":
         return [node for node in range(len(turn.outputs)) if not turn.solved[node]]
-    values = turn.values()
+    values = turn.values().nan_to_num(-math.inf)  # an answer without a verdict is nobody's best
     all_solved = torch.tensor(turn.solved).view(values.shape).all(-1)  # per group: is every node solved?
     return [turn.node(k, int(values[k].argmax())) for k in range(len(turn.groups)) if not all_solved[k]]
 
@@ -485,7 +498,8 @@ def episode_returns(turns, gamma, num_turns):
         for node, reward in enumerate(turn.rewards):
             group = turn.children.get(node)
             if group is not None:
-                values.append(node_return(reward, returns[t + 1][group].tolist(), gamma))
+                judged = [r for r in returns[t + 1][group].tolist() if not math.isnan(r)]  # (NaN: no verdict)
+                values.append(node_return(reward, judged, gamma))
             elif turn.solved[node]:
                 values.append(solved_return(reward, num_turns - 1 - t, gamma))
             else:  # A leaf not solved is at the last turn, or (--expand best) was not revised.
@@ -552,7 +566,9 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
     for turn, advantages in zip(turns, episode_advantages(turns, cfg, values)):
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
-    metrics = {"zero_adv_groups": int(total([zero_groups])[0])}
+    no_verdict = sum(int(turn.values().isnan().sum()) for turn in turns)  # joint answers given A = 0
+    counts = total([zero_groups, no_verdict])
+    metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
     if critic is not None:
         # The critic learns this step's returns only now, after its values gave their advantages: a
         # baseline that had seen the very return it is subtracted from would cancel part of it, and the

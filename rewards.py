@@ -9,8 +9,8 @@ defined with a return) gates nothing, so a program without it still earns syntax
 aux's part of it (0.4) with the bonus, once every test passed; the authors' before any test.
 
     code  (Sec. 4, max 4.0)  structure -> syntax -> tests -> cooperation bonus     code_reward
-    TLDR  (Sec. 5, max 3.0)  tokens -> length ratio -> vocabulary -> style         tldr_reward
-    arXiv (Sec. 5, max 3.0)  same levels, other numbers                             arxiv_reward
+    TLDR  (Sec. 5, max 2.98) tokens -> length ratio -> vocabulary -> style         tldr_reward
+    arXiv (Sec. 5, max 2.98) same levels, other numbers                             arxiv_reward
     single-agent writing: split_single_output(text) -> the two parts to score
 
 Model code runs only in sandbox.py; the text levels never raise on model output (empty, prose,
@@ -21,6 +21,7 @@ Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): 
     'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
+import math
 import re
 import textwrap
 import unicodedata
@@ -214,8 +215,8 @@ class CodeReward:
     def levels(self):
         return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
-    def __float__(self):
-        return float(self.total)
+    def __float__(self):  # NaN where the sandbox failed: no verdict, never 0 tests (magrpo.group_advantages)
+        return math.nan if self.sandbox_error is not None else float(self.total)
 
 
 def _has_return(func):
@@ -397,8 +398,8 @@ why will with would you your yours yourself yourselves
 
 @dataclass(frozen=True)
 class WritingLevels:
-    """The numbers of one leveled writing reward (its levels weigh 0.5, 1.0, 0.5 and 1.0 in both tasks:
-    3.0 in all); a band is (zero_lo, one_lo, one_hi, zero_hi)."""
+    """The numbers of one leveled writing reward (its levels weigh 0.5, 1.0, 0.5 and 1.0 in both tasks, but
+    the style level's T tops out at 0.95: WRITING_MAX); a band is (zero_lo, one_lo, one_hi, zero_hi)."""
     tokens: tuple          # L1 wants (min, max) whitespace tokens in both outputs
     length_band: tuple     # L2 bands the character-length ratio c2 / c1
     unique_band: tuple     # L3 bands the unique-word ratio u2 / u1
@@ -461,6 +462,11 @@ def transition_categories(text):
 def transition_score(n_categories):
     """T: 0 without connectives, else 0.4 + 0.05 per category beyond the first (0.95 for 12)."""
     return 0.0 if n_categories == 0 else min(1.0, 0.4 + 0.05 * (n_categories - 1))
+
+
+# The best a writing pair can score (Sec. 5): every level full, all 12 connective categories, so
+# 0.4 * 0.95 + 0.6 at L4, added level by level as WritingReward.total adds them (2.98, not 3.0).
+WRITING_MAX = reduce(add, (0.5, 1.0, 0.5, 0.4 * transition_score(len(TRANSITIONS)) + 0.6 * 1.0), 0.0)
 
 
 def jaccard(words1, words2, stopwords=STOPWORDS, if_empty=0.0):
@@ -533,12 +539,12 @@ def writing_reward(text1, text2, spec):
 
 
 def tldr_reward(summary, detailed):
-    """TLDR (Sec. 5): agent 1's concise summary, agent 2's detailed one. Max 3.0."""
+    """TLDR (Sec. 5): agent 1's concise summary, agent 2's detailed one. Max 2.98."""
     return writing_reward(summary, detailed, TLDR)
 
 
 def arxiv_reward(background, methods):
-    """arXiv introduction expansion (Sec. 5): agent 1's background, agent 2's methods. Max 3.0."""
+    """arXiv introduction expansion (Sec. 5): agent 1's background, agent 2's methods. Max 2.98."""
     return writing_reward(background, methods, ARXIV)
 
 # -----------------------------------------------------------------------------

@@ -665,6 +665,11 @@ def all_sum(values, device="cpu"):
 # What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve
 
 
+def finite(x):
+    """x, or None where it is NaN (no verdict) or infinite: JSON has no NaN."""
+    return x if math.isfinite(x) else None
+
+
 def mean(xs):
     """The mean of the numbers `xs`, 0 for none."""
     xs = list(xs)
@@ -707,9 +712,13 @@ def level_means(levels, suffix=""):
 
 def episode_metrics(nodes, num_turns):
     """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
-    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included."""
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included. A node
+    without a verdict (reward NaN) is counted in sandbox_errors or score_errors, and left out of the rest."""
+    errors = {"sandbox_errors": sum(node["sandbox_error"] for node in nodes),
+              "score_errors": sum(node["score_error"] for node in nodes)}
+    nodes = [node for node in nodes if not math.isnan(node["reward"])]
     first = [node for node in nodes if node["turn"] == 1]
-    rewards = torch.tensor([node["reward"] for node in first])  # float32, as the curves have always been
+    rewards = torch.tensor([node["reward"] for node in first] or [math.nan])  # float32, as the curves were
     m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
          "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
     # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
@@ -724,13 +733,11 @@ def episode_metrics(nodes, num_turns):
             continue
         rewards = torch.tensor([node["reward"] for node in turn])
         values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
-        if t > 1:  # how much revising gained over the answers it revised
-            values.append(mean(node["gain"] for node in turn))
+        if t > 1:  # how much revising gained over the answers it revised (that had a verdict)
+            values.append(mean(node["gain"] for node in turn if not math.isnan(node["gain"])))
         m.update(zip(keys, values))
         m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
-    m["sandbox_errors"] = sum(node["sandbox_error"] for node in nodes)
-    m["score_errors"] = sum(node["score_error"] for node in nodes)
-    return m
+    return {**m, **errors}
 
 # The learning curve, OUT/curve.svg, drawn from metrics.jsonl's rows
 

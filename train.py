@@ -115,7 +115,7 @@ class Run:
             # again from --model for it; a LoRA team's frozen base is that already.
             start = None
             if checkpoint is not None and not models.is_lora(self.agents[0].model):
-                start = build(args, self.env, None, local_rank, local_world)
+                start = build(args, self.env, None, local_rank, local_world, optimize=False)
             self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate, start)
         # The in-training eval has its own split, never the training rows (a plain file has none).
         self.eval_env = None
@@ -278,7 +278,8 @@ class StepGate:
             return False
         if bad:
             tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
-                       f"and count as 0 {why}", file=sys.stderr)
+                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
+                       file=sys.stderr)
         return True
 
     def agree(self, abandoned):
@@ -348,7 +349,7 @@ def completion_rows(step, indices, turns):
             advantages = [agent_advantages[group * turn.size + g].item()
                           for agent_advantages, g in zip(turn.advantages, turn.joint[action])]
             rows.append({"step": step, "example": indices[turn.groups[group].example], "turn": t,
-                         "completions": list(outputs), "reward": float(reward),
+                         "completions": list(outputs), "reward": runs.finite(float(reward)),
                          "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
     return rows
 
@@ -446,9 +447,9 @@ def fill_resolved(args, env, cfg):
         args.lora_alpha = lora.alpha
 
 
-def build(args, env, checkpoint=None, local_rank=0, local_world=1):
+def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True):
     """The agents of --model or of a checkpoint, on this process's devices; LoRA agents on one base
-    share its frozen copy."""
+    share its frozen copy. optimize: each with its optimizer (False: models only read, a critic's)."""
     lora, bases = models.lora_from_flags(args), {}
     # The tiny model's steps are too small for a GPU, where launching their kernels costs more than
     # running them (docs/benchmarks.md), so --device auto keeps it on the CPU.
@@ -470,7 +471,8 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1):
     for i, (name, device) in enumerate(zip(names, devices)):
         agent = models.load_agent(name, device, args.dtype, args.seed + i, chat_template=args.chat_template,
                                   lora=lora, bases=bases, base_seed=args.seed if lora else None)
-        agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
+        if optimize:  # (bf16 weights get fp32 master copies: 4 more bytes a weight, for training alone)
+            agent.optimizer = models.make_optimizer(agent.model, args.learning_rate, args.weight_decay)
         agents.append(agent)
     # args.json records the device(s) and the dtype the run used, not "auto".
     args.device = ",".join(dict.fromkeys(str(agent.model.device) for agent in agents))

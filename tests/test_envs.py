@@ -758,8 +758,36 @@ def test_revision_prompt_writing_and_max_reward():
     ex = env.examples[0]
     p = env.revision_prompt(ex, 0, [("My background.", "Feedback: too short")])
     assert p.startswith(env.prompts(ex)[0]) and p.endswith("Feedback: too short\n\nRevised background and motivation:\n")
-    assert env.max_reward == 3.0 and envs.make_env("coding").max_reward == 4.0
+    assert env.max_reward == rewards.WRITING_MAX == 2.98 and envs.make_env("coding").max_reward == 4.0
     assert envs.make_env("coding", num_agents=1).max_reward == 2.1 and envs.make_env("demo").max_reward == 3.0
+
+
+def best_writing_pair(env_name):
+    """Two texts that fill every level of the env's writing reward: all 12 connective categories."""
+    connectives = " ".join(next(p for p in phrases if " " not in p) for phrases in rewards.TRANSITIONS.values())
+    if env_name == "tldr":
+        return ("The river town built a stone bridge over cold water for trade",
+                connectives + " the river town built stone bridge while merchants carried grain wool salt timber")
+    first = " ".join(f"alpha{i}" for i in range(130))
+    return first, f"{connectives} {' '.join(f'alpha{i}' for i in range(60))} {' '.join(f'beta{i}' for i in range(75))}"
+
+
+@pytest.mark.parametrize("authors", [False, True])
+@pytest.mark.parametrize("env_name", ["tldr", "arxiv"])
+def test_max_reward_writing_a_best_possible_pair_is_solved(env_name, authors):
+    """Bug: max_reward said 3.0, but T tops out at 0.95, so no writing answer was ever solved."""
+    import magrpo
+    env = envs.make_env(env_name, authors=authors)
+    pair = best_writing_pair(env_name)
+    reward = env.reward(env.examples[0], pair)
+    assert all(reward.levels[level] == 1.0 * weight for level, weight in
+               (("structure", 0.5), ("coordination", 1.0), ("vocabulary", 0.5)))
+    assert reward.categories == 12 and float(reward) == env.max_reward  # the best there is, reached
+    threshold = magrpo.solved_threshold(env, magrpo.Config())
+    assert float(reward) >= threshold - 1e-9, "a best-possible pair must count as solved"
+    one = envs.make_env(env_name, num_agents=1, authors=authors)
+    assert one.max_reward == env.max_reward and float(one.reward(one.examples[0], ("[PARAGRAPH_SPLIT]".join(pair),))) \
+        == pytest.approx(env.max_reward)
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,21 @@ def test_pass_at_k_matches_brute_force():
     for n in range(1, 10):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert ev.pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                got, want = ev.pass_at_k(n, c, k), brute_pass_at_k(n, c, k)
+                if got == pytest.approx(want, abs=1e-12):
+                    continue
+                # The usual mistakes, named (a student's loop reads this message).
+                hints = {"c / n, pass@1's value whatever k": c / n,
+                         "1 - (1 - c/n)^k: k draws with replacement; the k samples are drawn without it":
+                         1 - (1 - c / n) ** k,
+                         "C(n-c, k) / C(n, k): the chance that no sample passes; pass@k is 1 minus it":
+                         math.comb(n - c, k) / math.comb(n, k),
+                         "the authors' pass_any@k: whether one of the first k passes (here the first c do)":
+                         float(c > 0)}
+                named = "".join(f"\nyours is {words}" for words, value in hints.items()
+                                if got == pytest.approx(value, abs=1e-12))
+                pytest.fail(f"pass_at_k({n}, {c}, {k}) = {got}; want 1 - C(n-c, k) / C(n, k) = {want}{named}",
+                            pytrace=False)
 
 
 def test_pass_at_k_large_n_is_stable():
@@ -115,10 +129,20 @@ def test_pass_any_reads_the_first_k_samples_and_pass_at_k_all_n():
     assert m["reward"] == pytest.approx((0 + 2.5 + 0.5 + 1.5) / 4)
 
 
-def test_a_sample_whose_scoring_raised_counts_as_zero():
-    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(magrpo.ScoreError("ValueError: boom"))]
+def test_aggregate_leaves_a_sample_without_a_verdict_out_of_pass_at_k_and_counts_it_under_errors():
+    """Bug: a sample whose scoring raised, or whose sandbox failed, counted as a failure in pass@k and
+    as 0 in the reward; it has no verdict: counted under errors, left out of every other metric."""
+    import rewards
+    broken = rewards.CodeReward(structure=0.6, syntax=0.5, n_tests=2, sandbox_error="the sandbox could not start")
+    assert math.isnan(float(broken))
+    recs = [ev.sample_record(Scored(2, 2)), ev.sample_record(magrpo.ScoreError("ValueError: boom")),
+            ev.sample_record(broken), ev.sample_record(Scored(0, 2))]
+    assert recs[2]["error"] == "the sandbox could not start"
     m, _ = ev.aggregate([recs], [1, 2])
-    assert m["errors"] == 1 and m["reward"] == 0.5 and m["acc@2"] == 1.0
+    assert m["errors"] == 2 and m["reward"] == 0.5 and m["acc@2"] == 1.0
+    assert m["pass@1"] == 0.5 and m["pass@2"] == 1.0 and m["pass_any@1"] == 1.0  # of the 2 judged samples
+    m, _ = ev.aggregate([recs, recs[1:3]], [1])  # a problem with no verdict at all is left out
+    assert m["pass@1"] == 0.5 and m["errors"] == 4
     assert ev.sample_record(object())["error"].startswith("TypeError")  # float() refuses it
     nan = ev.sample_record(float("nan"))
     assert nan["reward"] == 0.0 and "non-finite" in nan["error"]

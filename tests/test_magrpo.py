@@ -5,6 +5,7 @@ node_return, ...), and a failure says what differs (where, by how much, and what
 usually means). The sampler's are in test_sampler.py. CPU, tiny random models, hand-written rollouts:
 nothing here samples, so these tests do not wait for the sampler."""
 import dataclasses
+import itertools
 import math
 import statistics
 from types import SimpleNamespace
@@ -366,7 +367,14 @@ def expect_advantages(rewards, mode, want, wrong=(), baseline=None, scale="none"
 def test_group_advantages_eq1_by_hand():
     """mean (the paper): A = R - the group's mean, over the last dim, whatever the leading dims."""
     expect_advantages(R, "mean", [[-2.0, -1.0, 0.0, 3.0], [0.0] * 4],
-                      [("R itself: the baseline is missing", R)])
+                      [("R itself: the baseline is missing", R),
+                       ("divided by the std: mean is Eq. 1 alone, R - mean (only scale='group' divides)",
+                        [[a / (STD + 1e-4) for a in (-2.0, -1.0, 0.0, 3.0)], [0.0] * 4]),
+                       ("divided by the std without 1e-4: mean is Eq. 1 alone, R - mean",
+                        [[a / STD for a in (-2.0, -1.0, 0.0, 3.0)], [float("nan")] * 4]),
+                       ("the mean over the whole batch: the baseline is each group's own mean (the last dim)",
+                        [[r - 2.5 for r in R[0]], [2.0 - 2.5] * 4]),
+                       ("mean - R: the sign is reversed", [[2.0, 1.0, 0.0, -3.0], [0.0] * 4])])
     expect_advantages([0.0, 4.0], "mean", [-2.0, 2.0])  # one group, a list
     expect_advantages([[[0.0, 4.0]]], "mean", [[[-2.0, 2.0]]])  # leading dims are groups too
 
@@ -403,6 +411,26 @@ def test_group_advantages_none_and_remax_by_hand():
     expect_advantages(R, "none", R)
     expect_advantages(R, "remax", [[-1.5, -0.5, 0.5, 3.5], [-1.0, -1.0, -1.0, -1.0]], baseline=[2.5, 3.0])
     expect_advantages([4.0, 0.0], "remax", [0.0, -4.0], baseline=4.0)
+
+
+def test_group_advantages_leaves_an_answer_without_a_verdict_out():
+    """Bug: a joint action nobody judged (NaN: a sandbox error, a ScoreError) entered Eq. 1 as a failure.
+    It gets A = 0 and stays out of its group's baseline and std, G counting the verdicts; a group left
+    with one verdict teaches nothing. By hand, on [1, nan, 3, 5] (mean 3, 3 verdicts) and [nan, 4, nan, nan]."""
+    nan = float("nan")
+    rewards = [[1.0, nan, 3.0, 5.0], [nan, 4.0, nan, nan]]
+    as_a_zero = [[-1.25, -2.25, 0.75, 2.75], [-1.0, 3.0, -1.0, -1.0]]  # the bug: nan read as 0
+    expect_advantages(rewards, "mean", [[-2.0, 0.0, 0.0, 2.0], [0.0] * 4],
+                      [("a reward without a verdict read as 0: leave it out of the baseline, with A = 0", as_a_zero),
+                       ("nan where a reward has no verdict: give it A = 0", [[-2.0, nan, 0.0, 2.0], [nan, 0.0, nan, nan]])])
+    expect_advantages(rewards, "rloo", [[1 - 4.0, 0.0, 3 - 3.0, 5 - 2.0], [0.0] * 4])
+    std = statistics.stdev([1.0, 3.0, 5.0])
+    expect_advantages(rewards, "mean", [[-2 / (std + 1e-4), 0.0, 0.0, 2 / (std + 1e-4)], [0.0] * 4], scale="group")
+    batch = statistics.stdev([1.0, 3.0, 5.0, 4.0]) + 1e-4
+    expect_advantages(rewards, "none", [[1 / batch, 0.0, 3 / batch, 5 / batch], [0.0] * 4], scale="batch")
+    expect_advantages(rewards, "remax", [[-1.0, 0.0, 1.0, 3.0], [0.0] * 4], baseline=[2.0, 1.0])
+    expect_advantages([[1.0, 2.0], [3.0, 5.0]], "remax", [[0.0, 0.0], [-1.0, 1.0]], baseline=[nan, 4.0])
+    expect_advantages([nan, nan, nan], "mean", [0.0, 0.0, 0.0])
 
 
 def test_group_advantages_refuses_a_group_of_one_and_an_unknown_baseline():
@@ -493,13 +521,24 @@ def trl_loss(per_token, mask, loss_type, max_completion_length):
     return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-@pytest.mark.parametrize("masked", [False, True])
+TRL_REWARDS = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]  # two groups of 3
+
+
 @pytest.mark.parametrize("scale", ["none", "group", "batch"])
+def test_group_advantages_give_trls_advantages_by_hand(scale):
+    """TRL's scale_rewards, as --scale-rewards resolves it, against TRL's formula (trl_advantages)."""
+    cfg = magrpo.Config(scale_rewards=scale)
+    expect_advantages(TRL_REWARDS, cfg.advantage, trl_advantages(TRL_REWARDS, scale).view(2, 3).tolist(),
+                      scale=cfg.scale_rewards)
+
+
+@pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
-def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type, scale, masked):
-    """Two groups of 3 rows, rows 1 and 5 cut without EOS; the budget (6) above the mask's width (4).
-    On-policy TRL's per-token loss is -A * ratio, ratio = exp(lp - lp.detach()) = 1 (its clipping never
-    binds), whose gradient is ours; its value is our loss with lp in place of the ratio."""
+def test_policy_loss_gives_trls_loss_types_by_hand(loss_type, masked):
+    """Two groups of 3 rows, rows 1 and 5 cut without EOS; the budget (6) above the mask's width (4);
+    TRL's advantages (group-scaled), given. On-policy TRL's per-token loss is -A * ratio, ratio =
+    exp(lp - lp.detach()) = 1 (its clipping never binds), whose gradient is ours; its value is our loss
+    with lp in place of the ratio. (group_advantages has its own TRL test: each test checks one function.)"""
     torch.manual_seed(0)
     lengths = [2, 4, 3, 4, 1, 4]
     ends = [True, False, True, True, True, False]  # whether the row's last token is EOS
@@ -509,16 +548,12 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
         if ended:
             ids[row, n - 1] = EOS
     rollout = SimpleNamespace(completion_ids=ids, completion_mask=mask)
-    rewards = [[1.0, 2.0, 4.0], [0.5, 0.5, 3.0]]
     lp = -torch.rand(6, 4) * 3
-    cfg = runs.checked_config(loss_type=loss_type, scale_rewards=scale, max_new_tokens=6,
-                              mask_truncated_completions=masked)
-    ours = group_advantages(rewards, cfg.advantage, scale=cfg.scale_rewards).view(-1)
-    want = trl_advantages(rewards, scale)
-    assert torch.allclose(ours, want, atol=1e-5), f"scale_rewards={scale}: {ours.tolist()} != {want.tolist()}"
+    cfg = runs.checked_config(loss_type=loss_type, max_new_tokens=6, mask_truncated_completions=masked)
+    want = trl_advantages(TRL_REWARDS, "group")
     loss_mask = magrpo.loss_mask(rollout, [EOS] if cfg.mask_truncated_completions else None)
     lp_ours = lp.clone().requires_grad_()
-    loss = policy_loss(lp_ours, loss_mask, ours, cfg.loss_type,
+    loss = policy_loss(lp_ours, loss_mask, want, cfg.loss_type,
                        magrpo.loss_normalizer(loss_mask, cfg.loss_type, cfg.max_new_tokens))
     loss.backward()
     trl_mask = mask.float()
@@ -528,7 +563,7 @@ def test_group_advantages_and_policy_loss_give_trls_loss_types_by_hand(loss_type
     ratio = torch.exp(lp_trl - lp_trl.detach())
     trl_loss(-want[:, None] * ratio, trl_mask, loss_type, 6).backward()
     value = trl_loss(-want[:, None] * lp, trl_mask, loss_type, 6)
-    case = f"--loss-type {loss_type} --scale-rewards {scale}" + " --mask-truncated-completions" * masked
+    case = f"--loss-type {loss_type}" + " --mask-truncated-completions" * masked
     assert loss.item() == pytest.approx(value.item(), rel=1e-5), f"{case}: {loss.item()} != {value.item()}"
     assert torch.allclose(lp_ours.grad, lp_trl.grad, atol=1e-6), f"{case}: gradients differ"
     if masked:
@@ -559,11 +594,12 @@ def test_node_return_by_hand():
 
 
 def test_node_return_is_a_float_whatever_the_rewards_type():
-    """A reward or a child's return may be a tensor element, an int, or a ScoreError (whose float is
-    0): the return is a Python float."""
+    """A reward or a child's return may be a tensor element, an int, or a ScoreError (no verdict: its
+    float is NaN, and so is the return): the return is a Python float."""
     expect_return(torch.tensor(1.0), [torch.tensor(1.0)], 0.5, 1.5)
     expect_return(1, [2, 4], 0.5, 2.5)
-    expect_return(magrpo.ScoreError("raised"), [1.0, 3.0], 0.5, 1.0)
+    unjudged = node_return(magrpo.ScoreError("raised"), [1.0, 3.0], 0.5)
+    assert type(unjudged) is float and math.isnan(unjudged)
     expect_return(torch.tensor(2.0), [], 0.9, 2.0)
 
 
@@ -575,10 +611,26 @@ def test_node_return_of_a_solved_node_is_an_absorbing_state():
     assert magrpo.solved_return(3.0, 2, 0.0) == 3.0
 
 
+def expect_joint(num_agents, G, mode, want):
+    """joint_actions(num_agents, G, mode) must be `want`; the usual mistakes are named in the failure."""
+    got = magrpo.joint_actions(num_agents, G, mode)
+    if got == want:
+        return
+    hints = [(got == [tuple(reversed(a)) for a in want], "the agents reversed: (g_0, ..., g_{n-1}), agent 0 first "
+              "and the last agent's index changing fastest (itertools.product's order)"),
+             (got == list(range(G)), "plain ints: each joint action is a tuple, one index per agent"),
+             (mode == "cross" and got == [(g,) * num_agents for g in range(G)], "aligned: cross is every combination"),
+             (got is not None and sorted(map(tuple, got)) == sorted(want) and got != want, "another order: the "
+              "joint actions' order is itertools.product's, which the rewards' columns follow")]
+    named = "".join(f"\nyours is {words}" for hit, words in hints if hit)
+    pytest.fail(f"joint_actions({num_agents}, {G}, {mode!r}) = {got!r}; want {want!r}{named}", pytrace=False)
+
+
 def test_joint_actions_and_credited_returns():
-    assert magrpo.joint_actions(2, 3) == [(0, 0), (1, 1), (2, 2)]
+    expect_joint(2, 3, "aligned", [(0, 0), (1, 1), (2, 2)])
+    expect_joint(2, 2, "cross", [(0, 0), (0, 1), (1, 0), (1, 1)])
+    expect_joint(3, 2, "cross", list(itertools.product(range(2), repeat=3)))
     cross = magrpo.joint_actions(2, 2, "cross")
-    assert cross == [(0, 0), (0, 1), (1, 0), (1, 1)]
     rewards = torch.tensor([[1.0, 2.0, 3.0, 6.0]])  # R(0,0)=1, R(0,1)=2, R(1,0)=3, R(1,1)=6
     a0, a1 = magrpo.credited_returns(rewards, cross, 2, 2)
     assert torch.allclose(a0, torch.tensor([[1.5, 4.5]]))  # agent 0's g: mean over agent 1's choices

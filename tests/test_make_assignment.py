@@ -63,21 +63,33 @@ RIGHT = {
 ''',
     "group_advantages": '''def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     r = rewards.float() if isinstance(rewards, torch.Tensor) else torch.tensor(rewards, dtype=torch.float32)
-    G = r.shape[-1]
-    if G < 2 or mode not in ("mean", "rloo", "none", "remax"):
+    if r.shape[-1] < 2 or mode not in ("mean", "rloo", "none", "remax"):
         raise ValueError("a group of at least 2, and a baseline of the four")
-    if mode == "none":
-        a = r
-    elif mode == "remax":
-        a = r - torch.tensor(baseline, dtype=torch.float32).unsqueeze(-1)
-    elif mode == "rloo":
-        a = r - (r.sum(-1, keepdim=True) - r) / (G - 1)
-    else:
-        a = r - r.mean(-1, keepdim=True)
-    if scale == "group":
-        a = a / (r.std(-1, keepdim=True) + 1e-4)
-    elif scale == "batch":
-        a = a / (r.std() + 1e-4)
+    groups = r.reshape(-1, r.shape[-1])
+    if mode == "remax":
+        bases = torch.tensor(baseline, dtype=torch.float32).reshape(-1).expand(len(groups))
+    everyone = r[~r.isnan()]
+    a = torch.zeros_like(groups)
+    for i, group in enumerate(groups):
+        judged = ~group.isnan()
+        g = group[judged]
+        G = len(g)
+        if G < 2 or (mode == "remax" and bases[i].isnan()):
+            continue
+        if mode == "none":
+            x = g
+        elif mode == "remax":
+            x = g - bases[i]
+        elif mode == "rloo":
+            x = g - (g.sum() - g) / (G - 1)
+        else:
+            x = g - g.mean()
+        if scale == "group":
+            x = x / (g.std() + 1e-4)
+        elif scale == "batch":
+            x = x / (everyone.std() + 1e-4)
+        a[i, judged] = x
+    a = a.reshape(r.shape)
     return a
 ''',
     "policy_loss": '''def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None):
@@ -138,15 +150,20 @@ WRONG = [
      "    logits = model(", "    with torch.no_grad():\n        logits = model(", "carry no gradient"),
     ("completion_logprobs", "the prompt's pass detached (its keys and values carry no gradient)",
      None, "DETACHED_PROMPT", "their gradient differs"),
-    ("group_advantages", "the population std", "r.std(-1, keepdim=True)",
-     "r.std(-1, keepdim=True, correction=0)", "population std"),
+    ("group_advantages", "the population std", "(g.std() + 1e-4)", "(g.std(correction=0) + 1e-4)",
+     "population std"),
     ("group_advantages", "the std without its 1e-4: nan for a group of equal rewards",
-     "(r.std(-1, keepdim=True) + 1e-4)", "r.std(-1, keepdim=True)", "add 1e-4"),
-    ("group_advantages", "batch scaled by each group's std", "(r.std() + 1e-4)",
-     "(r.std(-1, keepdim=True) + 1e-4)", "the std of all the rewards"),
-    ("group_advantages", "rloo as mean", "r - (r.sum(-1, keepdim=True) - r) / (G - 1)",
-     "r - r.mean(-1, keepdim=True)",
+     "(g.std() + 1e-4)", "g.std()", "add 1e-4"),
+    ("group_advantages", "batch scaled by each group's std", "(everyone.std() + 1e-4)",
+     "(g.std() + 1e-4)", "the std of all the rewards"),
+    ("group_advantages", "rloo as mean", "g - (g.sum() - g) / (G - 1)", "g - g.mean()",
      "leave the completion's own reward out"),
+    ("group_advantages", "mean divided by the std (GRPO's z-score where Eq. 1 has none)",
+     "            x = g - g.mean()\n", "            x = (g - g.mean()) / (g.std() + 1e-4)\n",
+     "mean is Eq. 1 alone"),
+    ("group_advantages", "a reward without a verdict (NaN) read as 0",
+     "        judged = ~group.isnan()\n", "        group = group.nan_to_num(0.0)\n        judged = ~group.isnan()\n",
+     "without a verdict read as 0"),
     ("group_advantages", "a list returned", "    return a\n", "    return a.tolist()\n",
      "want a float tensor"),
     ("policy_loss", "the padding counted", "weighted = adv * logprobs * m", "weighted = adv * logprobs",
@@ -277,6 +294,72 @@ def test_course_md_gives_each_function_the_points_of_the_kits_list():
     sections = make_assignment.course_sections()
     for name, (_, _, _, points) in make_assignment.TEACHABLE.items():
         assert f"Points: {points}." in sections[name], name
+
+
+def test_each_test_counts_for_the_one_function_it_checks():
+    """Bug: 24 tests were named after both group_advantages and policy_loss, so `pytest -k` and grading
+    counted each for both (a right policy_loss beside a wrong group_advantages lost policy_loss's points).
+    Every test of the suite is selected by at most one function's -k expression."""
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    tests = [line for line in p.stdout.splitlines() if "::" in line]
+    assert len(tests) > 500, p.stdout[-2000:]
+    shared = {}
+    for test in tests:
+        owners = [name for name, (_, _, expression, _) in make_assignment.TEACHABLE.items()
+                  if make_assignment.selects(expression, test)]
+        if len(owners) > 1:
+            shared[test] = owners
+    assert not shared, f"{len(shared)} tests count for two functions, e.g. {next(iter(shared.items()))}"
+
+
+def failure_of(test, monkeypatch, module, name, wrong, *args):
+    """The failure message of `test(*args)` with `module.name` replaced by a wrong answer."""
+    monkeypatch.setattr(module, name, wrong)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        test(*args)
+    monkeypatch.undo()
+    return str(failed.value)
+
+
+def test_the_usual_mistakes_of_each_blankable_function_are_named(monkeypatch):
+    """Bug: group_advantages divided by the std in mean mode failed with raw numbers and a traceback,
+    where policy_loss names its mistake. Each function a course can blank names its usual mistakes (those
+    of the six core functions: WRONG, checked in a copy by the slow test below; here the others')."""
+    import itertools
+    import magrpo
+    import eval as evaluation
+    import rewards
+    import torch
+    import test_eval
+    import test_magrpo
+    import test_rewards
+
+    def z_score(rewards, mode="mean", baseline=None, scale="none"):
+        r = torch.as_tensor(rewards, dtype=torch.float32)
+        return (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4)
+    message = failure_of(test_magrpo.test_group_advantages_eq1_by_hand, monkeypatch, test_magrpo,
+                         "group_advantages", z_score)
+    assert "yours is divided by the std: mean is Eq. 1 alone" in message
+    with_replacement = lambda n, c, k: 1 - (1 - c / n) ** k  # noqa: E731
+    message = failure_of(test_eval.test_pass_at_k_matches_brute_force, monkeypatch, evaluation, "pass_at_k",
+                         with_replacement)
+    assert "k draws with replacement" in message
+    reversed_agents = lambda n, G, mode="aligned": [tuple(reversed(a)) for a in  # noqa: E731
+                                                    itertools.product(range(G), repeat=n)] if mode == "cross" \
+        else [(g,) * n for g in range(G)]
+    message = failure_of(test_magrpo.test_joint_actions_and_credited_returns, monkeypatch, magrpo,
+                         "joint_actions", reversed_agents)
+    assert "the agents reversed" in message
+    real_band = rewards.band_score
+    zero_outside = lambda x, band: real_band(x, band) or 0.0  # noqa: E731
+    message = failure_of(test_rewards.test_writing_reward_band_edges, monkeypatch, rewards, "band_score",
+                         zero_outside)
+    assert "0 outside the zero points" in message
+    fenced = lambda text, name, signature=None: text.strip()  # noqa: E731
+    message = failure_of(test_rewards.test_extract_function_from_prose_and_fences, monkeypatch, test_rewards,
+                         "extract_function", fenced, "```python\ndef f(x):\n    return x + 1\n```")
+    assert "the markdown fence kept" in message
 
 
 def test_blanking_keeps_the_signature_and_docstring_and_removes_the_body_and_its_comments():

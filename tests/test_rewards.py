@@ -98,7 +98,18 @@ def test_strip_fences():
     "```python\n    def f(x):\n        return x + 1\n```",
 ])
 def test_extract_function_from_prose_and_fences(text):
-    assert extract_function(text, "f") == "def f(x):\n    return x + 1"
+    got, want = extract_function(text, "f"), "def f(x):\n    return x + 1"
+    if got == want:
+        return
+    # The usual mistakes, named (a student's loop reads this message).
+    kept = str(got)
+    hints = [("```" in kept, "the markdown fence kept: strip it first (strip_fences)"),
+             ("Here is" in kept or "This adds" in kept, "the prose kept: only the function's own lines"),
+             ("print(" in kept or "assert" in kept, "the code after the function kept: it ends with its body"),
+             (kept.startswith(" "), "the indentation kept: a function written indented is dedented"),
+             (got is None, "not found: look for `def f(` inside a fence, among prose and indented")]
+    named = "".join(f"\nyours has {words}" for hit, words in hints if hit)
+    pytest.fail(f"extract_function({text!r}, 'f') = {got!r}; want {want!r}{named}", pytrace=False)
 
 
 def test_code_reward_drops_aux_redefined_in_main(fake_sandbox):
@@ -395,6 +406,8 @@ def test_code_reward_reports_sandbox_error():
     test = "def check(candidate):\n    assert candidate(encode(1)) == 3\n"
     r = code_reward("", main, "f", test, imports="import math")  # encode is missing
     assert r.sandbox_error and "encode" in r.sandbox_error
+    # No verdict: float() is NaN (Eq. 1 leaves it out), never the 1.1 of structure and syntax with 0 tests.
+    assert r.total == pytest.approx(1.1) and float(r) != float(r)
     r = code_reward("", main, "f", test, imports="import math",
                     test_setup="def encode(x):\n    return 2 * x\n")
     assert r.sandbox_error is None and r.passed == 1
@@ -493,14 +506,31 @@ def test_writing_reward_words_and_jaccard():
     assert R.jaccard(["the"], ["a"]) == 0.0  # only stopwords
 
 
+def expect_band(x, band, want):
+    """band_score(x, band) must be `want`; the usual mistakes are named in the failure."""
+    got = R.band_score(x, band)
+    if got == want or (None not in (got, want) and got == pytest.approx(want)):
+        return
+    zero_lo, one_lo, one_hi, zero_hi = band
+    reversed_ramp = (one_lo - x) / (one_lo - zero_lo) if x < one_lo else (x - one_hi) / (zero_hi - one_hi)
+    hints = [(want is None and got == 0.0, "0 outside the zero points: there the reward stops, return None"),
+             (want == 0.0 and got is None, "None on a zero point: the zero points are inside (score 0, no stop)"),
+             (None not in (got, want) and got == pytest.approx(reversed_ramp),
+              "a ramp reversed: 0 at the zero point, rising to 1 at the band")]
+    named = "".join(f"\nyours is {words}" for hit, words in hints if hit)
+    pytest.fail(f"band_score({x}, {band}) = {got!r}; want {want!r}{named}", pytrace=False)
+
+
 def test_writing_reward_band_edges():
     band = R.TLDR.length_band
-    assert R.band_score(1.1, band) == 0.0  # on the zero edge: 0 but not a stop
-    assert R.band_score(1.0999, band) is None
-    assert R.band_score(1.35, band) == pytest.approx(0.5)
-    assert R.band_score(4.1, band) == pytest.approx(0.5)
-    assert R.band_score(5.01, band) is None
-    assert R.band_score(100.0, R.TLDR.unique_band) == 1.0
+    expect_band(1.1, band, 0.0)  # on the zero edge: 0 but not a stop
+    expect_band(1.0999, band, None)
+    expect_band(1.35, band, 0.5)
+    expect_band(1.225, band, 0.25)  # a quarter up the ramp (a reversed ramp gives 0.75)
+    expect_band(4.1, band, 0.5)
+    expect_band(4.55, band, 0.25)
+    expect_band(5.01, band, None)
+    expect_band(100.0, R.TLDR.unique_band, 1.0)
 
 
 def test_writing_reward_arxiv_cases():

@@ -153,6 +153,46 @@ def test_config_on_the_tree_names_the_settings_single_turn_step_leaves_to_train_
         assert magrpo.Config(**options).on_the_tree(), options
 
 
+def test_single_turn_step_refuses_the_settings_on_the_tree(tok):
+    """Bug: called directly (as README invites), it ran settings it does not implement (a truncation mask
+    ignored, remax dying in torch.as_tensor(None), a critic raising): now one line, before sampling."""
+    env = envs.DemoEnv()
+    for options in (dict(num_turns=2), dict(joint="cross"), dict(advantage="remax"), dict(advantage="critic"),
+                    dict(turn_weights=(0.5,)), dict(mask_truncated_completions=True)):
+        cfg = magrpo.Config(num_generations=2, max_new_tokens=6, **options)
+        with pytest.raises(ValueError, match="^single_turn_step runs Sec. 2 alone: .* are train_step's$"):
+            magrpo.single_turn_step(team(tok), env, env.examples[:1], cfg, [1])
+
+
+def test_single_turn_step_zeroes_stale_gradients(tok):
+    """Bug: gradients left by an interrupted call (an OOM, a ^C) were added to the next step's."""
+    env = envs.DemoEnv()
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9)
+    clean, stale = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
+    for agent in stale:
+        for p in agent.model.parameters():
+            p.grad = torch.full_like(p, 5.0)  # what a backward pass cut short leaves behind
+    magrpo.single_turn_step(clean, env, env.examples[:2], cfg, [3, 4])
+    magrpo.single_turn_step(stale, env, env.examples[:2], cfg, [3, 4])
+    for a, b in zip(clean, stale):
+        assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+
+
+def test_solved_threshold_an_env_without_max_reward_is_never_solved(tok):
+    """Bug: Env.max_reward is None by default, and None - 1e-9 raised at every step of a new env."""
+    class Unbounded(envs.DemoEnv):
+        max_reward = None  # as envs.Env's: a new env that states none
+    env, examples, seeds = Unbounded(), Unbounded().examples[:2], [1, 2]
+    assert magrpo.solved_threshold(env, magrpo.Config()) == float("inf")
+    cfg = magrpo.Config(num_generations=2, max_new_tokens=6)
+    rollouts, rewards, advantages, _ = magrpo.single_turn_step(team(tok), env, examples, cfg, seeds)
+    turn = magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)
+    assert turn.solved == [False] * 4
+    two = magrpo.Config(num_generations=2, max_new_tokens=6, num_turns=2, expand="all")
+    turns, _ = magrpo.train_step(team(tok), env, examples, two, seeds)
+    assert len(turns) == 2 and not any(turns[0].solved) and len(turns[1].groups) == 4
+
+
 def test_train_step_with_trls_settings_is_trls_single_turn_step(tok, monkeypatch):
     """--advantage std, --loss-type dr_grpo, --mask-truncated-completions and --max-grad-norm through
     a whole step, against the step written out from TRL's formulas: A = (R - mean) / (std + 1e-4);
@@ -257,6 +297,57 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
     assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
+
+
+class Unjudged(envs.DemoEnv):
+    """The demo, but every joint answer whose headline holds no "a" gets no verdict (its scoring raises)."""
+    def rewards(self, examples, outputs):
+        raise RuntimeError("batch scoring failed")  # score_joint falls back to one by one
+
+    def reward(self, example, outputs):
+        if "a" not in outputs[0]:
+            raise OSError("the scorer's disk is gone")
+        return super().reward(example, outputs)
+
+
+@pytest.mark.parametrize("step", ["single_turn_step", "train_step"])
+def test_an_answer_without_a_verdict_gets_no_gradient_and_no_part_in_the_baseline(tok, step):
+    """Bug: a joint answer nobody judged (a ScoreError, a sandbox failure) entered Eq. 1 as a 0 (a
+    failure): its completions were pushed away from. Its advantage is 0, its group's baseline is the mean
+    of the others, and metrics count it; the weights are those of the step on the judged answers alone."""
+    env, examples, seeds = Unjudged(), Unjudged().examples[:3], [5, 6, 7]
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9)
+    agents = team(tok, lr=0.1, sgd=True)
+    if step == "train_step":
+        turns, metrics = magrpo.train_step(agents, env, examples, cfg, seeds)
+        rewards, advantages = turns[0].rewards, turns[0].advantages[0]
+    else:
+        rollouts, rewards, advantages, metrics = magrpo.single_turn_step(agents, env, examples, cfg, seeds)
+        turns = [magrpo.turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages)]
+    values = torch.tensor([float(r) for r in rewards]).view(3, 4)
+    judged = ~values.isnan()
+    assert 0 < int((~judged).sum()) == metrics["no_verdict"], "the case must hold answers without a verdict"
+    want = torch.zeros(3, 4)
+    for b in range(3):
+        if judged[b].sum() >= 2:  # A group of fewer than two verdicts teaches nothing.
+            want[b, judged[b]] = values[b, judged[b]] - values[b, judged[b]].mean()
+    assert torch.allclose(advantages.view(3, 4), want, atol=1e-6)
+    assert (advantages.view(3, 4)[~judged] == 0).all()
+    # The same step where the unjudged rows' gradient is given by hand as 0: the same weights.
+    reference = team(tok, lr=0.1, sgd=True)
+    rollouts = [sampler.generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], 4, 8, 0.9,
+                                 seed=[sampler.mix_seed(sampler.mix_seed(s, 1), i) for s in seeds])
+                for i, a in enumerate(reference)]
+    for a, r in zip(reference, rollouts):
+        a.model.zero_grad()
+        lp = magrpo.completion_logprobs(a.model, r, 0.9)
+        (-(want.view(-1) * (lp * r.completion_mask).sum(-1)).sum() / 12).backward()
+        a.optimizer.step()
+    for a, b in zip(agents, reference):
+        assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    row = runs.episode_metrics(runs.episode_summary(turns), 1)
+    assert row["score_errors"] == metrics["no_verdict"]
+    assert row["reward_mean"] == pytest.approx(float(values[judged].mean()))
 
 
 def test_team_feedback_expert_reviews_each_agents_part(tok, monkeypatch):

@@ -210,6 +210,23 @@ def test_resume_with_a_critic_continues_exactly_where_it_stopped(tmp_path, lora)
     assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
 
 
+def test_resume_with_a_critic_on_bf16_agents_builds_no_master_copy_for_its_readers(tmp_path, monkeypatch):
+    """Bug: the critic's readers of a resumed run were built with an optimizer, and on bf16 agents that
+    is MasterWeightAdamW's fp32 copy of every weight (~12 GB per 3B agent) for models only read."""
+    flags = ["--steps", "2", "--num-generations", "2", "--max-new-tokens", "4", "--batch-size", "1",
+             "--advantage", "critic", "--dtype", "bfloat16", "--out", str(tmp_path / "run")]
+    train.train(train.parse_args(flags[:1] + ["1"] + flags[2:]))
+    made, real = [], models.MasterWeightAdamW.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(self)
+        real(self, *args, **kwargs)
+    monkeypatch.setattr(models.MasterWeightAdamW, "__init__", counting)
+    train.train(train.parse_args(flags + ["--resume"]))
+    assert len(rows_of(tmp_path / "run")) == 2
+    assert len(made) == 2, "one fp32 master copy per trained agent, none for the critic's readers"
+
+
 def completions_of(out):
     return [json.loads(line) for line in (Path(out) / "completions.jsonl").read_text().splitlines()]
 
