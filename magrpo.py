@@ -33,8 +33,9 @@ from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, position
                      shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
-# The knobs of one step. Each Config field is also a flag of train.py and eval.py (num_generations
-# becomes --num-generations), with the help written beside it here. The defaults are the paper's where
+# The knobs of one step. Each Config field is also a flag of train.py (num_generations becomes
+# --num-generations), and those that sampling and the turns read of eval.py (eval.SAMPLING_FIELDS),
+# with the help written beside it here. The defaults are the paper's where
 # it fixes one (Sec. 2: G = 4, 256 new tokens, Eq. 1 without the std, Eq. 2 on summed log-probs, aligned
 # joint actions; Sec. 3: gamma 0.9, the best node revised, solved at the maximum reward). The others are
 # plain choices: sampling at T 1 without a cut (a run takes each env's sampling, the authors', from
@@ -371,7 +372,7 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
             loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
             loss.backward()
             loss_sum = loss_sum + loss.detach()
-            # The sampler's log-probs should be these, and a drift means it sampled another policy.
+            # The sampler's log-probs should be these (with --logprob full, but for the cut's gap).
             gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
             drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
             tokens += float(rows.completion_mask.sum())
@@ -681,7 +682,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
                 loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
-                # The sampler's log-probs should be these, and a drift means it sampled another policy.
+                # The sampler's log-probs should be these: a drift means it sampled another policy, but
+                # with --logprob full, where the gap between the cut and the uncut distribution is by design.
                 gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
                 drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())

@@ -1,7 +1,9 @@
 """
 The sampler: how tokens come out of a model, batched, with a KV cache (Sec. 2 step 1 of the paper,
 "each agent samples G completions of its own prompt"). magrpo.py calls `generate` once per agent and
-turn; nothing here is MAGRPO, and a reader of the paper can take it as given.
+turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; three parts
+serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs, and
+kept_floor, the top-k/top-p cut that the log-probs share with sample_token.
 
     rollout = generate(model, tokenizer, ["def add(a, b):"], num_generations=4, seed=0)
     rollout.texts[0]                        # the prompt's 4 completions

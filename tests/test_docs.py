@@ -101,6 +101,26 @@ def test_flags_md_names_only_real_flags(script):
 # README.md: short, the paper first, every page linked; links between the pages
 
 
+def test_readmes_dependencies_are_the_imports():
+    """README's `a -> b, c` lists name every import among the modules, and nothing else."""
+    import ast
+    text = README.read_text()
+    paragraph = text[text.index("Dependencies go one way"):].split("\n\n")[0]
+    said = set()
+    for chain in re.findall(r"`(\w+ -> [\w\s,>-]+)`", paragraph):
+        links = [[name.strip() for name in part.split(",")] for part in chain.split("->")]
+        said.update((a, b) for left, right in zip(links, links[1:]) for a in left for b in right)
+    ours = {path.stem for path in ROOT.glob("*.py")}
+    imports = set()
+    for module in ours:
+        for node in ast.walk(ast.parse((ROOT / f"{module}.py").read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) else []
+            imports.update((module, name) for name in names if name in ours and name != module)
+    assert said == imports, f"README says but the code does not: {sorted(said - imports)}; " \
+                            f"the code does but README does not say: {sorted(imports - said)}"
+
+
 def test_readme_is_short():
     assert len(README.read_text()) <= 25_000
 
