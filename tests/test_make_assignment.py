@@ -464,7 +464,7 @@ def test_the_tas_copy_has_the_reference_bodies_and_the_expected_figures(tmp_path
     p = kit(str(tmp_path / "ta"), "--functions", "group_advantages,policy_loss", "--solutions")
     assert p.returncode == 0, p.stderr[-2000:]
     solutions = (tmp_path / "ta" / "SOLUTIONS.md").read_text()
-    assert "def group_advantages(" in solutions and "centered = rewards - rewards.mean" in solutions
+    assert "def group_advantages(" in solutions and "centered = (rewards - rewards.sum(-1" in solutions
     assert "population std" in solutions and "Expected figures" in solutions and "0.2372" in solutions
     assert (tmp_path / "ta" / "ASSIGNMENT.md").exists()
 
