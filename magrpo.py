@@ -38,7 +38,8 @@ from sampler import (eos_token_ids, forward_kwargs, generate, mix_seed, position
 # the best node revised, solved at the maximum reward). The others are plain choices: sampling at T 1
 # without a cut (a run takes each env's sampling, the authors', from its settings), every turn's loss
 # weighing 1, and level feedback (the paper's came from an expert model). Each field is a flag of
-# train.py (num_generations is --num-generations); its help, choices and checks are runs.py's.
+# train.py (num_generations is --num-generations), and those that sampling and the turns read of
+# eval.py (eval.SAMPLING_FIELDS); their help, choices and checks are runs.py's.
 
 
 @dataclass
@@ -294,7 +295,7 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
             loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
             loss.backward()
             loss_sum = loss_sum + loss.detach()
-            # The sampler's log-probs should be these, and a drift means it sampled another policy.
+            # The sampler's log-probs should be these (with --logprob full, but for the cut's gap).
             gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
             drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
             tokens += float(rows.completion_mask.sum())
@@ -604,7 +605,8 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
                 loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
                 loss.backward()
                 loss_sum = loss_sum + loss.detach()
-                # The sampler's log-probs should be these, and a drift means it sampled another policy.
+                # The sampler's log-probs should be these: a drift means it sampled another policy, but
+                # with --logprob full, where the gap between the cut and the uncut distribution is by design.
                 gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
                 drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())

@@ -335,7 +335,8 @@ def write_atomic(path, text):
 
 
 def fsync_tree(path):
-    """Everything under `path` on disk, directories included (before it is renamed into place)."""
+    """Everything under `path` on disk, directories included: before a manifest vouches for it (a
+    checkpoint, written in place) or it is renamed into place (the final agents)."""
     for root, _, files in os.walk(path):
         for name in [os.curdir] + files:  # the directory itself, then its files
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
@@ -771,14 +772,16 @@ def ticks(lo, hi, count=5, least=0.0):
     return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def curve_svg(rows, width=760, height=400, pad=50, legend=190):
+def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
     """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
-    curve_series, smoothed, on axes with titles and ticks."""
+    curve_series, smoothed, on axes with titles and ticks; max_reward (the env's), the reward the curve
+    climbs to, has a tick and a dashed line of its own."""
     # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
     series = curve_series(rows)
     steps = [step for points in series.values() for step, _ in points]
     # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
-    top = max(value for points in series.values() for _, value in points) or 1.0
+    reach = [max_reward] if max_reward is not None and math.isfinite(max_reward) else []
+    top = max([value for points in series.values() for _, value in points] + reach) or 1.0
     x0, x1 = min(steps), max(max(steps), min(steps) + 1)
     right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
     window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
@@ -796,6 +799,10 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190):
         y = y_of(value)
         parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
                      f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for value in reach:  # the maximum, labelled unless a round tick is it already
+        label = "" if any(abs(value - tick) < 1e-9 for tick in ticks(0.0, top)) else f"{value:g}"
+        parts.append(f'<path d="M{pad - 4},{y_of(value):.1f}H{right}" stroke="gray" stroke-dasharray="4,4"/>'
+                     f'<text x="{pad - 6}" y="{y_of(value) + 4:.1f}" text-anchor="end">{label}</text>')
     for step in ticks(x0, x1, least=1):
         x = x_of(step)
         parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '

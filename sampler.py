@@ -1,7 +1,9 @@
 """
 The sampler: how tokens come out of a model, batched, with a KV cache (Sec. 2 step 1 of the paper,
 "each agent samples G completions of its own prompt"). magrpo.py calls `generate` once per agent and
-turn; nothing here is MAGRPO, and a reader of the paper can take it as given.
+turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; three parts
+serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs, and
+kept_floor, the top-k/top-p cut that the log-probs share with sample_token.
 
     rollout = generate(model, tokenizer, ["def add(a, b):"], num_generations=4, seed=0)
     rollout.texts[0]                        # the prompt's 4 completions
@@ -181,18 +183,14 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
     greedy (argmax). The token is the first, in vocabulary order, whose cumulative kept probability
     exceeds the row's `uniform` times the kept mass, so that a seed draws the same tokens everywhere.
     logits: [rows, vocab], any float dtype; uniform: [rows] in (0, 1), float64 (default torch.rand).
+    The cut is kept_floor's: the tokens whose logits / temperature are above the row's floor.
     -> [rows] token ids (long)."""
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
-    if top_k and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0 or 0 < top_k < logits.shape[-1]:  # One function makes the cut, for Eq. 2's pass too.
+        logits = logits.masked_fill(logits < kept_floor(logits, 1.0, top_p, top_k)[:, None], -math.inf)
     probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(-1, descending=True)
-        outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # the mass before this token reaches top_p
-        probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
     if uniform is None:
         uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
     # Inverse-CDF sampling in float64 (the cut probabilities need no renormalising, since the uniform
@@ -211,10 +209,11 @@ def sample_token(logits, temperature=1.0, top_p=1.0, top_k=0, uniform=None):
 
 
 def kept_floor(logits, temperature=1.0, top_p=1.0, top_k=0):
-    """A floor per row between the logits / temperature that sample_token's cuts keep and those they
-    drop (-inf: none dropped), found by the same operations: the token it draws comes from the softmax
-    over the logits above it. Halfway between the smallest kept and the largest dropped, so that a
-    trainer whose logits round a little differently keeps the same tokens."""
+    """The top-k, then top-p cut of sample_token (which calls it) and of Eq. 2's log-probs: a floor per
+    row between the logits / temperature kept (top_k most likely, then the fewest of those whose
+    renormalised probability reaches top_p, ties at the edge kept) and those dropped (-inf: none
+    dropped). Halfway between the smallest kept and the largest dropped, so that a trainer whose logits
+    round a little differently keeps the same tokens."""
     scaled = cut = logits.float() / temperature
     kept = torch.full_like(scaled[:, 0], -math.inf)  # the smallest logit kept
     if top_k and top_k < scaled.shape[-1]:

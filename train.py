@@ -193,7 +193,8 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            self.curve.write(runs.write_atomic, self.curve.path, runs.curve_svg(self.history))
+            curve = runs.curve_svg(self.history, max_reward=self.env.max_reward)
+            self.curve.write(runs.write_atomic, self.curve.path, curve)
         if save:
             try:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs, self.critic)
@@ -221,8 +222,10 @@ class Run:
                 runs.save_checkpoint(self.args.out, self.done, self.agents, self.args, self.logs, self.critic)
                 if self.signum is None and self.error is None:
                     runs.save_final(self.args.out, self.done, self.agents, merged=self.args.save_merged)
-                    out = self.args.out
-                    print(f"wrote {self.log.path} and {len(self.agents)} agents under {out}/agent_*")
+                    out, logged = self.args.out, "curve.svg (the learning curve), metrics.jsonl"
+                    if self.args.log_completions_every:
+                        logged += ", completions.jsonl (what the agents wrote)"
+                    print(f"wrote {out}/: {logged} and the {len(self.agents)} agents, agent_*")
                 if self.cfg.compile:  # Each new shape of the decode step is a compile of its own.
                     print(f"--compile: torch.compile made {compiled_graphs()} graphs in this run")
         except runs.SaveFailed as e:

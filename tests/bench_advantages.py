@@ -9,11 +9,12 @@ last 10 steps, first reaches 2.0. Not a test (pytest does not collect bench_*.py
 """
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import runs  # noqa: E402
@@ -33,9 +34,19 @@ def run(mode, seed, steps, target):
                                       "--log-completions-every", "0", "--save-every", "0", "--out", out]))
         seconds = time.perf_counter() - t0
         rewards = [json.loads(line)["reward_mean"] for line in open(Path(out) / "metrics.jsonl")]
-    last = max(1, len(rewards) // 10)
-    reached = next((s + 1 for s in range(9, len(rewards)) if sum(rewards[s - 9:s + 1]) / 10 >= target), None)
-    return sum(rewards[-last:]) / last, reached, seconds
+    return final_reward(rewards), steps_to_reach(rewards, target), seconds
+
+
+def final_reward(rewards):
+    """The mean reward of the last 10% of the steps (at least one)."""
+    return float(np.mean(rewards[-max(1, len(rewards) // 10):]))
+
+
+def steps_to_reach(rewards, target, window=10):
+    """The steps until the mean reward of the last `window` steps first reaches target (None: never)."""
+    means = np.convolve(rewards, np.ones(window), mode="valid") / window  # means[k]: steps k .. k + window - 1
+    hits = np.flatnonzero(means >= target)
+    return int(hits[0]) + window if hits.size else None
 
 
 def main():
@@ -52,8 +63,8 @@ def main():
     for m, rs in results.items():
         finals = " ".join(f"{f:.2f}" for f, _, _ in rs)
         reached = " ".join(str(r) if r is not None else "never" for _, r, _ in rs)
-        print(f"{m:8} {finals:28} {statistics.mean(f for f, _, _ in rs):6.2f} {reached:24} "
-              f"{statistics.mean(s for _, _, s in rs):6.1f}")
+        print(f"{m:8} {finals:28} {np.mean([f for f, _, _ in rs]):6.2f} {reached:24} "
+              f"{np.mean([s for _, _, s in rs]):6.1f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ LEFT_OUT = ["tests/test_make_assignment.py"]
 # bench_gpu.py imports bench_logprobs.py, and test_benchmarks.py runs bench_gpu.py.
 ANSWERS = {"completion_logprobs": (["tests/bench_logprobs.py", "tests/bench_gpu.py", "tests/test_benchmarks.py"],
                                    [("tests/conftest.py", "logprobs_row_by_row"), ("magrpo.py", "row_logprobs")])}
+# Functions that are part of another's answer, blanked with it and shown in its section of the handout:
+# sample_token's top-k/top-p cut is kept_floor's (sample_token calls it), so a copy without sample_token
+# has no cut to read either.
+PARTS = {"sample_token": [("sampler.py", "kept_floor")]}
 RECORDING = "tests/fixtures/reference_logprobs.pt"
 STUB = "{name}: write it (see its docstring and ASSIGNMENT.md)"
 TA_SECTION = "For the TA: expected figures"  # docs/course.md's last section: in SOLUTIONS.md only
@@ -156,8 +160,9 @@ def make_students_copy(out, names):
         leave_out.update(ANSWERS.get(name, ([], []))[0])
     copy_repository(out, leave_out)
     for name in names:
-        module = out / TEACHABLE[name][0]
-        module.write_text(blank(module.read_text(), name))
+        for where, function in [(TEACHABLE[name][0], name)] + PARTS.get(name, []):
+            module = out / where
+            module.write_text(blank(module.read_text(), function))
         helpers = ANSWERS.get(name, ([], []))[1]
         if helpers:
             record_reference(out)
@@ -177,8 +182,10 @@ def leftovers(out, names):
     for module in Path(out).glob("*.py"):
         library.update(line.strip() for line in module.read_text().split("\n"))
     lines = set()
-    for name in names:
-        body = body_lines((ROOT / TEACHABLE[name][0]).read_text(), name)
+    blanked = [(TEACHABLE[name][0], name) for name in names]
+    blanked += [part for name in names for part in PARTS.get(name, [])]
+    for where, function in blanked:
+        body = body_lines((ROOT / where).read_text(), function)
         lines.update(line for line in body if len(line) >= 30 and line not in library)
     for path in sorted(Path(out).rglob("*")):
         if path.suffix in (".py", ".md", ".txt", ".json", ".ini", ".cfg"):
@@ -225,14 +232,20 @@ def order_of_work(names):
     return "\n".join(steps)
 
 
-def function_section(name, sections):
-    """One problem of the handout: signature and docstring as the module has them, the deliverable."""
-    module, equation, expression, points = TEACHABLE[name]
+def signature_and_docstring(module, name):
+    """A function's header and docstring, as its module has them."""
     source = (ROOT / module).read_text()
     fn = find_function(source, name)
-    lines = source.split("\n")
     end = fn.body[0].end_lineno if ast.get_docstring(fn, clean=False) is not None else fn.lineno
-    code = "\n".join(lines[fn.lineno - 1:end])
+    return "\n".join(source.split("\n")[fn.lineno - 1:end])
+
+
+def function_section(name, sections):
+    """One problem of the handout: signature and docstring as the module has them (and its PARTS'),
+    the deliverable."""
+    module, equation, expression, points = TEACHABLE[name]
+    code = "\n\n\n".join(signature_and_docstring(where, function)
+                          for where, function in [(module, name)] + PARTS.get(name, []))
     return (f"### `{name}` ({module}, {points} points)\n\n{equation}.\n\n```python\n{code}\n```\n\n"
             f"{sections[name]}\n\nIts tests: `pytest -k \"{expression}\"`.")
 
@@ -335,7 +348,10 @@ def check(out, names):
         counts[name] = len(tests)
     waiting, unexplained, passed = {name: [] for name in names}, [], 0
     for test, why in run_tests(out, "-m", "not slow", "-k", f"not ({own_expression(names)})").items():
-        called = set(re.findall(r"NotImplementedError: (\w+): write it", why or "")) & set(names)
+        # A blanked part (kept_floor) waits for its function (sample_token).
+        owners = {part: name for name in names for _, part in PARTS.get(name, [])}
+        called = {owners.get(f, f) for f in re.findall(r"NotImplementedError: (\w+): write it", why or "")}
+        called &= set(names)
         for name in called:
             waiting[name].append(test)
         if why is not None and not called:

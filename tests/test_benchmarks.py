@@ -8,6 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_bench_advantages_statistics_by_hand():
+    """bench_advantages.py's numbers (numpy's): the final reward and the steps to reach a target."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import bench_advantages as bench
+    rewards = [0.1 * s for s in range(30)]  # the mean of steps k..k+9 is 0.1 k + 0.45
+    assert bench.final_reward(rewards) == sum(rewards[-3:]) / 3
+    assert bench.steps_to_reach(rewards, 1.0) == 16  # k = 6 (1.05): the 10 steps end at step 15, the 16th
+    assert bench.steps_to_reach(rewards, 9.0) is None and bench.steps_to_reach([2.0] * 10, 2.0) == 10
+
+
 def test_bench_gpu_small_runs_to_its_table():
     p = subprocess.run([sys.executable, "tests/bench_gpu.py", "--small", "--device", "cpu"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)

@@ -101,6 +101,18 @@ def test_flags_md_names_only_real_flags(script):
 # README.md: short, the paper first, every page linked; links between the pages
 
 
+def test_config_fields_are_train_flags_and_the_sampling_ones_eval_flags():
+    """magrpo.py says which Config fields are whose flags: every one train.py's, eval.SAMPLING_FIELDS eval.py's."""
+    import dataclasses
+    import eval as evaluation
+    import magrpo
+    import train
+    fields = [f.name for f in dataclasses.fields(magrpo.Config)]
+    assert set(fields) <= set(vars(train.parse_args([])))
+    assert set(fields) & set(vars(evaluation.parse_args([]))) == set(evaluation.SAMPLING_FIELDS)
+    assert "eval.SAMPLING_FIELDS" in (ROOT / "magrpo.py").read_text()
+
+
 def test_readme_is_short():
     assert len(README.read_text()) <= 25_000
 

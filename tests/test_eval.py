@@ -194,6 +194,17 @@ def test_curve_has_axis_titles_and_ticks():
     assert svg.count("<polyline") == 2
 
 
+def test_curve_svg_has_a_tick_at_the_maximum_reward():
+    """Bug: the y axis stopped at the highest value reached, with no tick at the reward being climbed to."""
+    rows = [{"step": s, "reward_mean": 0.1 + 2.0 * s / 49, "reward_mean_turn1": 0.1 + 2.0 * s / 49} for s in range(50)]
+    assert ">2.98</text>" not in runs.curve_svg(rows)
+    svg = runs.curve_svg(rows, max_reward=2.98)
+    assert ">2.98</text>" in svg and 'stroke-dasharray="4,4"' in svg
+    top = runs.curve_svg(rows, max_reward=3.0)  # a round tick already: one label "3", and the dashed line
+    assert top.count(">3</text>") == 1 and 'stroke-dasharray="4,4"' in top
+    assert 'stroke-dasharray' not in runs.curve_svg(rows, max_reward=float("inf"))
+
+
 # -----------------------------------------------------------------------------
 # The methods' sampling and timing, with a scripted sampler (no model)
 

@@ -362,6 +362,30 @@ def test_the_usual_mistakes_of_each_blankable_function_are_named(monkeypatch):
     assert "the markdown fence kept" in message
 
 
+def test_the_students_copy_blanks_kept_floor_with_sample_token(tmp_path):
+    """Bug: with sample_token blanked, kept_floor still held its exact top-k/top-p cut (the answer's
+    hard half). kept_floor is the cut, sample_token calls it, and the kit blanks the two together."""
+    import sampler
+    import torch
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    calls = []
+    real = sampler.kept_floor
+    sampler.kept_floor = lambda *args: calls.append(args) or real(*args)
+    try:
+        sampler.sample_token(logits, 1.0, top_p=0.7, uniform=torch.tensor([0.5], dtype=torch.float64))
+    finally:
+        sampler.kept_floor = real
+    assert calls, "sample_token makes its cut with kept_floor: one function computes the cut"
+    out = tmp_path / "copy"
+    make_assignment.make_students_copy(out, ["sample_token"])
+    copy = (out / "sampler.py").read_text()
+    for name in ("sample_token", "kept_floor"):
+        assert f'raise NotImplementedError("{name}: write it' in copy
+    cut = {line for line in make_assignment.body_lines((ROOT / "sampler.py").read_text(), "kept_floor") if len(line) >= 30}
+    assert cut and not cut & {line.strip() for line in copy.split("\n")}
+    assert "def kept_floor(logits" in (out / "ASSIGNMENT.md").read_text()
+
+
 def test_blanking_keeps_the_signature_and_docstring_and_removes_the_body_and_its_comments():
     source = (ROOT / "magrpo.py").read_text()
     blanked = make_assignment.blank(source, "group_advantages")
@@ -440,7 +464,7 @@ def test_the_tas_copy_has_the_reference_bodies_and_the_expected_figures(tmp_path
     p = kit(str(tmp_path / "ta"), "--functions", "group_advantages,policy_loss", "--solutions")
     assert p.returncode == 0, p.stderr[-2000:]
     solutions = (tmp_path / "ta" / "SOLUTIONS.md").read_text()
-    assert "def group_advantages(" in solutions and "centered = rewards - rewards.mean" in solutions
+    assert "def group_advantages(" in solutions and "centered = (rewards - rewards.sum(-1" in solutions
     assert "population std" in solutions and "Expected figures" in solutions and "0.2372" in solutions
     assert (tmp_path / "ta" / "ASSIGNMENT.md").exists()
 

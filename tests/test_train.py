@@ -667,15 +667,19 @@ def test_trls_flags_resolve_and_args_json_keeps_them_as_given(monkeypatch):
         train.resolve_flags(train.parse_args(["--scale-rewards", "batch", "--batch-size", "2"]))
 
 
-def test_levels_are_logged_and_the_curve_is_drawn(tmp_path):
+def test_levels_are_logged_and_the_curve_is_drawn(tmp_path, capsys):
     train.train(train.parse_args(["--steps", "3", "--num-generations", "2", "--max-new-tokens", "6",
                                   "--out", str(tmp_path)]))
+    last = capsys.readouterr().out.strip().split("\n")[-1]  # the demo's last line names what to open
+    assert last == (f"wrote {tmp_path}/: curve.svg (the learning curve), metrics.jsonl, completions.jsonl "
+                    "(what the agents wrote) and the 2 agents, agent_*"), last
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
         levels = [r[f"level_{k}"] for k in ("vocabulary", "variety", "ratio")]
         assert sum(levels) == pytest.approx(r["reward_mean"])  # the demo's reward is the sum of its levels
     svg = (tmp_path / "curve.svg").read_text()
     assert svg.startswith("<svg") and svg.count("<polyline") == 4 and "level_variety" in svg
+    assert 'stroke-dasharray="4,4"' in svg  # the demo's maximum, 3, on the y axis
     assert json.loads((tmp_path / "args.json").read_text())["top_p"] == 1.0
 
 
