@@ -2,7 +2,8 @@
 How agents are measured. After training: MAGRPO agents against the paper's baselines (arXiv
 2508.04652, Sec. 6), the same problems, seeds and sampling for every method, metrics per turn (the
 methods, metrics and JSON report: docs/eval.md). During training: train.py's greedy in-training
-evaluation (team_reward_sums); a step's metrics and the learning curve are runs.py's.
+evaluation (team_reward_sums), what a step scored (metrics.jsonl) and the run's learning curve
+(curve.svg).
 
 CPU demo, tiny agents on the offline demo env (no downloads):
     python eval.py
@@ -23,7 +24,6 @@ import sys
 import torch
 from tqdm import tqdm
 
-import envs
 import magrpo
 import models
 import runs
@@ -62,7 +62,7 @@ def evaluate(args, env, examples, agents, expert=None):
                 for t, samples in enumerate(by_turn):
                     records[t] += score_batch(env, batch, samples, single=method == "single")
                 bar.update(len(batch))
-                bar.set_postfix(reward=f"{runs.mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
+                bar.set_postfix(reward=f"{mean(r['reward'] for rec in records[-1] for r in rec):.3f}")
             for t, recs in enumerate(records):
                 turns[t]["methods"][method], turns[t]["details"][method] = aggregate(recs, args.ks)
             problems += [problem_row(method, ex.get("task_id", ex.get("id", p)), recs, args.save_outputs)
@@ -73,7 +73,7 @@ def evaluate(args, env, examples, agents, expert=None):
                 one = dataclasses.replace(cfg, num_generations=1)
                 times = [run(env, team, [ex], one, seeds[p:p + 1], expert)[-1][0].seconds
                          for p, ex in enumerate(examples[:args.latency_problems])]
-                turns[-1]["methods"][method]["latency_seconds"] = runs.mean(times)
+                turns[-1]["methods"][method]["latency_seconds"] = mean(times)
     except KeyboardInterrupt:  # an hour of evaluation is not thrown away for the method that was running
         print("interrupted: reporting the methods finished so far", file=sys.stderr)
     bar.close()
@@ -146,7 +146,7 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
         for i, (turn, node) in enumerate(where):
             if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
                 tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
-                seconds[i] += runs.mean(row_seconds for _, _, row_seconds in rows)
+                seconds[i] += mean(row_seconds for _, _, row_seconds in rows)
         out.append([Sample(turns[turn].outputs[node], tokens[i], seconds[i], turns[turn].rewards[node])
                     for i, (turn, node) in enumerate(where)])
     return out
@@ -164,7 +164,7 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
         # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
         for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
             for sample in samples:  # (one without a verdict, NaN, adds 0: eval.py's report leaves it out)
-                totals[t] += runs.finite(float(sample.reward)) or 0.0
+                totals[t] += finite(float(sample.reward)) or 0.0
     return totals
 
 
@@ -197,7 +197,7 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    wait = runs.mean(seconds for _, _, seconds in second)  # the agents revise side by side
+    wait = mean(seconds for _, _, seconds in second)  # the agents revise side by side
     samples = []
     for n, sample in enumerate(first):
         outputs = tuple(texts[n] for texts, _, _ in second)
@@ -311,11 +311,11 @@ def test_metrics(problems, ks):
         passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
     metrics = {}
     for k in ks:
-        metrics[f"pass@{k}"] = runs.mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
+        metrics[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
     for k in ks:
-        metrics[f"pass_any@{k}"] = runs.mean(any(ok[:k]) for ok in passed)
+        metrics[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
     for k in ks:
-        metrics[f"acc@{k}"] = runs.mean(max(rate[:k]) for rate in rates)
+        metrics[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
     return metrics
 
 
@@ -332,24 +332,183 @@ def aggregate(problems, ks):
     if any("tests" in r for r in samples):
         metrics.update(test_metrics(problems, ks))
     if any("cooperation" in r["levels"] for r in samples):
-        metrics["coop_rate"] = runs.mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
+        metrics["coop_rate"] = mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
     # Every env reports the shared reward itself, the number the team was trained on; its std is the
     # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]
-    metrics["reward"] = runs.mean(rewards)
-    metrics["reward_std"] = runs.sample_std(rewards)
-    metrics["tokens_per_sample"] = runs.mean(r["tokens"] for r in samples)
-    metrics["seconds_per_sample"] = runs.mean(r["seconds"] for r in samples)
+    metrics["reward"] = mean(rewards)
+    metrics["reward_std"] = sample_std(rewards)
+    metrics["tokens_per_sample"] = mean(r["tokens"] for r in samples)
+    metrics["seconds_per_sample"] = mean(r["seconds"] for r in samples)
     metrics["errors"] = errors
     # The details (the "reward detail" table) say how often each level was earned and the mean of every
     # other number the rewards carry, so that they show where a method loses its reward, level by level.
-    metrics.update(runs.level_means([r["levels"] for r in samples]))
+    metrics.update(level_means([r["levels"] for r in samples]))
     details, levels = {}, list(dict.fromkeys(k for r in samples for k in r["levels"]))  # reward's order
     for name in levels:
-        details[f"earned/{name}"] = runs.mean(r["levels"].get(name, 0.0) > 0 for r in samples)
+        details[f"earned/{name}"] = mean(r["levels"].get(name, 0.0) > 0 for r in samples)
     for name in dict.fromkeys(k for r in samples for k in r["fields"] if k not in levels):
-        details[name] = runs.mean(r["fields"][name] for r in samples if name in r["fields"])
+        details[name] = mean(r["fields"][name] for r in samples if name in r["fields"])
     return metrics, details
+
+# -----------------------------------------------------------------------------
+# What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve
+
+
+def finite(x):
+    """x, or None where it is NaN (no verdict) or infinite: JSON has no NaN."""
+    return x if math.isfinite(x) else None
+
+
+def mean(xs):
+    """The mean of the numbers `xs`, 0 for none."""
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def sample_std(xs):
+    """The sample standard deviation (Bessel's n - 1, torch.std in float32), 0 for fewer than 2 values:
+    the one std of the report and of metrics.jsonl."""
+    return torch.tensor(xs).std().item() if len(xs) > 1 else 0.0
+
+
+def episode_summary(turns):
+    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
+    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
+    nodes = []
+    for t, turn in enumerate(turns, 1):
+        for node, reward in enumerate(turn.rewards):
+            # The mean over a turn of a revised answer's gain over the one it revises is the metric
+            # improvement_turn<t>; every group of a turn has the same number of nodes.
+            parent = turn.groups[turn.place(node)[0]].parent
+            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
+            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
+            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
+                          "levels": dict(getattr(reward, "levels", None) or {}),
+                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
+                          "score_error": isinstance(reward, magrpo.ScoreError)})
+    return nodes
+
+
+def level_means(levels, suffix=""):
+    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
+    counts 0: it was gated off by a level before it."""
+    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
+    means = {}
+    for name in names:
+        means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
+    return means
+
+
+def episode_metrics(nodes, num_turns):
+    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
+    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included. A node
+    without a verdict (reward NaN) is counted in sandbox_errors or score_errors, and left out of the rest."""
+    errors = {"sandbox_errors": sum(node["sandbox_error"] for node in nodes),
+              "score_errors": sum(node["score_error"] for node in nodes)}
+    nodes = [node for node in nodes if not math.isnan(node["reward"])]
+    first = [node for node in nodes if node["turn"] == 1]
+    rewards = torch.tensor([node["reward"] for node in first] or [math.nan])  # float32, as the curves were
+    m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
+         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
+    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
+    # the columns of metrics.jsonl stay the same from the first row to the last.
+    for t in range(1, num_turns + 1):
+        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
+        if t > 1:
+            keys.append(f"improvement_turn{t}")
+        turn = [node for node in nodes if node["turn"] == t]
+        if not turn:
+            m.update(dict.fromkeys(keys))
+            continue
+        rewards = torch.tensor([node["reward"] for node in turn])
+        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
+        if t > 1:  # how much revising gained over the answers it revised (that had a verdict)
+            values.append(mean(node["gain"] for node in turn if not math.isnan(node["gain"])))
+        m.update(zip(keys, values))
+        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
+    return {**m, **errors}
+
+# The learning curve, OUT/curve.svg, drawn from metrics.jsonl's rows
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def curve_series(rows):
+    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
+    reward when there are several turns, and the in-training eval's reward."""
+    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
+    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
+    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
+    if last > 1:
+        names.append(f"reward_mean_turn{last}")
+    names.append("eval_reward_mean")
+    series = {}
+    for name in names:
+        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+        if points:  # without an eval there is no line
+            series[name] = points
+    return series
+
+
+def ticks(lo, hi, count=5, least=0.0):
+    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
+    `least`: steps are whole), for an axis."""
+    raw = (hi - lo) / max(1, count - 1)
+    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
+    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
+    curve_series, smoothed, on axes with titles and ticks; max_reward (the env's), the reward the curve
+    climbs to, has a tick and a dashed line of its own."""
+    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
+    series = curve_series(rows)
+    steps = [step for points in series.values() for step, _ in points]
+    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
+    reach = [max_reward] if max_reward is not None and math.isfinite(max_reward) else []
+    top = max([value for points in series.values() for _, value in points] + reach) or 1.0
+    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
+    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
+    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
+
+    def x_of(step):
+        return pad + (step - x0) / (x1 - x0) * (right - pad)
+
+    def y_of(value):
+        return bottom - max(0.0, value) / top * (bottom - pad)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
+    # A tick is a short mark and its label; round values let a reader place a point between them.
+    for value in ticks(0.0, top):
+        y = y_of(value)
+        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for value in reach:  # the maximum, labelled unless a round tick is it already
+        label = "" if any(abs(value - tick) < 1e-9 for tick in ticks(0.0, top)) else f"{value:g}"
+        parts.append(f'<path d="M{pad - 4},{y_of(value):.1f}H{right}" stroke="gray" stroke-dasharray="4,4"/>'
+                     f'<text x="{pad - 6}" y="{y_of(value) + 4:.1f}" text-anchor="end">{label}</text>')
+    for step in ticks(x0, x1, least=1):
+        x = x_of(step)
+        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
+                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
+    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
+              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
+              f'reward and its levels{smoothed}</text>']
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        values = [value for _, value in points]
+        # Each value averaged with the window - 1 before it (the first ones, with what there is).
+        values = [mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
+        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
+        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
+        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
+    return "\n".join(parts + ["</svg>\n"])
 
 # -----------------------------------------------------------------------------
 # Command line

@@ -1,8 +1,7 @@
 """
-What a run needs besides the algorithm, for train.py and eval.py: the flags (Config's, the env's), the
-run directory (checkpoints written atomically, logs that survive a full disk), signals, torchrun's
-processes, and what a step scored (metrics.jsonl) with its learning curve (curve.svg).
-magrpo.py knows nothing of these; train.py's loop calls them.
+A run: its flags (Config's and the env's, for train.py and eval.py alike), its directory (checkpoints
+vouched for by a manifest written last, logs that survive a full disk), signals, and torchrun's
+processes. magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
 """
@@ -11,7 +10,6 @@ import dataclasses
 import datetime
 import inspect
 import json
-import math
 import os
 import random
 import shutil
@@ -661,162 +659,3 @@ def all_sum(values, device="cpu"):
     if data_parallel():
         torch.distributed.all_reduce(t)
     return t if torch.is_tensor(values) else t.tolist()
-
-# -----------------------------------------------------------------------------
-# What a training step scored (OUT/metrics.jsonl; docs/runs.md lists the keys) and the learning curve
-
-
-def finite(x):
-    """x, or None where it is NaN (no verdict) or infinite: JSON has no NaN."""
-    return x if math.isfinite(x) else None
-
-
-def mean(xs):
-    """The mean of the numbers `xs`, 0 for none."""
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def sample_std(xs):
-    """The sample standard deviation (Bessel's n - 1, torch.std in float32), 0 for fewer than 2 values:
-    the one std of the report and of metrics.jsonl."""
-    return torch.tensor(xs).std().item() if len(xs) > 1 else 0.0
-
-
-def episode_summary(turns):
-    """Each node of the step's episodes as plain data (gathered under torchrun): its turn, reward,
-    levels, whether it is solved or could not be scored, and its gain over the node it revises."""
-    nodes = []
-    for t, turn in enumerate(turns, 1):
-        for node, reward in enumerate(turn.rewards):
-            # The mean over a turn of a revised answer's gain over the one it revises is the metric
-            # improvement_turn<t>; every group of a turn has the same number of nodes.
-            parent = turn.groups[turn.place(node)[0]].parent
-            gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
-            # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
-            nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],
-                          "levels": dict(getattr(reward, "levels", None) or {}),
-                          "sandbox_error": getattr(reward, "sandbox_error", None) is not None,
-                          "score_error": isinstance(reward, magrpo.ScoreError)})
-    return nodes
-
-
-def level_means(levels, suffix=""):
-    """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
-    counts 0: it was gated off by a level before it."""
-    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
-    means = {}
-    for name in names:
-        means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
-    return means
-
-
-def episode_metrics(nodes, num_turns):
-    """A step's row of metrics.jsonl from its nodes (every process's); None for a turn no node reached.
-    Turn 1's keys have no suffix (the single-turn names); then each turn's, _turn1 included. A node
-    without a verdict (reward NaN) is counted in sandbox_errors or score_errors, and left out of the rest."""
-    errors = {"sandbox_errors": sum(node["sandbox_error"] for node in nodes),
-              "score_errors": sum(node["score_error"] for node in nodes)}
-    nodes = [node for node in nodes if not math.isnan(node["reward"])]
-    first = [node for node in nodes if node["turn"] == 1]
-    rewards = torch.tensor([node["reward"] for node in first] or [math.nan])  # float32, as the curves were
-    m = {"reward_mean": rewards.mean().item(), "reward_std": sample_std([node["reward"] for node in first]),
-         "reward_max": rewards.max().item(), **level_means([node["levels"] for node in first])}
-    # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
-    # the columns of metrics.jsonl stay the same from the first row to the last.
-    for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
-        if t > 1:
-            keys.append(f"improvement_turn{t}")
-        turn = [node for node in nodes if node["turn"] == t]
-        if not turn:
-            m.update(dict.fromkeys(keys))
-            continue
-        rewards = torch.tensor([node["reward"] for node in turn])
-        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
-        if t > 1:  # how much revising gained over the answers it revised (that had a verdict)
-            values.append(mean(node["gain"] for node in turn if not math.isnan(node["gain"])))
-        m.update(zip(keys, values))
-        m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
-    return {**m, **errors}
-
-# The learning curve, OUT/curve.svg, drawn from metrics.jsonl's rows
-
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def curve_series(rows):
-    """The curve's lines, {name: [(step, value), ...]}: turn 1's reward and levels, the last turn's
-    reward when there are several turns, and the in-training eval's reward."""
-    last = max(int(k[len("reward_mean_turn"):]) for k in rows[0] if k.startswith("reward_mean_turn"))
-    # Turn 1's reward and its levels show where the reward comes from, and which level the agents learn.
-    names = [k for k in rows[0] if k == "reward_mean" or (k.startswith("level_") and "_turn" not in k)]
-    if last > 1:
-        names.append(f"reward_mean_turn{last}")
-    names.append("eval_reward_mean")
-    series = {}
-    for name in names:
-        points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
-        if points:  # without an eval there is no line
-            series[name] = points
-    return series
-
-
-def ticks(lo, hi, count=5, least=0.0):
-    """About `count` round values from lo to hi (steps of 1, 2 or 5 times a power of ten, at least
-    `least`: steps are whole), for an axis."""
-    raw = (hi - lo) / max(1, count - 1)
-    unit = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
-    step = max(least, next(m * unit for m in (1, 2, 5, 10) if m * unit >= raw))
-    first = math.ceil(lo / step) * step
-    return [first + k * step for k in range(int((hi - first) / step + 1e-9) + 1)]
-
-
-def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
-    """The learning curve of metrics.jsonl's rows as a small SVG (no plotting library needed):
-    curve_series, smoothed, on axes with titles and ticks; max_reward (the env's), the reward the curve
-    climbs to, has a tick and a dashed line of its own."""
-    # The SVG is written by hand, since a plotting library would be one more dependency for one picture.
-    series = curve_series(rows)
-    steps = [step for points in series.values() for step, _ in points]
-    # One y-axis runs from 0 to the highest value, so the levels show what part of the reward each earns.
-    reach = [max_reward] if max_reward is not None and math.isfinite(max_reward) else []
-    top = max([value for points in series.values() for _, value in points] + reach) or 1.0
-    x0, x1 = min(steps), max(max(steps), min(steps) + 1)
-    right, bottom = width - legend, height - pad  # the plot's right and lower edges; the legend beyond
-    window = max(1, len(rows) // 30)  # about 30 windows in a run, smooth with no step hidden
-
-    def x_of(step):
-        return pad + (step - x0) / (x1 - x0) * (right - pad)
-
-    def y_of(value):
-        return bottom - max(0.0, value) / top * (bottom - pad)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
-    # A tick is a short mark and its label; round values let a reader place a point between them.
-    for value in ticks(0.0, top):
-        y = y_of(value)
-        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
-                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
-    for value in reach:  # the maximum, labelled unless a round tick is it already
-        label = "" if any(abs(value - tick) < 1e-9 for tick in ticks(0.0, top)) else f"{value:g}"
-        parts.append(f'<path d="M{pad - 4},{y_of(value):.1f}H{right}" stroke="gray" stroke-dasharray="4,4"/>'
-                     f'<text x="{pad - 6}" y="{y_of(value) + 4:.1f}" text-anchor="end">{label}</text>')
-    for step in ticks(x0, x1, least=1):
-        x = x_of(step)
-        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
-                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
-    smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
-    parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
-              f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'
-              f'reward and its levels{smoothed}</text>']
-    for n, (name, points) in enumerate(series.items()):
-        color = COLORS[n % len(COLORS)]
-        values = [value for _, value in points]
-        # Each value averaged with the window - 1 before it (the first ones, with what there is).
-        values = [mean(values[max(0, i - window + 1):i + 1]) for i in range(len(values))]
-        line = " ".join(f"{x_of(step):.1f},{y_of(value):.1f}" for (step, _), value in zip(points, values))
-        parts.append(f'<polyline points="{line}" stroke="{color}" fill="none" stroke-width="1.5"/>')
-        parts.append(f'<text x="{right + 10}" y="{pad + 16 * n}" fill="{color}">{name}</text>')
-    return "\n".join(parts + ["</svg>\n"])

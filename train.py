@@ -193,7 +193,7 @@ class Run:
             self.tracker.log(numbers, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
-            curve = runs.curve_svg(self.history, max_reward=self.env.max_reward)
+            curve = evaluation.curve_svg(self.history, max_reward=self.env.max_reward)
             self.curve.write(runs.write_atomic, self.curve.path, curve)
         if save:
             try:
@@ -296,11 +296,11 @@ class StepGate:
 
 
 def reward_metrics(step, turns, num_turns):
-    """The step's reward metrics (runs.episode_metrics) over every process's nodes, the same everywhere."""
+    """The step's reward metrics (evaluation.episode_metrics) over every process's nodes, the same everywhere."""
     nodes = []
-    for process_nodes in runs.gather(runs.episode_summary(turns)):
+    for process_nodes in runs.gather(evaluation.episode_summary(turns)):
         nodes += process_nodes
-    return {"step": step, **runs.episode_metrics(nodes, num_turns)}
+    return {"step": step, **evaluation.episode_metrics(nodes, num_turns)}
 
 
 def length_metrics(turns, num_agents):
@@ -352,7 +352,7 @@ def completion_rows(step, indices, turns):
             advantages = [agent_advantages[group * turn.size + g].item()
                           for agent_advantages, g in zip(turn.advantages, turn.joint[action])]
             rows.append({"step": step, "example": indices[turn.groups[group].example], "turn": t,
-                         "completions": list(outputs), "reward": runs.finite(float(reward)),
+                         "completions": list(outputs), "reward": evaluation.finite(float(reward)),
                          "levels": getattr(reward, "levels", None) or None, "advantages": advantages})
     return rows
 

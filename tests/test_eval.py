@@ -161,7 +161,7 @@ def test_the_report_and_metrics_jsonl_have_one_std_bessels():
     nodes = [{"turn": 1, "reward": v, "gain": None, "solved": False, "levels": {}, "sandbox_error": False,
               "score_error": False} for v in values]
     bessel = math.sqrt(sum((v - 4 / 3) ** 2 for v in values) / 2)
-    assert m["reward_std"] == pytest.approx(bessel) == runs.episode_metrics(nodes, 1)["reward_std"]
+    assert m["reward_std"] == pytest.approx(bessel) == ev.episode_metrics(nodes, 1)["reward_std"]
 
 
 def test_writing_reward_levels_and_fields_are_reported():
@@ -179,15 +179,15 @@ def test_writing_reward_levels_and_fields_are_reported():
     assert {"unique_ratio", "jaccard", "transition", "tokens_0", "tokens_1"} <= set(details)
 
 def test_ticks_are_round_values_across_the_axis():
-    assert runs.ticks(0.0, 2.87) == [0, 1, 2]
-    assert runs.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
-    assert runs.ticks(0, 149, least=1) == [0, 50, 100] and runs.ticks(5, 7, least=1) == [5, 6, 7]
+    assert ev.ticks(0.0, 2.87) == [0, 1, 2]
+    assert ev.ticks(0.0, 0.4) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+    assert ev.ticks(0, 149, least=1) == [0, 50, 100] and ev.ticks(5, 7, least=1) == [5, 6, 7]
 
 
 def test_curve_has_axis_titles_and_ticks():
     rows = [{"step": s, "reward_mean": 3.0 * s / 149, "reward_mean_turn1": 3.0 * s / 149, "level_ratio": 0.5}
             for s in range(150)]
-    svg = runs.curve_svg(rows)
+    svg = ev.curve_svg(rows)
     assert ">step</text>" in svg and "reward and its levels (each point the mean of 5 steps)" in svg
     for label in ("0", "1", "2", "3", "50", "100"):  # the y-axis's 0..3 and the x-axis's steps
         assert f">{label}</text>" in svg, label
@@ -197,12 +197,12 @@ def test_curve_has_axis_titles_and_ticks():
 def test_curve_svg_has_a_tick_at_the_maximum_reward():
     """Bug: the y axis stopped at the highest value reached, with no tick at the reward being climbed to."""
     rows = [{"step": s, "reward_mean": 0.1 + 2.0 * s / 49, "reward_mean_turn1": 0.1 + 2.0 * s / 49} for s in range(50)]
-    assert ">2.98</text>" not in runs.curve_svg(rows)
-    svg = runs.curve_svg(rows, max_reward=2.98)
+    assert ">2.98</text>" not in ev.curve_svg(rows)
+    svg = ev.curve_svg(rows, max_reward=2.98)
     assert ">2.98</text>" in svg and 'stroke-dasharray="4,4"' in svg
-    top = runs.curve_svg(rows, max_reward=3.0)  # a round tick already: one label "3", and the dashed line
+    top = ev.curve_svg(rows, max_reward=3.0)  # a round tick already: one label "3", and the dashed line
     assert top.count(">3</text>") == 1 and 'stroke-dasharray="4,4"' in top
-    assert 'stroke-dasharray' not in runs.curve_svg(rows, max_reward=float("inf"))
+    assert 'stroke-dasharray' not in ev.curve_svg(rows, max_reward=float("inf"))
 
 
 # -----------------------------------------------------------------------------

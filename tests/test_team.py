@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("scripted_sampling")
 def train_step(agents, env, examples, cfg, seeds):
     """One step as train.py takes it: magrpo.train_step, and the reward metrics train.py logs."""
     turns, update = magrpo.train_step(agents, env, examples, cfg, seeds)
-    rewards = runs.episode_metrics(runs.episode_summary(turns), cfg.num_turns)
+    rewards = evaluation.episode_metrics(evaluation.episode_summary(turns), cfg.num_turns)
     return {**rewards, **update, "samples": turns[-1].outputs[0]}
 
 
@@ -85,7 +85,7 @@ def test_rollout_team_best_expands_one_node_per_group_and_stops_when_solved(tok)
     solved = magrpo.dataclasses.replace(cfg, termination_threshold=-1.0)  # everything counts as solved
     turns = magrpo.rollout_team(team(tok), env, env.examples[:2], solved, seeds=[1, 2])
     assert len(turns) == 1 and all(turns[0].solved)
-    m = runs.episode_metrics(runs.episode_summary(turns), 2)
+    m = evaluation.episode_metrics(evaluation.episode_summary(turns), 2)
     assert m["terminated_turn1"] == 1.0 and m["reward_mean_turn2"] is None
 
 
@@ -140,7 +140,7 @@ def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, optio
     assert [float(r) for r in rewards] == [float(r) for r in turns[0].rewards]
     assert all(torch.equal(a, b) for a, b in zip(turn.advantages, turns[0].advantages))
     assert metrics == tree_metrics and metrics["grad_norm_0"] > 0
-    assert runs.episode_summary([turn]) == runs.episode_summary(turns)
+    assert evaluation.episode_summary([turn]) == evaluation.episode_summary(turns)
     assert train.completion_rows(0, [0, 1, 2], [turn]) == train.completion_rows(0, [0, 1, 2], turns)
     for a, b in zip(straight, tree):
         assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
@@ -296,7 +296,7 @@ def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
     assert bad and len(t2.groups) == 8
     for n in bad:
         assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert runs.episode_metrics(runs.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
+    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
 class Unjudged(envs.DemoEnv):
@@ -345,7 +345,7 @@ def test_an_answer_without_a_verdict_gets_no_gradient_and_no_part_in_the_baselin
         a.optimizer.step()
     for a, b in zip(agents, reference):
         assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.model.parameters(), b.model.parameters()))
-    row = runs.episode_metrics(runs.episode_summary(turns), 1)
+    row = evaluation.episode_metrics(evaluation.episode_summary(turns), 1)
     assert row["score_errors"] == metrics["no_verdict"]
     assert row["reward_mean"] == pytest.approx(float(values[judged].mean()))
 
