@@ -102,6 +102,7 @@ def checked_config(**settings):
     def check(name, ok, why):
         if not ok:
             raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(cfg, name)!r}")
+    # The flag gives a comma list, Python a tuple or a list: the step reads one form, a tuple of floats.
     if cfg.turn_weights is not None:
         given = cfg.turn_weights
         weights = given.split(",") if isinstance(given, str) else given  # the flag is a comma list
@@ -109,6 +110,8 @@ def checked_config(**settings):
             cfg.turn_weights = tuple(float(w) for w in weights)
         except ValueError:
             raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
+    # TRL's names and --advantage std become ours first, so that the checks below see only our values,
+    # and a setting that a spelling makes must not contradict one given beside it.
     for (name, spelling), resolved in SPELLINGS.items():
         if getattr(cfg, name) != spelling:
             continue
@@ -127,6 +130,7 @@ def checked_config(**settings):
     check("top_k", cfg.top_k >= 0, "must be >= 0 (0: no top-k cut)")
     check("discount", 0 <= cfg.discount <= 1, "must be in [0, 1]")
     check("max_grad_norm", cfg.max_grad_norm >= 0, "must be >= 0 (0: no clipping)")
+    # A critic's baseline is a learned value, not a group's mean, so there is no group std to divide by.
     check("scale_rewards", cfg.advantage != "critic" or cfg.scale_rewards == "none",
           "--advantage critic has no group to scale by: use none")
     one_per_turn = cfg.turn_weights is None or len(cfg.turn_weights) == cfg.num_turns
@@ -187,7 +191,10 @@ def config_from_flags(args, **overrides):
     given = {name: value for name, value in values.items() if value is not None}
     return checked_config(**{**given, **overrides})
 
+
 def add_env_flags(p):
+    """The flags that make the env (env_from_flags): which env, its data and split, its team's size, its
+    reward (ours or the authors'), and for an env that runs code its sandbox's time and isolation."""
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}, or your own: "
                                                    f"FILE.py:CLASS or MODULE:CLASS")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
@@ -418,6 +425,7 @@ def load_checkpoint(path, agents, critic=None):
     """Checkpoint `path` into a run whose agents train.build loaded from its agent_i: each agent's
     optimizer state (AdamW's moments too, so a resumed run steps as the uninterrupted one), the critic's
     heads and optimizer, and the RNGs."""
+    # map_location puts each state on its agent's device, which may differ from the saving run's.
     for i, agent in enumerate(agents):
         agent.optimizer.load_state_dict(torch.load(os.path.join(path, f"agent_{i}", OPTIMIZER_STATE),
                                                    map_location=agent.model.device, weights_only=True))
@@ -436,6 +444,8 @@ def checkpoint_problem(path):
         files = json.loads(Path(path, CHECKPOINT_STATE).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"no readable {CHECKPOINT_STATE} ({type(e).__name__})"
+    # The state file lists each file with its size, so a file that a kill or a full disk left missing
+    # or cut short makes the checkpoint broken, and --resume takes the one before.
     for rel, size in files.items():
         full = os.path.join(path, rel)
         if not os.path.isfile(full):
@@ -580,6 +590,7 @@ class Signals:
             self.abandonable = False
 
     def restore(self):
+        """The handlers the run found, back: a later ^C in a notebook or a test behaves as usual."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
@@ -606,6 +617,7 @@ def start_processes():
 
 def gather(obj):
     """obj from every process, in process order ([obj] alone)."""
+    # Any picklable object: a vote on a signal, the rows of a log, a digest of the weights.
     out = [obj] * world()[1]
     if data_parallel():
         torch.distributed.all_gather_object(out, obj)
