@@ -87,16 +87,16 @@ class Critic:
         heads = predicted[:1] if self.mode == "central" else predicted
         return torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
 
-    def fit(self, features, returns, total=lambda x: x):
+    def fit(self, features, returns, all_sum=lambda x: x):
         """Fit the heads to this step's returns, [states, J] (each state's J joint actions), from the
         features that gave its values, and to the latest REPLAY_STEPS steps': FIT_STEPS Adam steps on the
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
-        step's rows and the values before the fit, those of the advantages; total sums over processes. A
+        step's rows and the values before the fit, those of the advantages; all_sum sums over processes. A
         NaN return (no verdict) is no target."""
         with torch.no_grad():
             gaps = self.errors(features, returns)
         heads = len(gaps) // returns.numel()
-        count, r, r2, e, e2 = total([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
+        count, r, r2, e, e2 = all_sum([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
                                      float((returns ** 2).nansum()) * heads, float(gaps.nansum()),
                                      float((gaps ** 2).nansum())])
         spread = r2 / count - (r / count) ** 2
@@ -107,13 +107,13 @@ class Critic:
         features_kept, returns_kept = zip(*self.replay)
         states = [torch.cat(rows) for rows in zip(*features_kept)]  # per agent, every kept step's states
         targets = torch.cat(returns_kept)
-        (rows,) = total([heads * int((~targets.isnan()).sum())])
+        (rows,) = all_sum([heads * int((~targets.isnan()).sum())])
         for _ in range(FIT_STEPS):
             self.optimizer.zero_grad(set_to_none=True)
             squares = self.errors(states, targets).nan_to_num(0.0).pow(2)  # (a NaN target: no gradient)
             (squares.sum() / rows).backward()  # this process's share of the mean
             for p in self.heads.parameters():
-                p.grad = total(p.grad)
+                p.grad = all_sum(p.grad)
             self.optimizer.step()
         return {"critic_loss": e2 / count, "critic_explained_variance": explained}
 

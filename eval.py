@@ -380,7 +380,7 @@ def episode_summary(turns):
         for node, reward in enumerate(turn.rewards):
             # The mean over a turn of a revised answer's gain over the one it revises is the metric
             # improvement_turn<t>; every group of a turn has the same number of nodes.
-            parent = turn.groups[turn.place(node)[0]].parent
+            parent = turn.groups[turn.group_action(node)[0]].parent
             gain = None if parent is None else float(reward) - float(turns[t - 2].rewards[parent])
             # A sandbox that failed, or a scoring that raised, says nothing of the agents, so it counts apart.
             nodes.append({"turn": t, "reward": float(reward), "gain": gain, "solved": turn.solved[node],

@@ -67,6 +67,19 @@ class Config:
     feedback: str = "level"          # between turns: level, plain or expert
     feedback_max_new_tokens: int = 256  # bound on the expert's review (--feedback expert)
 
+    # The values each choice takes. A value that no step knows would change nothing, silently, so a
+    # Config refuses it (runs.checked_config also takes TRL's names for them, and names the flag).
+    CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax", "critic"),
+               "scale_rewards": ("none", "group", "batch"),
+               "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
+               "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
+
+    def __post_init__(self):
+        for name, choices in self.CHOICES.items():
+            if getattr(self, name) not in choices:
+                value = getattr(self, name)
+                raise ValueError(f"Config.{name}: use one of {', '.join(choices)}, got {value!r}")
+
     def on_the_tree(self):
         """Whether a step takes Sec. 3's tree (train_step): several turns, or an option that
         single_turn_step, the paper's Sec. 2, leaves to it (cross, ReMax, a critic, turn weights, truncation
@@ -118,18 +131,18 @@ class ScoreError:
         return math.nan
 
 
-def score_joint(env, examples, outputs, one=None):
+def score_joint(env, examples, outputs, score_one=None):
     """The shared reward of each (example, joint output): env.rewards on the batch, else one by one with
-    `one` (default env.reward), where one broken answer gets a ScoreError and costs only its reward."""
-    if one is None:
+    `score_one` (default env.reward), where one broken answer gets a ScoreError and costs only its reward."""
+    if score_one is None:
         try:
             return list(env.rewards(examples, outputs))
         except Exception:  # find the culprit, one by one
-            one = env.reward
+            score_one = env.reward
     rewards = []
     for ex, out in zip(examples, outputs):
         try:
-            rewards.append(one(ex, out))
+            rewards.append(score_one(ex, out))
         except Exception as e:
             rewards.append(ScoreError(f"{type(e).__name__}: {e}"[:500]))
     return rewards
@@ -256,10 +269,11 @@ def micro_batches(num_rows, group_size, micro_batch_size):
 # (several turns, cross joint actions) on the same functions; with one turn it gives the same step.
 
 
-def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on=None):
-    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. total(x): a
+def single_turn_step(agents, env, examples, cfg, seeds, all_sum=lambda x: x, may_update=None):
+    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. all_sum(x): a
     list of numbers or a tensor summed over the processes sharing the batch (default: one process);
-    go_on(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages, metrics)"""
+    may_update(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages,
+    metrics)"""
     if cfg.on_the_tree():
         raise ValueError("single_turn_step runs Sec. 2 alone: this Config's turns, cross, remax, critic, "
                          "turn weights or truncation masks are train_step's")
@@ -270,20 +284,20 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
     # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
     outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
-    if go_on is not None and not go_on(rewards):
+    if may_update is not None and not may_update(rewards):
         return rollouts, rewards, None, None
     # Eq. 1 among a prompt's G joint actions (one without a verdict, NaN, gets A = 0); a group of all-0
     # advantages teaches nothing. Both are counted.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
     advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
-    counts = total([int((advantages.view(-1, G) == 0).all(-1).sum()), int(values.isnan().sum())])
+    counts = all_sum([int((advantages.view(-1, G) == 0).all(-1).sum()), int(values.isnan().sum())])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
     # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
         agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
         agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
         # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
-        (count,) = total([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
+        (count,) = all_sum([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
         loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
         for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
             if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
@@ -299,9 +313,9 @@ def single_turn_step(agents, env, examples, cfg, seeds, total=lambda x: x, go_on
             gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
             drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
             tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
+        for name, value in optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
-        drift, tokens = total([drift, tokens])
+        drift, tokens = all_sum([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
         metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
     return rollouts, rewards, advantages, metrics
@@ -362,7 +376,7 @@ class Turn:
         """The node of group `group`'s joint action number `action` (an index into `joint`)."""
         return group * len(self.joint) + action
 
-    def place(self, node):
+    def group_action(self, node):
         """(its group, its joint action's number): node's inverse."""
         return divmod(node, len(self.joint))
 
@@ -439,7 +453,8 @@ def team_feedback(env, examples, turn, nodes, cfg, expert=None):
     """The env's feedback on each node's joint answer, one text per agent (Sec. 3). expert: an expert
     model first reviews each agent's part of every node, greedily, all in one generate call."""
     n = len(turn.rollouts)
-    cases = [(examples[turn.groups[turn.place(node)[0]].example], turn.outputs[node]) for node in nodes]
+    groups = [turn.groups[turn.group_action(node)[0]] for node in nodes]
+    cases = [(examples[group.example], turn.outputs[node]) for group, node in zip(groups, nodes)]
     reviews = [None] * len(nodes)
     if cfg.feedback == "expert":
         asks = itertools.product(cases, range(n))  # (node, agent i), node by node
@@ -457,7 +472,7 @@ def revision_groups(env, examples, turn, nodes, notes, t):
     earlier answers and the feedback it got, never a partner's answer: execution stays decentralised."""
     groups = []
     for node, node_notes in zip(nodes, notes):
-        group_index, action = turn.place(node)
+        group_index, action = turn.group_action(node)
         parent = turn.groups[group_index]
         histories, prompts = [], []
         for i, history in enumerate(parent.histories):
@@ -540,19 +555,21 @@ def episode_advantages(turns, cfg, values=None):
 # optimizer each (AdamW, models.make_optimizer).
 
 
-def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x, go_on=None, critic=None):
+def train_step(agents, env, examples, cfg, seeds, expert=None, all_sum=lambda x: x, may_update=None,
+               critic=None):
     """One MAGRPO step on a batch of examples, seeds one per example, with Sec. 3's tree of turns: the
     team's episodes, Eq. 1 among siblings, Eq. 2's update of every agent. With one turn of aligned joint
-    actions it is single_turn_step's step; total and go_on are as there (go_on sees every turn's rewards).
+    actions it is single_turn_step's step; all_sum and may_update are as there (may_update sees every
+    turn's rewards).
     critic: the learned V(s) of --advantage critic (critic.py). -> (turns, metrics); metrics None when
-    go_on said no."""
+    may_update said no."""
     if (cfg.advantage == "critic") != (critic is not None):
         raise ValueError(f"--advantage {cfg.advantage}: a critic goes with --advantage critic alone")
     # Sec. 2 steps 1-3: each agent samples G completions of its own prompt, their g-th ones form a
     # joint action, and the env scores it. With several turns (Sec. 3), feedback and revision grow
     # each example's episode into a tree of such groups.
     turns = rollout_team(agents, env, examples, cfg, seeds, expert)
-    if go_on is not None and not go_on([reward for turn in turns for reward in turn.rewards]):
+    if may_update is not None and not may_update([reward for turn in turns for reward in turn.rewards]):
         return turns, None
     # Eq. 1 gives each completion its advantage among its siblings, the completions of one prompt. A
     # group whose advantages are all 0 teaches nothing, and their count explains a loss of 0.
@@ -568,13 +585,13 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         turn.advantages = advantages
         zero_groups += turn.zero_advantage_groups()
     no_verdict = sum(int(turn.values().isnan().sum()) for turn in turns)  # joint answers given A = 0
-    counts = total([zero_groups, no_verdict])
+    counts = all_sum([zero_groups, no_verdict])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
     if critic is not None:
         # The critic learns this step's returns only now, after its values gave their advantages: a
         # baseline that had seen the very return it is subtracted from would cancel part of it, and the
         # gradient would be biased.
-        metrics.update(critic.fit(features, torch.cat(turn_returns(turns, cfg)), total))
+        metrics.update(critic.fit(features, torch.cat(turn_returns(turns, cfg)), all_sum))
     # Eq. 2, steps 4-6: every agent's own policy gradient on the shared reward's advantages, then its
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
@@ -591,7 +608,7 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
         for t, mask in enumerate(masks):
             counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
         loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
-        for turn, mask, weight, normalizer in zip(turns, masks, weights, total(counts)):
+        for turn, mask, weight, normalizer in zip(turns, masks, weights, all_sum(counts)):
             rollout = turn.rollouts[i]
             for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
                 advantages = turn.advantages[i][start:stop]
@@ -610,22 +627,22 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, total=lambda x: x
                 gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
                 drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
                 tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, total, cfg.max_grad_norm).items():
+        for name, value in optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm).items():
             metrics[f"{name}_{i}"] = value
-        drift, tokens = total([drift, tokens])
+        drift, tokens = all_sum([drift, tokens])
         metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
         metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
     return turns, metrics
 
 
-def optimizer_step(agent, loss, total=lambda x: x, max_grad_norm=0.0):
-    """One agent's AdamW step on its gradients summed by total, clipped to max_grad_norm (0: off, as the
+def optimizer_step(agent, loss, all_sum=lambda x: x, max_grad_norm=0.0):
+    """One agent's AdamW step on its gradients summed by all_sum, clipped to max_grad_norm (0: off, as the
     paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
-    for p, anyone in zip(params, total([p.grad is not None for p in params])):  # some process has it
+    for p, anyone in zip(params, all_sum([p.grad is not None for p in params])):  # some process has it
         if anyone:
-            p.grad = total(p.grad if p.grad is not None else torch.zeros_like(p))
-    (loss,) = total([float(loss)])
+            p.grad = all_sum(p.grad if p.grad is not None else torch.zeros_like(p))
+    (loss,) = all_sum([float(loss)])
     grads = [p.grad for p in params if p.grad is not None]
     grad_norm = torch.stack([grad.float().norm() for grad in grads]).norm().item() if grads else 0.0
     skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))

@@ -66,11 +66,6 @@ CONFIG_HELP = {
     "feedback": "between turns: level, plain or expert",
     "feedback_max_new_tokens": "bound on the expert's review (--feedback expert)",
 }
-# The values a Config setting takes, the one list that --help, the docs' tables and the tests read.
-CHOICES = {"joint": ("aligned", "cross"), "advantage": ("mean", "rloo", "none", "remax", "critic"),
-           "scale_rewards": ("none", "group", "batch"),
-           "loss_type": ("seq_sum", "token_mean", "seq_mean", "token_budget"), "expand": ("best", "all"),
-           "feedback": ("level", "plain", "expert"), "logprob": ("cut", "full")}
 # Other names of these settings, each resolved here alone, to ours: TRL's GRPOConfig loss types
 # (docs/flags.md compares the two trainers), and --advantage std, the original GRPO's z-score.
 SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
@@ -96,32 +91,35 @@ def add_config_flags(parser, names=None):
 def checked_config(**settings):
     """A magrpo.Config of flag values: the other names resolved to ours (SPELLINGS), every value checked,
     a bad one a ValueError that names its flag."""
-    cfg = magrpo.Config(**settings)
     defaults = magrpo.Config()
+
+    def given(name):
+        return settings.get(name, getattr(defaults, name))
 
     def check(name, ok, why):
         if not ok:
-            raise ValueError(f"--{name.replace('_', '-')}: {why}, got {getattr(cfg, name)!r}")
-    # The flag gives a comma list, Python a tuple or a list: the step reads one form, a tuple of floats.
-    if cfg.turn_weights is not None:
-        given = cfg.turn_weights
-        weights = given.split(",") if isinstance(given, str) else given  # the flag is a comma list
-        try:
-            cfg.turn_weights = tuple(float(w) for w in weights)
-        except ValueError:
-            raise ValueError(f"--turn-weights: want a comma list of numbers, got {given!r}") from None
+            raise ValueError(f"--{name.replace('_', '-')}: {why}, got {given(name)!r}")
     # TRL's names and --advantage std become ours first, so that the checks below see only our values,
     # and a setting that a spelling makes must not contradict one given beside it.
     for (name, spelling), resolved in SPELLINGS.items():
-        if getattr(cfg, name) != spelling:
+        if given(name) != spelling:
             continue
         for key, value in resolved.items():  # another setting it makes must be left alone, or agree
-            free = key == name or getattr(cfg, key) in (value, getattr(defaults, key))
+            free = key == name or given(key) in (value, getattr(defaults, key))
             check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
-            setattr(cfg, key, value)
-    for name, choices in CHOICES.items():
+            settings[key] = value
+    for name, choices in magrpo.Config.CHOICES.items():
         names = choices + tuple(spelling for owner, spelling in SPELLINGS if owner == name)
-        check(name, getattr(cfg, name) in choices, f"use one of {', '.join(names)}")
+        check(name, given(name) in choices, f"use one of {', '.join(names)}")
+    # The flag gives a comma list, Python a tuple or a list: the step reads one form, a tuple of floats.
+    weights = given("turn_weights")
+    if weights is not None:
+        try:
+            settings["turn_weights"] = tuple(float(w) for w in (weights.split(",") if isinstance(weights, str)
+                                                                else weights))
+        except ValueError:
+            raise ValueError(f"--turn-weights: want a comma list of numbers, got {weights!r}") from None
+    cfg = magrpo.Config(**settings)
     for name in ("num_generations", "max_new_tokens", "micro_batch_size", "num_turns",
                  "feedback_max_new_tokens"):
         check(name, getattr(cfg, name) >= 1, "must be >= 1")

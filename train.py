@@ -61,7 +61,7 @@ def train(args):
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
             gate.step, turns, update = step, None, None
             with contextlib.suppress(runs.Stop), signals.abandon_on_signal():
-                turns, update = magrpo_step(run, batch, seeds, gate.go_on)
+                turns, update = magrpo_step(run, batch, seeds, gate.may_update)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
                 gate.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
@@ -242,28 +242,29 @@ class Run:
         return self.log.path
 
 
-def magrpo_step(run, batch, seeds, go_on):
+def magrpo_step(run, batch, seeds, may_update):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
-    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; go_on is StepGate's."""
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; may_update is StepGate's."""
     agents, env, cfg = run.agents, run.env, run.cfg
     if cfg.on_the_tree():
-        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, go_on, run.critic)
+        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, may_update,
+                                 run.critic)
     rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
-                                                                    runs.all_sum, go_on)
+                                                                    runs.all_sum, may_update)
     return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
 
 
 class StepGate:
-    """The word between a step's sampling and its update (go_on), where torchrun's processes agree to
+    """The word between a step's sampling and its update (may_update), where torchrun's processes agree to
     go on, and a step none of whose answers could be scored stops the run."""
 
     def __init__(self, run, signals):
         self.run, self.signals = run, signals
         self.step = None  # the step's number, for the messages
 
-    def go_on(self, rewards):
+    def may_update(self, rewards):
         """The MAGRPO step's last check before the update, on every process: the processes agree to go
         on (a signal stops them all here, no agent holding half an update), and the step has answers
         that could be scored (if none could, the sandbox or the env is broken, not the agents)."""
@@ -296,7 +297,7 @@ class StepGate:
 
 
 def reward_metrics(step, turns, num_turns):
-    """The step's reward metrics (evaluation.episode_metrics) over every process's nodes, the same everywhere."""
+    """The step's reward metrics (eval.episode_metrics) over every process's nodes, the same everywhere."""
     nodes = []
     for process_nodes in runs.gather(evaluation.episode_summary(turns)):
         nodes += process_nodes
@@ -347,7 +348,7 @@ def completion_rows(step, indices, turns):
     rows = []
     for t, turn in enumerate(turns, 1):
         for node, (outputs, reward) in enumerate(zip(turn.outputs, turn.rewards)):
-            group, action = turn.place(node)
+            group, action = turn.group_action(node)
             # Each agent's completion in this joint action (its g) and the advantage that row got.
             advantages = [agent_advantages[group * turn.size + g].item()
                           for agent_advantages, g in zip(turn.advantages, turn.joint[action])]

@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import magrpo  # noqa: E402
 import runs  # noqa: E402
 import train  # noqa: E402
 
-# Every group baseline of --advantage (runs.CHOICES, its one list), with its other names (std); the critic,
-# a learned baseline, has its own benchmark (tests/bench_critic.py).
-MODES = tuple(mode for mode in runs.CHOICES["advantage"] if mode != "critic") + tuple(
+# Every group baseline of --advantage (magrpo.Config.CHOICES, its one list), with its other names
+# (std); the critic, a learned baseline, has its own benchmark (tests/bench_critic.py).
+MODES = tuple(mode for mode in magrpo.Config.CHOICES["advantage"] if mode != "critic") + tuple(
     spelling for owner, spelling in runs.SPELLINGS if owner == "advantage")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import eval as evaluation
+import magrpo
 import runs
 import train
 
@@ -264,14 +265,14 @@ def test_the_readme_lists_the_kits_blankable_functions_and_where_they_live():
     assert named == {name: spec[0] for name, spec in make_assignment.TEACHABLE.items()}
 
 # -----------------------------------------------------------------------------
-# Each list of choices has one source (runs.CHOICES and runs.SPELLINGS, envs.ENVS); the docs'
+# Each list of choices has one source (magrpo.Config.CHOICES and runs.SPELLINGS, envs.ENVS); the docs'
 # tables and the benchmarks follow it, so a new mode or env that is not documented fails here.
 
 
 def choices_of(name):
     """Config's values of a setting, with the other names it takes (--advantage std, TRL's loss types)."""
     spellings = tuple(spelling for owner, spelling in runs.SPELLINGS if owner == name)
-    return runs.CHOICES[name] + spellings
+    return magrpo.Config.CHOICES[name] + spellings
 
 
 def flags_row(script, flag):
@@ -294,7 +295,7 @@ def test_each_list_of_choices_has_one_source_that_the_docs_and_benchmarks_follow
     # The benchmark of the baseline family runs every group baseline (a critic is docs/critic.md's bench).
     assert set(bench_advantages.MODES) == set(choices_of("advantage")) - {"critic"}
     for script in SCRIPTS:
-        for name in runs.CHOICES:
+        for name in magrpo.Config.CHOICES:
             if "--" + name.replace("_", "-") not in help_flags(SCRIPTS[script]):
                 continue
             row = flags_row(script, "--" + name.replace("_", "-"))

@@ -480,7 +480,7 @@ def test_policy_loss_micro_batches_add_up_to_the_batch():
     lp, adv = torch.randn(6, 5), torch.randn(6)
     mask = (torch.rand(6, 5) > 0.3).long()
     mask[:, 0] = 1
-    for loss_type in runs.CHOICES["loss_type"]:
+    for loss_type in magrpo.Config.CHOICES["loss_type"]:
         whole = policy_loss(lp, mask, adv, loss_type)
         norm = magrpo.loss_normalizer(mask, loss_type)
         parts = sum(policy_loss(lp[i:i + 2], mask[i:i + 2], adv[i:i + 2], loss_type, norm)
@@ -681,9 +681,9 @@ def test_turn_names_the_tree():
     """Node n of a turn is group n // J's joint action n % J, and place() is node()'s inverse."""
     t = scripted_turn([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [None, None], size=3)
     assert [t.node(k, j) for k in range(2) for j in range(3)] == list(range(6))
-    assert [t.place(n) for n in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [t.group_action(n) for n in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     cross = scripted_turn([[0.0] * 4], [None], joint=magrpo.joint_actions(2, 2, "cross"))
-    assert cross.node(0, 3) == 3 and cross.place(3) == (0, 3)
+    assert cross.node(0, 3) == 3 and cross.group_action(3) == (0, 3)
 
 
 def test_episode_advantages_best_compares_each_turns_rewards_by_hand():
@@ -800,6 +800,15 @@ def test_episode_advantages_cross_credits_each_completion():
 def test_config_rejects_a_bad_value_naming_its_flag(field, value, flag):
     with pytest.raises(ValueError, match=f"^{flag}: "):
         runs.checked_config(**{field: value})
+
+
+def test_config_refuses_a_value_no_step_knows():
+    """A Config made in Python is plain, but a choice no step knows would change nothing, silently (TRL's
+    dapo read as seq_sum): it is refused, and runs.checked_config is the way to TRL's names."""
+    for name, value in (("loss_type", "dapo"), ("advantage", "std"), ("joint", "all"), ("feedback", "loud")):
+        with pytest.raises(ValueError, match=f"^Config.{name}: use one of "):
+            magrpo.Config(**{name: value})
+    assert runs.checked_config(loss_type="dapo").loss_type == "token_mean"
 
 
 def test_config_resolves_trls_loss_types_and_advantage_std_to_ours():
@@ -924,7 +933,7 @@ def test_train_step_update_with_mask_truncated_completions_skips_rows_without_eo
     last = int(r.completion_mask[0].sum()) - 1
     r.completion_ids[0, last] = tok.eos_token_id + 1  # row 0 never reached EOS
     advantages = torch.tensor([0.5, -0.5, 1.0, -1.0])
-    cfg = magrpo.Config(loss_type=loss_type, mask_truncated_completions=True, max_new_tokens=50)
+    cfg = runs.checked_config(loss_type=loss_type, mask_truncated_completions=True, max_new_tokens=50)
     update_on(agent, [(r, advantages)], cfg)
     kept = r.completion_mask * torch.tensor([[0], [1], [1], [1]])
     total = (advantages[:, None] * completion_logprobs(ref, r, 1.0) * kept).sum()

@@ -129,7 +129,7 @@ def test_single_turn_step_is_the_trees_step_with_one_turn_bit_for_bit(tok, optio
     completions, rewards, advantages, metrics and weights, to the bit, and the same Turn for the logs."""
     env = envs.DemoEnv()
     examples, seeds = env.examples[:3], [7, 8, 9]
-    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
+    cfg = runs.checked_config(num_generations=4, max_new_tokens=8, temperature=0.9, **options)
     assert not cfg.on_the_tree()  # train.py runs these settings with single_turn_step
     straight, tree = team(tok), team(tok)
     rollouts, rewards, advantages, metrics = magrpo.single_turn_step(straight, env, examples, cfg, seeds)
@@ -207,9 +207,9 @@ def test_train_step_with_trls_settings_is_trls_single_turn_step(tok, monkeypatch
     env = envs.DemoEnv()
     examples, seeds = env.examples[:2], [3, 4]
     ours, ref = team(tok, lr=0.1, sgd=True), team(tok, lr=0.1, sgd=True)
-    cfg = magrpo.Config(num_generations=4, max_new_tokens=8, temperature=0.9, micro_batch_size=3,
-                        advantage="std", loss_type="dr_grpo", mask_truncated_completions=True,
-                        max_grad_norm=0.3)
+    cfg = runs.checked_config(num_generations=4, max_new_tokens=8, temperature=0.9, micro_batch_size=3,
+                              advantage="std", loss_type="dr_grpo", mask_truncated_completions=True,
+                              max_grad_norm=0.3)
     m = train_step(ours, env, examples, cfg, seeds)
     rollouts = [generate(a.model, a.tokenizer, [env.prompts(ex)[i] for ex in examples], 4, 8, 0.9,
                          seed=[sampler.mix_seed(sampler.mix_seed(s, 1), i) for s in seeds])
