@@ -426,7 +426,7 @@ def test_coding_sandbox_flag_resolves_and_requires_the_level(humaneval, monkeypa
     args = train.parse_args(["--env", "tldr"])  # no code runs: nothing to find
     assert runs.env_from_flags(args) and args.sandbox == "auto"
     # Where namespaces do not work (Docker's seccomp, say), the probe's reason is given.
-    monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)
+    monkeypatch.setattr(sandbox.walls, "_namespaces_work", lambda: False)
     monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
     for flags, environ in ((["--sandbox", "namespaces"], ""), ([], "namespaces")):
         monkeypatch.setenv("MAGRPO_SANDBOX", environ)

@@ -31,6 +31,7 @@ import pytest
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT_DIR)
 import sandbox  # noqa: E402
+import walls  # noqa: E402
 
 ROOT = os.geteuid() == 0
 SLACK = 3.0  # seconds allowed on top of a timeout (start-up, and a loaded machine)
@@ -38,7 +39,7 @@ SLACK = 3.0  # seconds allowed on top of a timeout (start-up, and a loaded machi
 
 @pytest.fixture(params=["rlimits", "namespaces"])
 def level(request):
-    if request.param == "namespaces" and not sandbox._namespaces_work():
+    if request.param == "namespaces" and not walls._namespaces_work():
         pytest.skip("user namespaces do not work here")
     return request.param
 
@@ -53,17 +54,17 @@ def tagged(monkeypatch):
     """(tag, env): a fork server of its own whose environment holds the tag (the processes it
     forks keep its environment block), and env= for the runs (for what they exec)."""
     tag = uuid.uuid4().hex
-    sandbox._stop_fork_server()
-    monkeypatch.setitem(sandbox._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
+    walls._stop_fork_server()
+    monkeypatch.setitem(walls._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
     yield tag, {"MAGRPO_TEST_TAG": tag}
-    sandbox._stop_fork_server()  # the next test gets an untagged one
+    walls._stop_fork_server()  # the next test gets an untagged one
 
 
 def tagged_processes(tag):
     """Live processes whose environment holds the tag (zombies have no environment left), but
     this process's fork server."""
     needle, found = f"MAGRPO_TEST_TAG={tag}".encode(), []
-    server = sandbox._FORK_SERVER["proc"].pid if sandbox._FORK_SERVER else None
+    server = walls._FORK_SERVER["proc"].pid if walls._FORK_SERVER else None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -102,10 +103,10 @@ def test_import_does_no_work():
              "builtins.open = lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)\n"
              "subprocess.Popen.__init__ = lambda *a, **k: sys.exit('started a process')\n"
              f"sys.path.insert(0, {ROOT_DIR!r})\n"
-             "import sandbox\n"
-             "assert not any('sandbox' in f for f in opened), opened\n"
-             "assert sandbox._namespaces_work.cache_info().currsize == 0\n"
-             "assert not sandbox._FORK_SERVER\n")
+             "import sandbox, walls\n"
+             "assert not any('sandbox' in f or 'walls' in f for f in opened), opened\n"
+             "assert walls._namespaces_work.cache_info().currsize == 0\n"
+             "assert not walls._FORK_SERVER\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -117,10 +118,12 @@ def test_inside_functions_use_only_builtins_and_each_other():
     import dis
     modules = {"builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
                "socket", "sys", "time"}
-    assert f"import {', '.join(sorted(modules))}\n" in sandbox._BOOT
-    assert all(type(value) is int and getattr(sandbox, name) == value
-               for name, value in sandbox._LINUX.items())
-    names = {f.__name__ for f in sandbox._INSIDE} | modules | set(sandbox._LINUX)
+    assert f"import {', '.join(sorted(modules))}\n" in walls._BOOT
+    assert all(type(value) is int and getattr(walls, name) == value
+               for name, value in walls._LINUX.items())
+    inside = (*walls._INSIDE, *sandbox._INSIDE)  # sandbox's, shipped to walls' fork server
+    assert {f.__name__: f.__code__ for f in sandbox._INSIDE}.items() <= walls._SHIPPED.items()
+    names = {f.__name__ for f in inside} | modules | set(walls._LINUX)
 
     def global_loads(co):
         for ins in dis.get_instructions(co):
@@ -129,7 +132,7 @@ def test_inside_functions_use_only_builtins_and_each_other():
         for const in co.co_consts:
             if hasattr(const, "co_code"):
                 yield from global_loads(const)
-    for f in sandbox._INSIDE:
+    for f in inside:
         assert f.__defaults__ is None and f.__kwdefaults__ is None, f.__name__
         stray = {n for n in global_loads(f.__code__) if n not in names and not hasattr(builtins, n)}
         assert not stray, (f.__name__, stray)
@@ -170,7 +173,7 @@ def test_isolation_level_required(monkeypatch):
     fall-back to a weaker one. MAGRPO_SANDBOX asks the same where nothing is required."""
     monkeypatch.setenv("MAGRPO_SANDBOX", "namespaces")
     assert sandbox.isolation_level("rlimits") == "rlimits"  # the caller's word wins
-    monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)  # as under Docker's seccomp
+    monkeypatch.setattr(walls, "_namespaces_work", lambda: False)  # as under Docker's seccomp
     monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
     for required in ("namespaces", None, "auto"):
         with pytest.raises(RuntimeError, match="namespaces.*unshare: Operation not permitted"):
@@ -185,11 +188,13 @@ def test_run_probe_falls_back_where_namespaces_fail(level):
     """Inside a sandbox no new user namespace can be made: a sandbox started there probes, says
     why on stderr, and runs at the rlimits level."""
     need_namespaces(level, "only a namespace can take the power to make one away")
-    with open(sandbox.__file__) as f:
-        source = f.read()
-    program = (f"import sys, types\nm = types.ModuleType('sandbox')\nsys.modules['sandbox'] = m\n"
-               f"exec(compile({source!r}, 'sandbox.py', 'exec'), m.__dict__)\n"
-               "print(m.isolation_level(), m.run('print(1 + 1)').stdout.strip())\n")
+    program = "import sys, types\n"
+    for module in (walls, sandbox):  # walls first, which sandbox imports
+        with open(module.__file__) as f:
+            source = f.read()
+        program += (f"m = types.ModuleType({module.__name__!r})\nsys.modules[{module.__name__!r}] = m\n"
+                    f"exec(compile({source!r}, {module.__name__ + '.py'!r}, 'exec'), m.__dict__)\n")
+    program += "print(m.isolation_level(), m.run('print(1 + 1)').stdout.strip())\n"
     r = sandbox.run(program, timeout=30.0, isolation=level)
     assert r.stdout.split() == ["rlimits", "2"], r.stderr
     assert "namespaces unavailable" in r.stderr
@@ -548,8 +553,9 @@ def as_a_normal_user(script, timeout=120):
     home = tempfile.mkdtemp(prefix="magrpo-sandbox-")
     try:
         os.chmod(home, 0o755)
-        shutil.copy(os.path.join(ROOT_DIR, "sandbox.py"), home)
-        os.chmod(os.path.join(home, "sandbox.py"), 0o644)
+        for module in ("sandbox.py", "walls.py"):
+            shutil.copy(os.path.join(ROOT_DIR, module), home)
+            os.chmod(os.path.join(home, module), 0o644)
         source = f"import sys\nsys.path.insert(0, {home!r})\n" + script
         return subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout,
                               cwd="/", **user)
@@ -1697,8 +1703,8 @@ def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
     caller = code(f"""
         import sys
         sys.path.insert(0, {ROOT_DIR!r})
-        import sandbox
-        sandbox._SERVER_ENV.update({env!r})
+        import sandbox, walls
+        walls._SERVER_ENV.update({env!r})
         sandbox.run_tests({program!r}, {CHECK3!r}, 'f', timeout=600, isolation={level!r},
                           env={env!r})
         """)
