@@ -67,16 +67,36 @@ _LINUX = dict(
     MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
     # for prctl(2), the signal a child gets when its parent dies and whether others may ptrace it
     PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4, PR_SET_NO_NEW_PRIVS=38, PR_SET_SECCOMP=22, SECCOMP_MODE_FILTER=2,
+    # ... and the capabilities a process keeps (linux/capability.h: the version of capset's header)
+    PR_CAPBSET_DROP=24, PR_CAP_AMBIENT=47, PR_CAP_AMBIENT_CLEAR_ALL=4, CAPABILITY_VERSION_3=0x20080522,
+    # namespaces that clone(2) makes; fcntl(2)'s commands that take the user's share of host state
+    # (locks, F_OFD_ locks, a lease, a pipe's size); keyctl(2)'s command for a new session keyring
+    CLONE_NEW_ANY=0x7E020000, F_SETLK=6, F_SETLKW=7, F_OFD_SETLK=37, F_OFD_SETLKW=38, F_SETLEASE=1024,
+    F_SETPIPE_SZ=1031, KEYCTL_JOIN_SESSION_KEYRING=1,
     # mount_setattr(2); umount2(2)'s flag that detaches a whole tree
     SYS_mount_setattr=442, AT_FDCWD=-100, AT_RECURSIVE=0x8000, MOUNT_ATTR_RDONLY=1, MNT_DETACH=2,
     # pivot_root(2) has no libc wrapper, and its number depends on the machine (asm/unistd.h); on
     # another, -1 fails the namespaces level, which then says why
     SYS_pivot_root={"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(
         os.uname().machine, -1))
-# For _deny_memory_outside_processes, (AUDIT_ARCH_..., the numbers of memfd_create and shmget) where
-# we know them (asm/unistd.h, linux/audit.h); elsewhere no filter, which docs/sandbox.md says.
-SECCOMP = {"x86_64": (0xC000003E, (319, 29)), "aarch64": (0xC00000B7, (279, 194)),
-           "riscv64": (0xC00000F3, (279, 194))}.get(os.uname().machine)
+# For _seccomp, (AUDIT_ARCH_..., {call: its number}) where we know them (asm/unistd.h, linux/audit.h);
+# elsewhere no filter, which docs/sandbox.md says. The calls it refuses, and why: memory outside any
+# process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf); new namespaces
+# and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
+# API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
+# flock, fcntl's locks, leases and pipe sizes). clone3 reads as missing, so the C library falls back
+# to clone, whose flags a filter can read (clone3's lie in memory).
+_GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
+                keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
+                umount2=39, pivot_root=41, clone=220, fcntl=25)
+_ALL = dict(memfd_secret=447, io_uring_setup=425, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
+            fsmount=432, fspick=433, mount_setattr=442, clone3=435)  # the same on every machine
+SECCOMP = {"x86_64": (0xC000003E, dict(
+    memfd_create=319, shmget=29, semget=64, msgget=68, bpf=321, add_key=248, request_key=249, keyctl=250,
+    inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, unshare=272, setns=308, mount=165,
+    umount2=166, pivot_root=155, clone=56, fcntl=72, **_ALL)),
+    "aarch64": (0xC00000B7, _GENERIC | _ALL), "riscv64": (0xC00000F3, _GENERIC | _ALL),
+}.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
 # The fork server's whole program. Its stdin brings the code objects of _INSIDE, _LINUX (which
 # starts `space`) and its job; it makes each function from its code with `space` as its globals:
@@ -410,6 +430,12 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
                 f.write("1000")
         except OSError:  # (in a sandbox, where it is 1000 already)
             pass
+        # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
+        # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.)
+        try:
+            _libc("syscall", job["seccomp"][1]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None)
+        except (OSError, TypeError):  # refused (a container's seccomp, a sandbox's), or no table here
+            pass
         # Linux counts a user's tasks across its user namespaces, so a run's RLIMIT_NPROC alone would
         # not keep the runs together from taking all the user may hold. A new user namespace keeps
         # as its bound of the user's tasks our soft limit when it is made; below, so do our children.
@@ -481,13 +507,13 @@ def _supervisor(job):
 
 
 def _libc(name, *args):
-    """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError unless 0."""
+    """Call libc's `name` (ints as C longs, bytes as char *, None as NULL); OSError where it fails (-1)."""
     # Python 3.11's os has no unshare, setns, mount, prctl or syscall, so ctypes reaches libc's, through
     # one handle that the fork server makes and its runs inherit (a new one costs some 20 us a call).
     space = globals()
     space["libc"] = space.get("libc") or ctypes.CDLL(None, use_errno=True)
     function = getattr(space["libc"], name)
-    if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) != 0:
+    if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) < 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 
@@ -603,8 +629,9 @@ def _program(job, call_r, reply_w, altered):
     if job["isolation"] == "namespaces":
         # A session of our own, so no signal the program sends to its process group reaches the
         # tester or the supervisor. A mount namespace with a /proc of our pid namespace, so the
-        # program sees its own processes only. Last, a user namespace without uid map, where it
-        # loses every capability, so it can't unmount a bind, remount read-write or mount anything.
+        # program sees its own processes only. Last, a user namespace without uid map, whose full set
+        # of capabilities _drop_capabilities then clears, so it can't unmount a bind, remount
+        # read-write, mount anything or make a namespace (which _seccomp refuses too).
         os.setsid()
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -612,7 +639,8 @@ def _program(job, call_r, reply_w, altered):
     # For run() a fresh Python runs the program as a script from stdin (then at EOF), isolated (-I).
     if job["mode"] == "run":
         os.dup2(_memory_file(job["program"].encode("utf-8", "surrogatepass")), 0)
-    _deny_memory_outside_processes(job["seccomp"])
+    _drop_capabilities()
+    _seccomp(job["seccomp"])
     if job["mode"] == "run":
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
     return globals()[job["serve"]](job, call_r, reply_w, altered)
@@ -624,27 +652,54 @@ def _powerless(job):
         _libc("unshare", CLONE_NEWUSER)
 
 
-def _deny_memory_outside_processes(seccomp):
-    """memfd_create(2) and shmget(2) fail with EPERM for us and all we start (a seccomp filter), and so
-    does every call of another architecture's ABI, where `seccomp` is (architecture, those numbers)."""
-    # Memory of a memfd or a System V segment outlives its mapping: a process could hold gigabytes that
-    # no process's size shows, out of memory_mb's and the OOM killer's reach. Without a filter for
-    # this machine (seccomp None), that memory stays unbounded.
+def _drop_capabilities():
+    """No capability left, in any set (bounding, ambient, effective, permitted, inheritable): not in
+    the user namespace we are in, nor in one we could reach, nor after an exec (even of root's)."""
+    # The bounding set goes first, while we hold CAP_SETPCAP (past the last capability: EINVAL; without
+    # CAP_SETPCAP, a normal user's at the rlimits level: EPERM, and then there is nothing to drop).
+    for capability in range(64):
+        try:
+            _libc("prctl", PR_CAPBSET_DROP, capability, 0, 0, 0)
+        except OSError:
+            break
+    _libc("prctl", PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = ctypes.create_string_buffer(CAPABILITY_VERSION_3.to_bytes(4, sys.byteorder) + bytes(4))
+    _libc("capset", header, ctypes.create_string_buffer(24))  # two of (effective, permitted, inheritable)
+
+
+def _seccomp(seccomp):
+    """The calls of SECCOMP's list fail with EPERM for us and all we start (a seccomp filter), and so
+    does every call of another architecture's ABI; clone3 fails with ENOSYS. `seccomp`: (arch, numbers)."""
+    # Without a filter for this machine (seccomp None), none of this is refused (docs/sandbox.md).
     if seccomp is None:
         return
-    arch, numbers = seccomp
-    deny, allow = (0x06, 0, 0, 0x50000 | 1), (0x06, 0, 0, 0x7FFF0000)  # SECCOMP_RET_ERRNO | EPERM, _ALLOW
-    checks = [(0x35, 0, 0, 0x40000000)] + [(0x15, 0, 0, number) for number in numbers]  # x32's, then ours
-    # Classic BPF on seccomp_data: load its arch (offset 4), deny another; load the call's number
-    # (offset 0); each check jumps to the final deny when true (jge, jeq), else falls through to allow.
-    code = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), deny, (0x20, 0, 0, 0)]
-    code += [(op, len(checks) - i, 0, k) for i, (op, _, _, k) in enumerate(checks)] + [allow, deny]
-    data = b"".join(op.to_bytes(2, sys.byteorder) + bytes((jt, jf)) + k.to_bytes(4, sys.byteorder)
-                    for op, jt, jf, k in code)
+    arch, calls = seccomp
+    refuse, lacking, allow = (0x06, 0, 0, 0x50001), (0x06, 0, 0, 0x50026), (0x06, 0, 0, 0x7FFF0000)
+    # Classic BPF on seccomp_data: load its arch (offset 4), refuse another; load the call's number
+    # (offset 0): x32's (jge) and each of the list (jeq) jump to "refuse", clone to check its flags
+    # (offset 16, the first argument's low word: jset), fcntl its command (offset 24, the second's).
+    code = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), refuse, (0x20, 0, 0, 0), (0x35, "refuse", 0, 0x40000000)]
+    code += [(0x15, "refuse", 0, number) for name, number in calls.items()
+             if name not in ("clone", "clone3", "fcntl")]
+    code += [(0x15, "lacking", 0, calls["clone3"]), (0x15, "clone", 0, calls["clone"]),
+             (0x15, "fcntl", 0, calls["fcntl"]), allow]
+    code += ["clone", (0x20, 0, 0, 16), (0x45, "refuse", 0, CLONE_NEW_ANY), allow, "fcntl", (0x20, 0, 0, 24)]
+    code += [(0x15, "refuse", 0, command) for command in (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW,
+                                                         F_SETLEASE, F_SETPIPE_SZ)]
+    code += [allow, "refuse", refuse, "lacking", lacking]
+    # A label names the instruction after it; a jump to it goes that many instructions on.
+    labels, program = {}, []
+    for item in code:
+        if type(item) is str:
+            labels[item] = len(program)
+        else:
+            program.append(item)
+    data = b"".join(op.to_bytes(2, sys.byteorder) + bytes((labels[jt] - i - 1 if type(jt) is str else jt, jf))
+                    + k.to_bytes(4, sys.byteorder) for i, (op, jt, jf, k) in enumerate(program))
     fprog = type("sock_fprog", (ctypes.Structure,), {"_fields_": [("len", ctypes.c_ushort),
                                                                   ("filter", ctypes.c_char_p)]})
     _libc("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    _libc("prctl", PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog(len(code), data)))
+    _libc("prctl", PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog(len(program), data)))
 
 
 def _encode(value, depth):
@@ -754,5 +809,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _spawn, _exchange,
-           _end, _program, _powerless, _deny_memory_outside_processes, _answer, _encode, _decode, _messages,
+           _end, _program, _powerless, _drop_capabilities, _seccomp, _answer, _encode, _decode, _messages,
            _memory_file, _describe, _say)

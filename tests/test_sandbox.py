@@ -716,6 +716,128 @@ def test_run_no_memory_outside_its_processes(level):
         assert lines[3:] == ["/dev/shm 28", "/tmp 28"], r.stdout  # 28: ENOSPC
 
 
+# The third red team (issue 49): capabilities, new namespaces, kernel memory no process shows,
+# keyrings that carry answers between runs, the user's share of host state. Numbers of the calls
+# come from walls.SECCOMP, the filter's own table, so each test asks what the filter refuses.
+CALLS = walls.SECCOMP[1] if walls.SECCOMP else {}
+need_filter = pytest.mark.skipif(not CALLS, reason="no seccomp table for this machine (docs/sandbox.md)")
+WALL_PROBE = code(f"""
+    import ctypes, errno, os, socket, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    CALLS = {CALLS!r}
+    def call(name, *args):
+        result = libc.syscall(CALLS[name], *[ctypes.c_long(a) if type(a) is int else a for a in args])
+        return 'ok' if result >= 0 else errno.errorcode[ctypes.get_errno()]
+    said = {{}}
+    said['caps'] = [line.split()[1] for line in open('/proc/self/status') if line.startswith('Cap')]
+    for flag in (0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80):
+        said[f'unshare {{flag:#x}}'] = call('unshare', flag)  # mount, cgroup, uts, ipc, user, pid, net, time
+    said['clone newnet'] = call('clone', 0x40000000 | 17, 0, 0, 0, 0)  # (a child would print twice)
+    said['setns'] = call('setns', os.open('/proc/self/ns/net', os.O_RDONLY), 0)
+    said['mount tmpfs'] = call('mount', b'none', b'/tmp', b'tmpfs', 0, None)
+    said['umount /proc'] = call('umount2', b'/proc', 2)
+    said['memfd_secret'] = call('memfd_secret', 0)
+    said['semget'] = call('semget', 0, 64, 0o1600)  # IPC_PRIVATE, IPC_CREAT: the semaphores of 2.5 GB
+    said['msgget'] = call('msgget', 0, 0o1600)
+    said['io_uring_setup'] = call('io_uring_setup', 8, bytes(120))
+    said['add_key'] = call('add_key', b'user', b'answers', b'42', 2, -3)  # into the session keyring
+    said['keyctl'] = call('keyctl', 0, -3, 0)  # KEYCTL_GET_KEYRING_ID
+    said['request_key'] = call('request_key', b'user', b'answers', None, 0)
+    said['inotify_init1'] = call('inotify_init1', 0)
+    file = os.open('.', os.O_RDONLY)
+    said['flock'] = call('flock', file, 2)  # LOCK_EX
+    for command in (6, 7, 37, 38, 1024, 1031):  # F_SETLK(W), F_OFD_SETLK(W), F_SETLEASE, F_SETPIPE_SZ
+        target = os.pipe()[0] if command == 1031 else file
+        said[f'fcntl {{command}}'] = call('fcntl', target, command, 1 << 20)
+    said['fcntl F_GETFD'] = call('fcntl', file, 1, 0)  # the harmless commands pass
+    thread = threading.Thread(target=lambda: said.setdefault('thread', 'ok'))  # clone3 reads as missing
+    thread.start()
+    thread.join()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    said['fork'] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(repr(said))
+    """)
+
+
+def assert_walled(said, bounding=True):
+    """What WALL_PROBE printed: no capability in any set (but the bounding set of a normal user at
+    the rlimits level, who may not drop it: no_new_privs keeps an exec from using it), and every call
+    of the filter's refused."""
+    inheritable, permitted, effective, bounding_set, ambient = said.pop("caps")
+    assert {inheritable, permitted, effective, ambient} == {"0000000000000000"}, said
+    assert bounding_set == "0000000000000000" or not bounding, said
+    assert (said.pop("fcntl F_GETFD"), said.pop("thread"), said.pop("fork")) == ("ok", "ok", 7), said
+    assert set(said.values()) == {"EPERM"}, said
+
+
+@need_filter
+def test_run_keeps_no_capabilities_and_makes_no_namespace(level):
+    """Inside its user namespace the program kept a full effective set: it made new mount, IPC, net,
+    UTS, cgroup and time namespaces and mounted tmpfs. Now it holds no capability in any set, and
+    unshare, clone's CLONE_NEW* flags, setns and mounts are refused, in run() and in run_tests'
+    program process alike. Kernel memory no process shows (memfd_secret, SysV semaphores and
+    message queues, io_uring), keyrings and the user's share of host state (inotify, flock, fcntl's
+    locks, leases and pipe sizes) are refused too; threads and forks still work."""
+    r = sandbox.run(WALL_PROBE, isolation=level)
+    assert_walled(eval(r.stdout))
+    probe = WALL_PROBE.replace("print(repr(said))", "")
+    program = f"def f():\n    scope = {{}}\n    exec({probe!r}, scope)\n    return scope['said']\n"
+    test = code(f"""
+        def check(f):
+            said = f()
+            caps = said.pop('caps')
+            assert caps == ['0' * 16] * 5, caps
+            assert (said.pop('fcntl F_GETFD'), said.pop('thread'), said.pop('fork')) == ('ok', 'ok', 7)
+            assert set(said.values()) == {{'EPERM'}}, [k for k, v in said.items() if v != 'EPERM']
+        """)
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.all_passed, rep.first_failure
+
+
+@need_filter
+def test_run_walls_as_a_normal_user():
+    """As a normal user (the namespaces level where the kernel allows it, and rlimits), the same."""
+    r = as_a_normal_user(f"import sandbox\nfor level in ('namespaces', 'rlimits'):\n"
+                         f"    print(sandbox.run({WALL_PROBE!r}, isolation=level).stdout.strip())\n")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    assert_walled(eval(lines[0]))
+    assert_walled(eval(lines[1]), bounding=False)
+
+
+def test_run_tests_answers_do_not_persist_in_a_keyring(level):
+    """A run stored its answers in the session keyring it inherited (the fork server's, shared by
+    every run); a later run with no logic read them and went from 0/4 to 4/4. Each run now has a
+    fresh session keyring, and keyrings are refused to the program: the reader stays at 0/4."""
+    test = "def check(f):\n" + "".join(f"    assert f({x}) == {x * x + 7}\n" for x in range(4))
+    writer = code(f"""
+        import ctypes
+        libc = ctypes.CDLL(None)
+        def f(x):
+            answer = str(x * x + 7).encode()
+            for keyring in (-3, -4, -5):  # the session's, the user's, the user session's
+                libc.syscall({CALLS.get('add_key', -1)}, b'user', b'magrpo-%d' % x, answer, len(answer),
+                             keyring)
+            return x * x + 7
+        """)
+    reader = code(f"""
+        import ctypes
+        libc = ctypes.CDLL(None)
+        def f(x):
+            buffer = ctypes.create_string_buffer(64)
+            for keyring in (-3, -4, -5):
+                key = libc.syscall({CALLS.get('keyctl', -1)}, 10, keyring, b'user', b'magrpo-%d' % x, 0)
+                if key > 0:  # KEYCTL_SEARCH found it: KEYCTL_READ it
+                    n = libc.syscall({CALLS.get('keyctl', -1)}, 11, key, buffer, 64)
+                    return int(buffer.raw[:n])
+            return 0
+        """)
+    assert sandbox.run_tests(writer, test, "f", isolation=level).passed == 4
+    assert sandbox.run_tests(reader, test, "f", isolation=level).passed == 0
+
+
 def test_run_sees_a_minimal_dev(level):
     """/dev holds five harmless devices and a private shm: no kernel log, kvm, memory, terminal, disk
     or loop device of the host, by any path, and no device node can be made."""
