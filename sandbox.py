@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import walls
 # walls' functions that ours call inside, and the wire's (tests call sandbox._encode, _decode)
-from walls import (_answer, _decode, _describe, _encode, _end, _exchange, _fork, _messages, _powerless, _say,
-                   _spawn)
-from walls import _PROBE, isolation_level  # noqa: F401 (sandbox.isolation_level, as before)
+from walls import (_answer, _decode, _describe, _encode, _end, _exchange, _fork, _messages, _powerless,
+                   _raised, _reply, _say, _spawn)
+from walls import _PROBE, isolation_level  # noqa: F401 (sandbox.isolation_level, _PROBE as before)
 
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
@@ -73,7 +73,8 @@ class TestReport:
     failed_statement: str | None = None  # the test's own statement where the first failing test stopped
     failure_reason: str | None = None  # why, in the words of the program's error, which it may choose
     # Whether the entry point's answers depend on what run_tests' `helper` returns, as measured once
-    # every test passed: "used", "wrapped" (they were its altered values), "unused"; "" not measured.
+    # every test passed: "used", "wrapped" (they were its altered values), "unused", "unstable" (they
+    # differ when the program runs again); "" not measured (_helper_use).
     helper_use: str = ""
 
     @property
@@ -108,8 +109,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
     level = isolation or isolation_level()
     # The run's cap, fixed before it starts, is `timeout` for loading and for each test, plus GRACE.
-    # (With a helper, `timeout` more, to measure its use: _helper_use.)
-    cap = timeout * (len(groups) + 1 + bool(helper)) + GRACE
+    # (With a helper, 2 x `timeout` more, to measure its use: _helper_use.)
+    cap = timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
     rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
     program = _altering(program, helper) if helper else program  # (the text where it has no helper)
     job = dict(mode="tests", program=program, result=_RESULT, entry_point=entry_point, isolation=level,
@@ -290,75 +291,81 @@ def _relay(job, asks, answers):
     # One program process serves the calls (it loads once) until one times out or ends it. Then it
     # is killed, and the next call meets a freshly loaded one, so nothing of the broken call (a
     # thread still running, a half-done change) reaches the next test. The calls that measure the
-    # helper's use come after the tests, and go to another, whose helper's results are altered; the
-    # first one ends the other (so nothing it started, processes or sockets, outlives the tests).
-    procs = {False: _spawn(job, False), True: None}  # the first loads while the tester reads the test
-    for seconds, call, altered in _messages(asks):
-        if altered and procs[False]:
-            _end(procs[False], 0)
-            procs[False] = None
-        proc = procs[altered] = procs[altered] or _spawn(job, altered)
+    # helper's use come after the tests, a round each (_helper_use) on a fresh process, whose start
+    # ends the last one (so nothing it started, processes or sockets, outlives its round).
+    measure, proc = "", _spawn(job, "")  # the first loads while the tester reads the test
+    for seconds, call, asked in _messages(asks):
+        if asked != measure:  # a round of the helper's measure: a fresh process, and the last one ends
+            if proc:
+                _end(proc, 0)
+            measure, proc = asked, None
+        proc = proc or _spawn(job, measure)
         tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
-            procs[altered] = None
+            proc = None
         os.write(answers, marshal.dumps((tag, data)))
 
 
-def _serve(job, call_r, reply_w, altered):
+def _serve(job, call_r, reply_w, measure):
     """A program process's work for run_tests (walls._program walled it in): load the program, answer
-    each call (None: "loaded?"); `altered`: its helper's results _altered. Nothing here can be trusted
-    once the program runs."""
-    # A reply is one JSON line (_encode) of plain data, or of the failure to send it as plain data.
-    def send(*reply):
-        try:
-            line = json.dumps(_encode(reply, 0))
-        except (TypeError, ValueError, RecursionError) as e:
-            line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
-        os.write(reply_w, line.encode() + b"\n")  # blocking, so all of it goes
-    # The helper's `return x` returns _RESULT(x) (_altering): x itself, or in the altered process
-    # x changed where it returns to another function than itself (a recursive helper's own calls keep
-    # theirs), so the two processes differ in that alone (the tester compares: _helper_use).
+    each call (None: "loaded?"); `measure`: the round of the helper's measure ("": the tests).
+    Nothing here can be trusted once the program runs."""
+    # The helper's `return x` returns _RESULT(x) (_altering): x itself in the tests' round and the
+    # "again" one, else a stand-in (its first argument, its first result in this process, None) or x
+    # _altered. Only in a call of the test (never while the program loads: a default argument or a
+    # probe at load time sees the same helper in every round), where a def of the helper returns to
+    # another function than itself (a recursive helper's own calls keep theirs); called from anywhere
+    # else, it gives back what it is given.
+    program = job["program"]  # (a code object where run_tests measures a helper; __name__: no demo runs)
+    own = [c for c in getattr(program, "co_consts", ())
+           if type(c) is type(program) and c.co_name == job["helper"]]  # the helper's top-level defs
+    state = {}
+
     def result(value):
         helper = sys._getframe(1)
-        return _altered(value) if altered and helper.f_back.f_code is not helper.f_code else value
+        code = helper.f_code
+        if "serving" not in state or not any(code is c for c in own) or helper.f_back.f_code is code:
+            return value
+        stand_ins = {"identity": lambda: helper.f_locals[code.co_varnames[0]] if code.co_argcount else None,
+                     "constant": lambda: state.setdefault("first", value), "none": lambda: None,
+                     "altered": lambda: _altered(value)}
+        return stand_ins[measure]() if measure in stand_ins else value
     namespace = {"__name__": "solution", job["result"]: result}
-    program = job["program"]  # (a code object where run_tests measures a helper; __name__: no demo runs)
     try:
         exec(compile(program, "<program>", "exec") if type(program) is str else program, namespace)
         if job["entry_point"] not in namespace:
             raise NameError(f"name {job['entry_point']!r} is not defined")
         function = namespace[job["entry_point"]]
     except BaseException as e:
-        return send("F", _describe(e))
+        return _reply(reply_w, "F", _describe(e))
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes),
     # so what the program sends back is JSON.
+    state["serving"] = True
     for call in _messages(open(call_r, "rb")):
         try:
             reply = "R", function(*call[0], **call[1]) if call else None
         except BaseException as e:
-            # The exception goes as its nearest builtin class and a message, never as an object of
-            # the program's, and the tester rebuilds it (_answer).
-            base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
-            try:
-                text = str(e)[:500]
-            except BaseException:
-                text = "(unprintable)"
-            reply = "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
-        send(*reply)
+            reply = _raised(e)
+        _reply(reply_w, *reply)
 
 
 def _altered(value):
-    """The helper's result changed, its type kept where it is plain data (a new object otherwise)."""
+    """The helper's result changed: a number negated, a text one NUL longer, a container's last item
+    (a set's least) altered or dropped; a bool becomes an int (2, -1), since its one other value is
+    what any bool answer that changes becomes; a new object where it is no plain data."""
     kind = type(value)
-    changes = {bool: lambda v: not v, int: lambda v: ~v, float: lambda v: -v - 1.5,
+    last = next(reversed(value)) if kind is dict and value else None  # (a dict's last key)
+    changes = {bool: lambda v: 2 if v else -1, int: lambda v: ~v, float: lambda v: -v - 1.5,
                complex: lambda v: -v - 1.5, str: lambda v: v + "\0", bytes: lambda v: v + b"\0",
-               list: lambda v: [*v, None], tuple: lambda v: (*v, None), set: lambda v: v ^ {None},
-               dict: lambda v: {k: x for k, x in v.items() if k is not None} if None in v else {**v, None: 0}}
+               list: lambda v: [*v[:-1], _altered(v[-1])] if v else [None],
+               tuple: lambda v: (*v[:-1], _altered(v[-1])) if v else (None,),
+               set: lambda v: v - {min(v, key=repr)} if v else {None},
+               dict: lambda v: {**v, last: _altered(v[last])} if v else {None: 0}}
     return changes[kind](value) if kind in changes else object()
 
 
@@ -373,10 +380,10 @@ def _tester(job, ask_w, answer_r):
     running = {}
     answered = []  # with a helper: each call, its answer's hash and that of the answer a wrapper would give
 
-    def ask(seconds, call, altered):  # to the relay (_relay) and back, as marshal's plain data -> _answer's
+    def ask(seconds, call, measure):  # to the relay (_relay) and back, as marshal's plain data -> _answer's
         if seconds <= 0:
             return _answer("T", "", test["timeout"])
-        os.write(ask_w, marshal.dumps((seconds, call, altered)))
+        os.write(ask_w, marshal.dumps((seconds, call, measure)))
         try:
             tag, data = marshal.load(answers)
         except EOFError:  # exit by os._exit, so that no `finally` or handler of the test's runs on
@@ -393,7 +400,7 @@ def _tester(job, ask_w, answer_r):
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # an argument that is a function or an object, so the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            tag, value = ask(running["deadline"] - time.monotonic(), call, False)
+            tag, value = ask(running["deadline"] - time.monotonic(), call, "")
             if job["helper"]:
                 answered.append((call, _fingerprint(tag, value, False), _fingerprint(tag, value, True)))
             if tag == "R":
@@ -417,32 +424,39 @@ def _tester(job, ask_w, answer_r):
     # waits for that, `timeout` seconds at most (and `timeout` CPU seconds to read its reply, as in
     # _check). A program that doesn't load is at fault.
     signal.setitimer(signal.ITIMER_PROF, test["timeout"])
-    tag, why = ask(test["timeout"], marshal.dumps(None), False)
+    tag, why = ask(test["timeout"], marshal.dumps(None), "")
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
     all_passed = _check(test, scope, running, report)
     _say(report, "done")
     if job["helper"] and all_passed:  # (after "done": what happens here changes no verdict)
-        _say(report, "helper", _helper_use(ask, answered, test["timeout"]))
+        _say(report, "helper", _helper_use(ask, answered, 2 * test["timeout"]))
 
 
 def _helper_use(ask, answered, timeout):
-    """Each call of the tests made again on a program process whose helper returns _altered results
-    -> "used" (an answer changed, not into the helper's altered one), "wrapped" (only into it), "unused"."""
+    """The tests' calls made again, a round each on a fresh program process -> "unstable" (unaltered,
+    an answer differs), "unused" (with a stand-in for the helper's results, no answer differs), else
+    "used" (with them _altered, an answer becomes another value, not the helper's) or "wrapped" (only
+    the helper's). The stand-ins: its first argument, its first result, None."""
     # The count is ours: the program's processes hold no part of it. A fresh `timeout` of wall clock
-    # and of CPU time for them all; a call that fails or times out tells nothing.
+    # and of CPU time for all the rounds; a call that fails or times out differs, an exception is no value.
     deadline = time.monotonic() + timeout
     signal.setitimer(signal.ITIMER_PROF, timeout)
-    use = "unused"
-    for call, answer, wrapped in answered:
-        new = _fingerprint(*ask(deadline - time.monotonic(), call, True), False)
-        if new is None or new == answer:
-            continue
-        if new != wrapped:
-            return "used"
-        use = "wrapped"
-    return use
+    for measure in ("again", "identity", "constant", "none", "altered"):
+        changed = []
+        for call, first, wrapped in answered:
+            tag, value = ask(deadline - time.monotonic(), call, measure)
+            new = _fingerprint(tag, value, False)
+            changed += [(tag, new, wrapped)] if new is None or new != first else []
+        if measure == "again" and changed:
+            return "unstable"
+        if measure in ("identity", "constant", "none") and not changed:
+            return "unused"
+    values = [(new, wrapped) for tag, new, wrapped in changed if tag == "R"]
+    if any(new != wrapped for new, wrapped in values):
+        return "used"
+    return "wrapped" if values else "unused"
 
 
 def _fingerprint(tag, value, altered):

@@ -133,6 +133,8 @@ def isolation_level(required=None):
 @functools.cache
 def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
+    if SECCOMP is None:  # (docs/sandbox.md: what each level holds)
+        print(f"sandbox: no seccomp filter for {os.uname().machine}: no call is refused", file=sys.stderr)
     job = dict(mode="run", program="print('ok')", timeout=10.0, isolation="namespaces", memory_mb=2048)
     reports, out, err, _, _ = execute(job, None, 10.0 + 3.0, None, 4096)
     if reports.get("exit", (None,))[0] == 0 and out == "ok\n":
@@ -499,7 +501,7 @@ def _supervisor(job):
             resource.setrlimit(limit, (value, value))  # soft = hard, so there is no raising them again
         # For run() the program process execs Python on the code; _end's (exit status, late) is the report.
         if job["mode"] == "run":
-            return _say(job["report_fd"], "exit", *_end(_spawn(job, False), job["timeout"]))
+            return _say(job["report_fd"], "exit", *_end(_spawn(job, ""), job["timeout"]))
         # For run_tests, the caller's body (sandbox._serve_tests: the tester, the program processes).
         globals()[job["supervise"]](job)
     except BaseException as e:
@@ -565,7 +567,7 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
-def _spawn(job, altered):
+def _spawn(job, measure):
     """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     # Each program process gets a pid namespace, where it sees and signals its own processes only
@@ -573,7 +575,7 @@ def _spawn(job, altered):
     # there; setns makes our later children ours again.
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w, altered)
+    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w, measure)
     if job["isolation"] == "namespaces":
         _libc("setns", job["pidns"], CLONE_NEWPID)
     os.set_blocking(call_w, False)
@@ -623,7 +625,7 @@ def _end(proc, timeout):
     return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, call_r, reply_w, altered):
+def _program(job, call_r, reply_w, measure):
     """A program process, walled in: run(): exec Python on the program; run_tests: the caller's
     service of calls (sandbox._serve). Nothing here can be trusted once the program runs."""
     if job["isolation"] == "namespaces":
@@ -635,6 +637,13 @@ def _program(job, call_r, reply_w, altered):
         os.setsid()
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        # A fresh /tmp and /dev/shm too, so that no file left by an earlier program process of the run
+        # (the tests' one, before a round of the helper's measure) tells this one apart; but /tmp
+        # where the caller's Python lives below it (a virtualenv in /tmp), which it would hide.
+        for scratch in (b"/tmp", b"/dev/shm"):
+            if not any(path.startswith(scratch + b"/") for _, path, *_ in job["mounts"]):
+                _libc("mount", b"tmpfs", scratch, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64m,mode=1777")
+        os.chdir("/tmp")
         _libc("unshare", CLONE_NEWUSER)
     # For run() a fresh Python runs the program as a script from stdin (then at EOF), isolated (-I).
     if job["mode"] == "run":
@@ -643,7 +652,7 @@ def _program(job, call_r, reply_w, altered):
     _seccomp(job["seccomp"])
     if job["mode"] == "run":
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
-    return globals()[job["serve"]](job, call_r, reply_w, altered)
+    return globals()[job["serve"]](job, call_r, reply_w, measure)
 
 
 def _powerless(job):
@@ -742,6 +751,26 @@ def _decode(x, depth):
     return containers[name]([_decode(y, depth + 1) for y in v])
 
 
+def _reply(reply_w, *reply):
+    """A program process's reply: one JSON line (_encode) of plain data, or of the failure to send it."""
+    try:
+        line = json.dumps(_encode(reply, 0))
+    except (TypeError, ValueError, RecursionError) as e:
+        line = json.dumps(_encode(("F", f"the program returned {e}"), 0))
+    os.write(reply_w, line.encode() + b"\n")  # blocking, so all of it goes
+
+
+def _raised(e):
+    """An exception of the program's as a reply: ("E", its nearest builtin class's name, a message),
+    never as an object of the program's; the tester rebuilds it (_answer)."""
+    base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
+    try:
+        text = str(e)[:500]
+    except BaseException:
+        text = "(unprintable)"
+    return "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
+
+
 def _answer(tag, data, timeout):
     """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
     if tag != "R":  # the relay's word that the call timed out, or that the program process ended
@@ -809,5 +838,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _spawn, _exchange,
-           _end, _program, _powerless, _drop_capabilities, _seccomp, _answer, _encode, _decode, _messages,
-           _memory_file, _describe, _say)
+           _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _answer, _encode,
+           _decode, _messages, _memory_file, _describe, _say)

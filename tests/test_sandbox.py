@@ -578,8 +578,8 @@ def test_run_as_a_normal_user():
             r = sandbox.run(f'print(open({secret.name!r}).read())')
             print(r.isolation, 'hunter2' in r.stdout, sandbox.run_tests('def f(x):\\n    return x\\n',
                   'def check(c):\\n    assert c(1) == 1\\n', 'f').all_passed)
-        """) + f"rep = sandbox.run_tests({flood!r}, 'def check(c):\\n    assert c(1) == 2\\n', 'f',"
-               " helper='f')\nprint(rep.helper_use, rep.infra_error)\n")
+        """) + f"rep = sandbox.run_tests({flood!r}, 'def check(c):\\n    assert c(1) == 2 and c(2) == 3\\n',"
+               " 'f', helper='f')\nprint(rep.helper_use, rep.infra_error)\n")
     want = ["namespaces", "namespaces", "False", "True", "wrapped", "None"]
     assert r.stdout.split() == want, r.stdout + r.stderr
 
@@ -1774,13 +1774,63 @@ HELPER_USE = {  # name: (main's body, helper_use: whether main's answers depend 
 def test_run_tests_measures_the_helpers_use(level, shape):
     """helper_use says whether the entry point's answers depend on the helper's results: each call
     made again on a program whose helper returns altered values changes (used), changes only into
-    the helper's altered answer (wrapped), or not (unused); a call that never runs changes nothing."""
+    the helper's altered answer (wrapped), or not (unused); a call that never runs changes nothing,
+    and neither does one at load time (a default argument), where every round sees the same helper."""
     body, use = HELPER_USE[shape]
     header = "def f(x, _=aux(0)):\n" if shape == "default_argument" else "def f(x):\n"
     program = 'def aux(x):\n    """Doubles."""\n    return 2 * x\n\n\n' + header + body + "\n"
     rep = sandbox.run_tests(program, HELPER_TEST, "f", helper="aux", isolation=level)
     assert rep.all_passed and rep.helper_use == use, rep
     assert sandbox.run_tests(program, HELPER_TEST, "f", isolation=level).helper_use == ""
+
+
+# The red team's help that is not help (issue 49): each earned the whole bonus (helper_use "used"
+# or "wrapped") before the stability round and the stand-ins. Name: (aux, main, expected use).
+INT_TEST = "def check(f):\n    assert f(1) == 2\n    assert f(2) == 4\n    assert f(3) == 6\n"
+FAKE_HELP = {
+    "identity": ("    return x", "    return 2 * aux(x)", "unused"),
+    "constant": ("    return 7", "    return 2 * x if aux(x) == 7 else 0", "unused"),
+    "true": ("    return True", "    assert aux(x)\n    return 2 * x", "unused"),
+    "recomputed_and_agreed": ("    return 2 * x",
+                              "    mine = 2 * x\n    assert aux(x) == mine\n    return mine", "unused"),
+    "int_of_its_text": ("    return str(2 * x)", "    return int(aux(x))", "unused"),
+    "length_checked_wrapper": ("    return [2 * x]",  # (r[0] is aux's value: a wrapper, on values)
+                               "    r = aux(x)\n    assert len(r) == 1\n    return r[0]", "wrapped"),
+    "unstable_float": ("    return x", "    return 2 * x + random.random() * 1e-9", "unstable"),
+    "shuffled_dict_order": ("    return x", "    keys = list(range(12))\n    random.shuffle(keys)\n"
+                            "    return {k: 2 * x for k in keys}", "unstable"),
+    "a_file_it_left": ("    return 2 * x", "    return aux(x) if 'first' in SEEN else -1", "wrapped"),
+    "aux_probed_at_load": ("    return 2 * x", "    return aux(x) if PROBE == 0 else -1", "wrapped"),
+    "helper_name_probed": ("    return 2 * x",
+                           "    return aux(x) if __helper_result__(5) == 5 else -1", "wrapped"),
+    "default_argument_swap": ("    return 2 * x", "    return aux(x) if not swapped else -1", "wrapped"),
+    "honest": ("    return x * x", "    return aux(x) // x + x", "used"),
+}
+FAKE_PRELUDE = code("""
+    import os, random
+    SEEN = 'first' if not os.path.exists('/tmp/seen') else 'again'
+    open('/tmp/seen', 'w').close()
+    """)
+
+
+@pytest.mark.parametrize("shape", list(FAKE_HELP))
+def test_run_tests_no_bonus_for_help_that_is_not_help(level, shape):
+    """aux the identity, a constant or True; aux computing main's answer again while main asserts
+    they agree; wrappers that look like use (a length check, int() of aux's text); a main whose
+    answers are unstable; a main that tells the measuring process apart (a file it left, aux probed
+    at load time, the helper's name called, a default argument evaluated at load): none is "used".
+    An honest pair (aux does a part of the work that main does not do again) still is."""
+    aux, main, use = FAKE_HELP[shape]
+    if level == "rlimits" and shape == "a_file_it_left":
+        pytest.skip("the rlimits level has no /tmp of its own for each program process")
+    program = FAKE_PRELUDE + f"def aux(x):\n{aux}\n\n\n"
+    program += "PROBE = aux(0)\n" if shape == "aux_probed_at_load" else ""
+    header = "def f(x, swapped=aux(1) != 2):\n" if shape == "default_argument_swap" else "def f(x):\n"
+    close = "def check(f):\n" + "".join(f"    assert abs(f({x}) - {2 * x}) < 1e-6\n" for x in (1, 2))
+    dictionary = "def check(f):\n    assert f(1) == {k: 2 for k in range(12)}\n"
+    test = {"unstable_float": close, "shuffled_dict_order": dictionary}.get(shape, INT_TEST)
+    rep = sandbox.run_tests(program + header + main + "\n", test, "f", helper="aux", isolation=level)
+    assert rep.all_passed and rep.helper_use == use, rep
 
 
 def test_run_tests_measuring_the_helper_changes_nothing_else(level):
@@ -1796,7 +1846,8 @@ def test_run_tests_measuring_the_helper_changes_nothing_else(level):
         """)
     test = "def check(candidate):\n    assert candidate(900) == ['Counts down.', 4]\n"
     rep = sandbox.run_tests(program, test, "f", helper="aux", isolation=level)
-    assert rep.all_passed and rep.helper_use == "wrapped", rep
+    # (Measured: the one answer is aux's, a constant, so a constant stand-in gives it too.)
+    assert rep.all_passed and rep.helper_use == "unused", rep
     assert sandbox.run_tests(program, test, "f", helper="nothing", isolation=level).helper_use == ""
     wrong = test.replace("4]", "5]")
     assert sandbox.run_tests(program, wrong, "f", helper="aux", isolation=level).helper_use == ""
