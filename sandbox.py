@@ -1,21 +1,16 @@
 """
 Run a model-written program against its tests, with timeouts, and make a verdict that nothing the
-program does can change; measure whether its entry point uses a helper. The isolation it runs
-behind is walls.py's.
+program does can change; measure whether its entry point uses a helper. Its walls are walls.py's.
 
     sandbox.run("print(1 + 1)").stdout                          # '2\\n' (a Result: ok, ...)
     sandbox.run_tests(program, test, "add", setup=context)      # TestReport(passed=2, total=3, ...)
     sandbox.run_tests(program, test, "add", helper="aux")       # ... helper_use="used"
     sandbox.run_tests_many([(program, test, "add", context), ...])  # a batch, in parallel, in order
-    sandbox.isolation_level()                                   # "namespaces" or "rlimits" (walls)
     python -m pytest tests/test_sandbox.py; python tests/bench_sandbox.py  # hostile programs; speed
 
 A tester process runs the test, never the program; a program process serves calls of its entry
-point with plain data of exact builtin types. No lying __eq__, patched builtin or frame trick
-reaches the asserts, and the program never sees the test nor the pipe of the verdicts. A helper's
-use is the tester's measure (its answers change when the helper's results do), not the program's
-word. run() returns within timeout + GRACE, run_tests() within a cap fixed up front, whatever the
-program does. docs/sandbox.md states the threat model in full.
+point with plain data of exact builtin types, so no lying __eq__ or frame trick reaches the asserts.
+A helper's use is the tester's measure, not the program's word. docs/sandbox.md: the threat model.
 """
 import ast
 import builtins
@@ -30,10 +25,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import walls
-# walls' functions that ours call inside, and the wire's (tests call sandbox._encode, _decode)
-from walls import (_answer, _decode, _describe, _encode, _end, _exchange, _fork, _messages, _powerless,
-                   _raised, _reply, _say, _spawn)
-from walls import _PROBE, isolation_level  # noqa: F401 (sandbox.isolation_level, _PROBE as before)
+# walls' functions that ours call inside; sandbox.isolation_level, _PROBE, _encode, _decode as before
+from walls import (_PROBE, _answer, _call_text, _decode, _describe, _encode, _end, _exchange,  # noqa: F401
+                   _fork, _messages, _powerless, _raised, _reply, _say, _spawn, isolation_level)
 
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
@@ -72,10 +66,9 @@ class TestReport:
     isolation: str = ""
     failed_statement: str | None = None  # the test's own statement where the first failing test stopped
     failure_reason: str | None = None  # why, in the words of the program's error, which it may choose
-    # Whether the entry point's answers depend on what run_tests' `helper` returns, as measured once
-    # every test passed: "used", "wrapped" (they were its altered values), "unused", "unstable" (they
-    # differ when the program runs again); "" not measured (_helper_use).
-    helper_use: str = ""
+    failing_call: str | None = None  # its last call of the entry point, as "f(1, [2])" (the test's data)
+    wrong_answer: bool = False  # it failed on the test's own check, not on the program's error or time
+    helper_use: str = ""  # "used", "wrapped", "unused", "unstable" or "" (not measured): _helper_use
 
     @property
     def all_passed(self):
@@ -108,8 +101,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
     level = isolation or isolation_level()
-    # The run's cap, fixed before it starts, is `timeout` for loading and for each test, plus GRACE.
-    # (With a helper, 2 x `timeout` more, to measure its use: _helper_use.)
+    # The run's cap, fixed up front: `timeout` for loading, each test (and 2 more for a helper), GRACE.
     cap = timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
     rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
     program = _altering(program, helper) if helper else program  # (the text where it has no helper)
@@ -120,19 +112,21 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = walls.execute(job, test_job, cap, env, max_output, _abort)
     # The reports come from the tester and the supervisor only, on a pipe no program process holds:
-    # each test's (outcome, its statement where it stopped, why, its calls of the entry point),
-    # "loaded", "helper", "done", "stalled", "error" or "infra".
+    # each test's (outcome, its statement where it stopped, why, its calls of the entry point, the last
+    # one's text, whether its answer was wrong), "loaded", "helper", "done", "stalled", "error", "infra".
     try:  # trusted reports, but a fault there must not raise
         rep.infra_error = reports.get("infra", [None])[0]
         rep.error = reports.get("error", [None])[0]
         rep.helper_use = reports.get("helper", [""])[0]
         for index in range(len(groups)):  # a test without a verdict stays "skipped"
-            outcome, statement, why, calls = reports.get(index, ("skipped", None, None, 1))
+            verdict = reports.get(index, ("skipped", None, None, 1, None, 0))
+            outcome, statement, why, calls, call, wrong = verdict
             if calls == 0 and outcome == "passed":  # (`assert True`) every program passes it: no test
                 continue
             rep.outcomes.append(outcome)
             if outcome != "passed" and rep.failure_reason is None:
-                rep.failed_statement, rep.failure_reason = statement, why
+                rep.failed_statement, rep.failure_reason, rep.failing_call = statement, why, call
+                rep.wrong_answer = bool(wrong)
     except Exception as e:
         rep.infra_error = f"a malformed report ({_describe(e)})"
     # Without "done" the run ended early. Where the tester stalled (its CPU time ran out on what the
@@ -269,9 +263,7 @@ def _own_returns(node):
             yield from _own_returns(child)
 
 # ------------------------------------------------------------------------------------------
-# Inside the sandbox: the supervisor's body for tests, the tester and the program process's
-# service (walls.py forks them behind its walls, and ships these there: their globals are the
-# modules of walls._BOOT, walls' functions and each other).
+# Inside (walls ships these to its fork server: their globals are walls._BOOT's modules, walls' and ours)
 
 
 def _serve_tests(job):
@@ -288,11 +280,9 @@ def _serve_tests(job):
 
 def _relay(job, asks, answers):
     """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
-    # One program process serves the calls (it loads once) until one times out or ends it. Then it
-    # is killed, and the next call meets a freshly loaded one, so nothing of the broken call (a
-    # thread still running, a half-done change) reaches the next test. The calls that measure the
-    # helper's use come after the tests, a round each (_helper_use) on a fresh process, whose start
-    # ends the last one (so nothing it started, processes or sockets, outlives its round).
+    # One program process serves the calls until one times out or ends it; the next call meets a
+    # freshly loaded one, so nothing of the broken call reaches the next test. Each round of the
+    # helper's measure (_helper_use) gets a fresh one too, whose start ends the last.
     measure, proc = "", _spawn(job, "")  # the first loads while the tester reads the test
     for seconds, call, asked in _messages(asks):
         if asked != measure:  # a round of the helper's measure: a fresh process, and the last one ends
@@ -377,7 +367,7 @@ def _tester(job, ask_w, answer_r):
     test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
     # The running test's deadline, calls of the entry point, and failure (tag, why) once a call failed
-    running = {}
+    running = {"entry": job["entry_point"]}
     answered = []  # with a helper: each call, its answer's hash and that of the answer a wrapper would give
 
     def ask(seconds, call, measure):  # to the relay (_relay) and back, as marshal's plain data -> _answer's
@@ -395,6 +385,7 @@ def _tester(job, ask_w, answer_r):
     # `except Exception` can't catch, and every later call of the same test fails the same way.
     def candidate(*args, **kwargs):
         running["calls"] += 1
+        running["call"] = args, kwargs
         if running["failure"] is None:
             try:
                 call = marshal.dumps((args, kwargs))
@@ -406,6 +397,7 @@ def _tester(job, ask_w, answer_r):
             if tag == "R":
                 return value
             if tag == "E":
+                running["raised"] = value
                 raise value
             running["failure"] = tag, value
         raise BaseException(running["failure"][1])
@@ -479,20 +471,23 @@ def _check(test, scope, running, report):
     # deadline can interrupt it. Past them the kernel ends us (SIGPROF), and the supervisor says so.
     verdicts = []
     for index, group in enumerate(test["groups"]):
-        running.update(deadline=time.monotonic() + test["timeout"], failure=None, calls=0)
+        running.update(deadline=time.monotonic() + test["timeout"], failure=None, calls=0, call=None,
+                       raised=None)
         signal.setitimer(signal.ITIMER_PROF, test["timeout"])
-        status, text = "passed", ""
+        status, text, wrong = "passed", "", False
         for source in group:  # each compiles, as _split_check tried
             try:
                 exec(compile(source, "<check>", "exec"), scope)
             except BaseException as e:  # SystemExit too, as exiting is not passing
-                status, text = "failed", _describe(e)
+                # A wrong answer: the test's own check failed, on data the program returned
+                status, text, wrong = "failed", _describe(e), e is not running["raised"]
             if running["failure"]:  # a failed call fails its test, even where the test caught it
-                status, text = running["failure"]
+                (status, text), wrong = running["failure"], False
             if status != "passed":
                 break
         signal.setitimer(signal.ITIMER_PROF, 0)
-        _say(report, index, status, source[:300], text, running["calls"])
+        call = _call_text(running["entry"], running["call"])
+        _say(report, index, status, source[:300], text, running["calls"], call, wrong)
         verdicts.append((status, running["calls"]))
         if [status for status, _ in verdicts].count("timeout") >= test["max_timeouts"]:
             break

@@ -84,17 +84,18 @@ _LINUX = dict(
 # process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf); new namespaces
 # and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
 # API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
-# flock, fcntl's locks, leases and pipe sizes). clone3 reads as missing, so the C library falls back
-# to clone, whose flags a filter can read (clone3's lie in memory).
+# flock, fcntl's locks, leases and pipe sizes); setsid, so that all of a run's processes stay in one
+# session, one autogroup, whose share of the CPU the kernel's scheduler makes that of any other run.
+# clone3 reads as missing, so the C library falls back to clone, whose flags a filter can read.
 _GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
                 keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
-                umount2=39, pivot_root=41, clone=220, fcntl=25)
+                umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157)
 _ALL = dict(memfd_secret=447, io_uring_setup=425, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
             fsmount=432, fspick=433, mount_setattr=442, clone3=435)  # the same on every machine
 SECCOMP = {"x86_64": (0xC000003E, dict(
     memfd_create=319, shmget=29, semget=64, msgget=68, bpf=321, add_key=248, request_key=249, keyctl=250,
     inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, unshare=272, setns=308, mount=165,
-    umount2=166, pivot_root=155, clone=56, fcntl=72, **_ALL)),
+    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, **_ALL)),
     "aarch64": (0xC00000B7, _GENERIC | _ALL), "riscv64": (0xC00000F3, _GENERIC | _ALL),
 }.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
@@ -309,9 +310,9 @@ def _start_run(fds):
     # The fork server, a Python started once per calling process with PRELOAD imported, forks each
     # run (about 25 ms saved a run). It never runs model code, and ends when `ours` closes, that is
     # when this process ends, however it ends. Its Python runs isolated (-I, so no PYTHON* variables
-    # and no user site) and without `site` (-S, so no .pth file runs), in a session of its own (a
-    # terminal's Ctrl-C to our process group doesn't reach it). If it died (the OOM killer, say),
-    # the send fails, and a new one gets the run, once.
+    # and no user site) and without `site` (-S, so no .pth file runs), in a process group of its own
+    # (a terminal's Ctrl-C to our process group doesn't reach it; a sandbox refuses a new session).
+    # If it died (the OOM killer, say), the send fails, and a new one gets the run, once.
     with _FORK_SERVER_LOCK:
         for again in (False, True):
             if not _FORK_SERVER:
@@ -320,7 +321,7 @@ def _start_run(fds):
                         dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
-                                        pass_fds=[theirs.fileno()], start_new_session=True)
+                                        pass_fds=[theirs.fileno()], process_group=0)
                 with theirs, proc.stdin:
                     proc.stdin.write(marshal.dumps(boot))
                 _FORK_SERVER.update(proc=proc, sock=ours)
@@ -418,8 +419,11 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    # A session of our own, so the final killpg takes every process of the run that stayed in it.
-    os.setsid()
+    # A session of ours, so the final killpg takes every process of the run (in a sandbox: a group)
+    try:
+        os.setsid()
+    except PermissionError:
+        os.setpgid(0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # undo the server's SIG_IGN, since the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
@@ -771,6 +775,17 @@ def _raised(e):
     return "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
 
 
+def _call_text(entry, call):
+    """A call of the entry point as the test made it, "f(1, key=[2])" (its data cut to 200 characters)."""
+    if call is None:
+        return None
+    try:
+        text = ", ".join([*map(repr, call[0]), *(f"{k}={v!r}" for k, v in call[1].items())])
+    except Exception:  # (repr of an int over 4300 digits)
+        text = "..."
+    return f"{entry}({text[:200]})"
+
+
 def _answer(tag, data, timeout):
     """The relay's answer to a call -> ("R", value), ("E", the exception to raise) or (outcome, why)."""
     if tag != "R":  # the relay's word that the call timed out, or that the program process ended
@@ -838,5 +853,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _spawn, _exchange,
-           _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _answer, _encode,
-           _decode, _messages, _memory_file, _describe, _say)
+           _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _call_text, _answer,
+           _encode, _decode, _messages, _memory_file, _describe, _say)

@@ -234,8 +234,9 @@ def test_run_ignored_signals(level):
 SPAWN = {
     "popen": "import subprocess; subprocess.Popen(['sleep', '1000'])",
     "fork": "import os, time\nif os.fork() == 0:\n    time.sleep(1000)",
-    "setsid": "import subprocess; subprocess.Popen(['sleep', '1000'], start_new_session=True)",
-    "double_fork": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+    # (setsid is refused now: each then leaves the process group, which it may)
+    "setsid": "import subprocess; subprocess.Popen(['sleep', '1000'], process_group=0)",
+    "double_fork": ("import os, time\nif os.fork() == 0:\n    os.setpgid(0, 0)\n"
                     "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)"),
 }
 
@@ -744,6 +745,7 @@ WALL_PROBE = code(f"""
     said['keyctl'] = call('keyctl', 0, -3, 0)  # KEYCTL_GET_KEYRING_ID
     said['request_key'] = call('request_key', b'user', b'answers', None, 0)
     said['inotify_init1'] = call('inotify_init1', 0)
+    said['setsid'] = call('setsid')  # each busy child in a session of its own took a share of the CPU
     file = os.open('.', os.O_RDONLY)
     said['flock'] = call('flock', file, 2)  # LOCK_EX
     for command in (6, 7, 37, 38, 1024, 1031):  # F_SETLK(W), F_OFD_SETLK(W), F_SETLEASE, F_SETPIPE_SZ
@@ -1868,7 +1870,7 @@ def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
         import ctypes, os, time
         def f(x):
             if os.fork() == 0:
-                os.setsid()
+                os.setpgid(0, 0)  # (setsid is refused)
                 ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG: none
                 time.sleep(1000)
             time.sleep(1000)
