@@ -19,6 +19,7 @@ sandbox.py hands a run here as a job (plain data) and, once, its own functions t
 docs/sandbox.md states the threat model and what each level holds.
 """
 import ast
+import atexit
 import builtins
 import contextlib
 import functools
@@ -117,6 +118,9 @@ _FORK_SERVER = {}  # this process's fork server, as proc and sock
 _PROBE = {}  # why the namespaces level failed here, once _namespaces_work has tried it
 _FORK_SERVER_LOCK = threading.Lock()
 _SHIPPED = {}  # the code of the caller's functions that run inside (ship)
+_CGROUPS_LEFT = []  # runs' cgroups, [(path, memory_mb)], that may not be empty yet (_run_cgroups)
+_CGROUP_POOL = {}  # memory_mb: runs' cgroups left empty, for a next run
+RUN_TASKS = 4096  # a run's tasks, where a pids cgroup holds them (real root too, whom RLIMIT_NPROC spares)
 
 
 def isolation_level(required=None):
@@ -136,6 +140,8 @@ def _namespaces_work():
     """Probe once: a trivial program at the namespaces level; say why on stderr if it fails."""
     if SECCOMP is None:  # (docs/sandbox.md: what each level holds)
         print(f"sandbox: no seccomp filter for {os.uname().machine}: no call is refused", file=sys.stderr)
+    if not any(kind in ("v2", "memory") for kind, _ in _cgroup_parents()):
+        print("sandbox: no cgroup here: memory_mb bounds each process, not a run", file=sys.stderr)
     job = dict(mode="run", program="print('ok')", timeout=10.0, isolation="namespaces", memory_mb=2048)
     reports, out, err, _, _ = execute(job, None, 10.0 + 3.0, None, 4096)
     if reports.get("exit", (None,))[0] == 0 and out == "ok\n":
@@ -210,6 +216,76 @@ def _task_budget():
     return min(finite) * 3 // 4 if finite else None
 
 
+@functools.cache
+def _cgroup_parents():
+    """Where runs' cgroups go: ours, for each of the memory and pids controllers, where we may make
+    cgroups below it: [(kind, directory)], kind "v2" (both controllers) or "memory", "pids" (v1)."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/cgroup") as f:
+            for _, controllers, path in (line.rstrip("\n").split(":", 2) for line in f):
+                if controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+                    top = "/sys/fs/cgroup" + path
+                    enabled = set(open(f"{top}/cgroup.subtree_control").read().split())
+                    if {"memory", "pids"} <= enabled and os.access(top, os.W_OK):
+                        found.append(("v2", top))
+                elif controllers in ("memory", "pids"):
+                    top = f"/sys/fs/cgroup/{controllers}{path}".rstrip("/")
+                    found += [(controllers, top)] if os.access(top, os.W_OK) else []
+    # A caller killed (SIGKILL: no atexit) leaves its runs' cgroups behind, empty: removed here.
+    for _, top in found:
+        for name in (name for name in os.listdir(top) if name.startswith("magrpo-")):
+            if not os.path.exists(f"/proc/{name.split('-')[1]}"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(f"{top}/{name}")
+    return found
+
+
+@contextlib.contextmanager
+def _run_cgroups(memory_mb):
+    """A run's cgroups below _cgroup_parents, with their limits (memory_mb for all the run's processes
+    together, kernel memory included; RUN_TASKS tasks): one that an earlier run left empty, or new."""
+    # Each run's own cgroups would cost a run some milliseconds, so they are kept for the next run
+    # once the last process of theirs is reaped (a moment after its output ends), and removed at exit.
+    with _FORK_SERVER_LOCK:
+        for cgroups in list(_CGROUPS_LEFT):
+            if not any(_tasks_in(path) for path, _ in cgroups):
+                _CGROUPS_LEFT.remove(cgroups)
+                _CGROUP_POOL.setdefault(cgroups[0][1], []).append(cgroups)
+        made = (_CGROUP_POOL.get(memory_mb) or [None]).pop()
+    if made is None:
+        made = []
+        for kind, parent in _cgroup_parents():
+            path = f"{parent}/magrpo-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+            os.mkdir(path)
+            made.append((path, memory_mb))
+            limits = {"v2": {"memory.max": memory_mb << 20, "memory.swap.max": 0, "pids.max": RUN_TASKS},
+                      "memory": {"memory.limit_in_bytes": memory_mb << 20}, "pids": {"pids.max": RUN_TASKS}}
+            for name, value in limits[kind].items():
+                if os.path.exists(f"{path}/{name}"):
+                    with open(f"{path}/{name}", "w") as f:
+                        f.write(str(value))
+    try:
+        yield [path for path, _ in made]
+    finally:
+        if made:
+            _CGROUPS_LEFT.append(made)
+
+
+def _tasks_in(cgroup):  # -> the tasks a cgroup holds, zombies not yet reaped too (where pids counts them)
+    if os.path.exists(f"{cgroup}/pids.current"):
+        return int(open(f"{cgroup}/pids.current").read())
+    return len(open(f"{cgroup}/cgroup.procs").read())
+
+
+@atexit.register
+def _remove_cgroups():  # (runs end with their caller, so a moment after, every cgroup of ours is empty)
+    time.sleep(0.05 if _CGROUPS_LEFT else 0)
+    for path, _ in (c for cgroups in [*_CGROUPS_LEFT, *sum(_CGROUP_POOL.values(), [])] for c in cgroups):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+
 def _expose(path, steps):
     """Add to `steps` ({path: step}) what makes `path` resolve in the new root as on the host: each
     symlink on the way made again, then a bind of the real file or directory, if it exists."""
@@ -231,10 +307,11 @@ def execute(job, test_job, cap, env, max_output, abort=None):
     # The run's working directory is, at the rlimits level, a fresh one in the host's file system, removed
     # afterwards (permissions the code took away reset), and at the namespaces level its /tmp, its own tmpfs.
     with (tempfile.TemporaryDirectory(prefix="magrpo-sandbox-", ignore_cleanup_errors=True)
-          if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp:
+          if job["isolation"] == "rlimits" else contextlib.nullcontext("/tmp")) as tmp, \
+            _run_cgroups(job["memory_mb"]) as cgroups:
         # A scrubbed environment, with nothing of the caller's (keys, tokens, paths) but what `env` adds.
         # CPU seconds past the wall-clock cap can't be needed, so the limit stops a process we failed to kill.
-        job.update(mounts=_root_plan(), cwd=tmp, seccomp=SECCOMP, tasks=_task_budget(),
+        job.update(mounts=_root_plan(), cwd=tmp, seccomp=SECCOMP, tasks=_task_budget(), cgroups=cgroups,
                    cpu_seconds=int(cap) + 1,
                    env={"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
                         "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
@@ -346,6 +423,8 @@ def _stop_fork_server():  # (its runs die with it)
 def _forget_fork_server():
     global _FORK_SERVER_LOCK
     _FORK_SERVER.clear()
+    _CGROUPS_LEFT.clear()  # (ours, which the parent removes)
+    _CGROUP_POOL.clear()
     _FORK_SERVER_LOCK = threading.Lock()
 
 
@@ -430,18 +509,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         os.environ.clear()
         os.environ.update(job["env"])
         os.chdir(job["cwd"])
-        # The OOM killer takes the run's processes before any other (they can't lower it again).
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("1000")
-        except OSError:  # (in a sandbox, where it is 1000 already)
-            pass
-        # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
-        # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.)
-        try:
-            _libc("syscall", job["seccomp"][1]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None)
-        except (OSError, TypeError):  # refused (a container's seccomp, a sandbox's), or no table here
-            pass
+        _run_alone(job)
         # Linux counts a user's tasks across its user namespaces, so a run's RLIMIT_NPROC alone would
         # not keep the runs together from taking all the user may hold. A new user namespace keeps
         # as its bound of the user's tasks our soft limit when it is made; below, so do our children.
@@ -481,6 +549,27 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     # ends, us included, and so (with pid 1 gone) does its pid namespace.
     finally:
         os.killpg(0, signal.SIGKILL)
+
+
+def _run_alone(job):
+    """What a run's first process takes for the run alone, for all it forks: the run's cgroups, the OOM
+    killer's first pick, a fresh session keyring."""
+    # The run's cgroups (_run_cgroups): memory_mb and the tasks are the run's together, kernel memory too.
+    for path in job["cgroups"]:
+        with open(f"{path}/cgroup.procs", "w") as f:
+            f.write("0")
+    # The OOM killer takes the run's processes before any other (they can't lower it again).
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:  # (in a sandbox, where it is 1000 already)
+        pass
+    # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
+    # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.)
+    try:
+        _libc("syscall", job["seccomp"][1]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None)
+    except (OSError, TypeError):  # refused (a container's seccomp, a sandbox's), or no table here
+        pass
 
 
 def _supervisor(job):
@@ -777,13 +866,11 @@ def _raised(e):
 
 def _call_text(entry, call):
     """A call of the entry point as the test made it, "f(1, key=[2])" (its data cut to 200 characters)."""
-    if call is None:
-        return None
     try:
         text = ", ".join([*map(repr, call[0]), *(f"{k}={v!r}" for k, v in call[1].items())])
-    except Exception:  # (repr of an int over 4300 digits)
-        text = "..."
-    return f"{entry}({text[:200]})"
+        return f"{entry}({text[:200]})"
+    except Exception:  # (no call: None; repr of an int over 4300 digits)
+        return None if call is None else f"{entry}(...)"
 
 
 def _answer(tag, data, timeout):
@@ -852,6 +939,6 @@ def _say(fd, *message):
     return 0
 
 
-_INSIDE = (_fork_server, _fork, _first, _supervisor, _libc, _lock_down, _mount_setattr, _spawn, _exchange,
-           _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _call_text, _answer,
-           _encode, _decode, _messages, _memory_file, _describe, _say)
+_INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
+           _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
+           _call_text, _answer, _encode, _decode, _messages, _memory_file, _describe, _say)
