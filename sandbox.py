@@ -107,7 +107,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     program = _altering(program, helper) if helper else program  # (the text where it has no helper)
     job = dict(mode="tests", program=program, result=_RESULT, entry_point=entry_point, isolation=level,
                memory_mb=memory_mb, helper=helper if type(program) is not str else None,
-               max_reply=MAX_REPLY, supervise="_serve_tests", serve="_serve")  # (our functions inside)
+               max_reply=MAX_REPLY, supervise="_serve_tests", serve="_serve",  # (our functions inside)
+               fresh_scratch=bool(helper))  # (each round of the measure, a /tmp of its own)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
                     max_timeouts=max_timeouts)
     reports, rep.stdout, rep.stderr, _, overdue = walls.execute(job, test_job, cap, env, max_output, _abort)

@@ -730,10 +730,10 @@ def _program(job, call_r, reply_w, measure):
         os.setsid()
         _libc("unshare", CLONE_NEWNS)
         _libc("mount", b"proc", b"/proc", b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        # A fresh /tmp and /dev/shm too, so that no file left by an earlier program process of the run
-        # (the tests' one, before a round of the helper's measure) tells this one apart; but /tmp
-        # where the caller's Python lives below it (a virtualenv in /tmp), which it would hide.
-        for scratch in (b"/tmp", b"/dev/shm"):
+        # Where the job asks (a helper's measure), a fresh /tmp and /dev/shm too, so that no file left by
+        # an earlier program process of the run tells this one apart; but /tmp where the caller's Python
+        # lives below it (a virtualenv in /tmp), which it would hide.
+        for scratch in (b"/tmp", b"/dev/shm") if job.get("fresh_scratch") else ():
             if not any(path.startswith(scratch + b"/") for _, path, *_ in job["mounts"]):
                 _libc("mount", b"tmpfs", scratch, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64m,mode=1777")
         os.chdir("/tmp")
