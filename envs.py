@@ -20,10 +20,15 @@ import re
 from dataclasses import dataclass
 
 from authors import reward_functions
-from rewards import (ARXIV, TEST_TIMEOUT, TLDR, WRITING_MAX, as_comment, band_score, prompt_parts,
+from rewards import (ARXIV, TEST_TIMEOUT, TLDR, WRITING_MAX, as_comment, band_score, fenced, prompt_parts,
                      quoted, shown_code)
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
+
+
+def marked(text):
+    """A partner's text in a baseline's prompt, each line after "| ": data, never read as the env's words."""
+    return "\n".join("| " + line for line in text.split("\n"))
 
 
 class Env(abc.ABC):
@@ -101,7 +106,7 @@ class Env(abc.ABC):
     # The baselines of Sec. 6 (eval.py), in which agents see their partners' text
     def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
-        seen = "".join(f"[{name} wrote]\n{text}\n\n" for name, text in zip(self.agent_names, earlier))
+        seen = "".join(f"[{name} wrote]\n{marked(text)}\n\n" for name, text in zip(self.agent_names, earlier))
         return seen + self.prompts(ex)[i]
 
     def discussion_prompt(self, ex, i, first):
@@ -111,9 +116,9 @@ class Env(abc.ABC):
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
         # Its prompt and first answer, the others' (a partner's, or each under its name), its prompt again.
         if len(first) == 2:
-            shown, fit = "[your partner wrote]\n" + first[1 - i], "the two fit together"
+            shown, fit = "[your partner wrote]\n" + marked(first[1 - i]), "the two fit together"
         else:
-            shown = "\n\n".join(f"[the {name} agent wrote]\n{text}" for agent, (name, text)
+            shown = "\n\n".join(f"[the {name} agent wrote]\n{marked(text)}" for agent, (name, text)
                                 in enumerate(zip(self.agent_names, first)) if agent != i)
             fit = f"all {len(first)} fit together"
         return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
@@ -315,6 +320,11 @@ class CodingEnv(Env):
             text += "#\n# The problem:\n" + as_comment(ex["prompt"]) + "\n"
             stub = f"# The function `{entry}`:\n"
         # The code above the stub is the context, then the partner's aux, as in the program the reward runs.
+        # Each line of aux that reads as a comment is marked "# | ": a docstring's "# Write ..." would
+        # read exactly as the env's own words.
+        if aux_code:
+            aux_code = "\n".join("# | " + line if line.lstrip().startswith("#") else line
+                                 for line in aux_code.split("\n"))
         code = [part for part in (context, aux_code) if part]
         return text + "\n" + "".join(part + "\n\n\n" for part in code) + stub
 
@@ -339,10 +349,18 @@ class CodingEnv(Env):
             lines.append(f"the tests could not be run: {quoted(reward.sandbox_error)}")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
-            statement = getattr(reward.report, "failed_statement", None)
-            why = getattr(reward.report, "failure_reason", None)
-            # The test's own words are shown as they are. The error, which the program may have written
-            # (an exception's message, a value it returned), is data only, quoted on one line and cut.
+            report = reward.report
+            statement = getattr(report, "failed_statement", None)
+            why = getattr(report, "failure_reason", None)
+            # Ours names the failure, not the answer: the failing call and "wrong answer" where the test's
+            # own check failed (its statement and message hold the expected value, which a lookup would
+            # learn: docs/rewards.md), else the program's error. The authors' (--authors-rewards) show
+            # the test's statement. The error, which the program may have written (an exception's
+            # message, a value it returned), is data only, quoted on one line and cut.
+            if not self.authors and reward.passed < reward.n_tests and getattr(report, "failing_call", None):
+                lines.append(f"the first failing test calls {quoted(report.failing_call)}")
+                lines += ["its answer is wrong"] if report.wrong_answer else []
+                statement, why = None, None if report.wrong_answer else why
             if reward.passed < reward.n_tests and statement:
                 lines.append(f"the first failing test:\n{statement.strip()}")
             if reward.passed < reward.n_tests and why:
@@ -372,9 +390,10 @@ class CodingEnv(Env):
     def expert_prompt(self, ex, outputs, i):
         """The problem, both functions and a request to review agent i's: a bug may lie in how they fit."""
         names = self.mine("aux", ex["entry_point"])
-        code = "".join(f"The `{name}` function:\n```python\n{shown_code(ex, out, name)}\n```\n\n"
+        # Each fence is longer than any run of backticks inside it, so no docstring ends it early.
+        code = "".join(f"The `{name}` function:\n{fenced(shown_code(ex, out, name))}\n\n"
                        for name, out in zip(names, outputs))
-        return (f"Problem:\n```python\n{ex['prompt'].strip()}\n```\n\n{code}You are an expert Python "
+        return (f"Problem:\n{fenced(ex['prompt'].strip())}\n\n{code}You are an expert Python "
                 f"reviewer. Point out each bug of the `{names[i]}` function and say briefly how to fix "
                 "it.\nReview:\n")
 
@@ -389,7 +408,7 @@ class CodingEnv(Env):
         if self.num_agents == 1:
             return super().discussion_prompt(ex, i, first)  # refused: no partner
         entry, aux = ex["entry_point"], shown_code(ex, first[0], "aux")
-        main = as_comment(shown_code(ex, first[1], entry))
+        main = as_comment(shown_code(ex, first[1], entry), "| " if i == 0 else "")  # a partner's: marked
         # The helper sees both first answers as comments; main sees its own so, and the partner's aux as code.
         if i == 0:
             notes = (f"#\n# Your first helper:\n{as_comment(aux)}\n#\n# Your partner's first `{entry}`:\n"

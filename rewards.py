@@ -152,9 +152,17 @@ def quoted(text, limit=160):
     return shown + (" (cut)" if len(text) > limit else "")
 
 
-def as_comment(text):
-    """Text as Python comments, to sit in a prompt that is a Python file."""
-    return "\n".join(("# " + line).rstrip() for line in text.strip("\n").split("\n"))
+def as_comment(text, mark=""):
+    """Text as Python comments, to sit in a prompt that is a Python file; `mark` after each "# " (a
+    partner's text as "# | ...", so that no line of it reads as one of the env's own)."""
+    return "\n".join(("# " + mark + line).rstrip() for line in text.strip("\n").split("\n"))
+
+
+def fenced(text, info="python"):
+    """`text` in a Markdown fence longer than any run of backticks in it, so none of it leaves the fence."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}{info}\n{text}\n{ticks}"
 
 
 def shown_code(ex, text, name):

@@ -111,11 +111,11 @@ def scripted_sampling(monkeypatch):
 def broken_fork_server(monkeypatch):
     """A sandbox whose fork server exits at once: every run is an infrastructure error
     (test_sandbox.py and test_rewards.py check that it is reported, never a silent 0)."""
-    import sandbox
-    sandbox._stop_fork_server()
-    monkeypatch.setattr(sandbox, "_BOOT", "import sys; sys.exit(3)")
+    import walls
+    walls._stop_fork_server()
+    monkeypatch.setattr(walls, "_BOOT", "import sys; sys.exit(3)")
     yield
-    sandbox._stop_fork_server()
+    walls._stop_fork_server()
 
 
 # Unit tests by module, in the dependency order of the code (sandbox <- rewards <- envs, magrpo

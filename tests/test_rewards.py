@@ -296,8 +296,12 @@ def test_code_reward_a_constant_with_a_dead_call_scores_below_a_right_answer():
     constant = float(code_reward(AUX, f("if x < 0:\n    return aux(x)\nreturn 3"), "f", TEST))
     right = float(code_reward(AUX, f("return 2 * x + 1"), "f", TEST))
     assert constant == pytest.approx(1.6) and constant < right == pytest.approx(2.5)
-    live = code_reward(AUX, f("if x < 2:\n    return aux(x) + 1\nreturn 5"), "f", TEST)  # aux runs once
+    live = code_reward(AUX, f("if x < 3:\n    return aux(x) + 1\nreturn 5"), "f", TEST)  # aux runs each call
     assert live.calls_aux and live.report.helper_use == "used" and float(live) == pytest.approx(4.0)
+    # Run once in all the tests, aux's one result is what a constant stand-in returns: no bonus (its
+    # help can't be told from a constant's: docs/rewards.md).
+    once = code_reward(AUX, f("if x < 2:\n    return aux(x) + 1\nreturn 5"), "f", TEST)
+    assert once.report.helper_use == "unused" and float(once) == pytest.approx(2.5)
 
 
 CHECK3 = ("def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 4\n"
@@ -688,9 +692,9 @@ CODE_THEIRS = {  # name: (aux, main, test, their reward, our default reward)
                                "    assert candidate(2) == 5\n", 3.5, 4.0),
     "assert_in_loop_fails": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                              "    for x in (1, 2):\n        assert candidate(x) == 2 * x + 1\n", 1.5, 4.0),
-    "no_assert_line_no_tests": (AUX, f("y = aux(x)\nreturn y + 1"),
-                                "def check(candidate):\n    ok = candidate(1) == 3\n    assert ok\n",
-                                1.5, 4.0),
+    "no_assert_line_no_tests": (AUX, f("y = aux(x)\nreturn y + 1"),  # (ours: one call, so aux's one result
+                                "def check(candidate):\n    ok = candidate(1) == 3\n    assert ok\n",  # is a
+                                1.5, 2.5),  # constant stand-in's: no bonus)
     "duplicate_asserts_once": (AUX, f("y = aux(x)\nreturn y + 1"), "def check(candidate):\n"
                                "    assert candidate(1) == 3\n    assert candidate(1) == 3\n"
                                "    assert candidate(2) == 4\n", 3.5, 1.7666666666666666),

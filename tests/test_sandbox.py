@@ -31,6 +31,7 @@ import pytest
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT_DIR)
 import sandbox  # noqa: E402
+import walls  # noqa: E402
 
 ROOT = os.geteuid() == 0
 SLACK = 3.0  # seconds allowed on top of a timeout (start-up, and a loaded machine)
@@ -38,7 +39,7 @@ SLACK = 3.0  # seconds allowed on top of a timeout (start-up, and a loaded machi
 
 @pytest.fixture(params=["rlimits", "namespaces"])
 def level(request):
-    if request.param == "namespaces" and not sandbox._namespaces_work():
+    if request.param == "namespaces" and not walls._namespaces_work():
         pytest.skip("user namespaces do not work here")
     return request.param
 
@@ -53,17 +54,17 @@ def tagged(monkeypatch):
     """(tag, env): a fork server of its own whose environment holds the tag (the processes it
     forks keep its environment block), and env= for the runs (for what they exec)."""
     tag = uuid.uuid4().hex
-    sandbox._stop_fork_server()
-    monkeypatch.setitem(sandbox._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
+    walls._stop_fork_server()
+    monkeypatch.setitem(walls._SERVER_ENV, "MAGRPO_TEST_TAG", tag)
     yield tag, {"MAGRPO_TEST_TAG": tag}
-    sandbox._stop_fork_server()  # the next test gets an untagged one
+    walls._stop_fork_server()  # the next test gets an untagged one
 
 
 def tagged_processes(tag):
     """Live processes whose environment holds the tag (zombies have no environment left), but
     this process's fork server."""
     needle, found = f"MAGRPO_TEST_TAG={tag}".encode(), []
-    server = sandbox._FORK_SERVER["proc"].pid if sandbox._FORK_SERVER else None
+    server = walls._FORK_SERVER["proc"].pid if walls._FORK_SERVER else None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -102,10 +103,10 @@ def test_import_does_no_work():
              "builtins.open = lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)\n"
              "subprocess.Popen.__init__ = lambda *a, **k: sys.exit('started a process')\n"
              f"sys.path.insert(0, {ROOT_DIR!r})\n"
-             "import sandbox\n"
-             "assert not any('sandbox' in f for f in opened), opened\n"
-             "assert sandbox._namespaces_work.cache_info().currsize == 0\n"
-             "assert not sandbox._FORK_SERVER\n")
+             "import sandbox, walls\n"
+             "assert not any('sandbox' in f or 'walls' in f for f in opened), opened\n"
+             "assert walls._namespaces_work.cache_info().currsize == 0\n"
+             "assert not walls._FORK_SERVER\n")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
@@ -117,10 +118,12 @@ def test_inside_functions_use_only_builtins_and_each_other():
     import dis
     modules = {"builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
                "socket", "sys", "time"}
-    assert f"import {', '.join(sorted(modules))}\n" in sandbox._BOOT
-    assert all(type(value) is int and getattr(sandbox, name) == value
-               for name, value in sandbox._LINUX.items())
-    names = {f.__name__ for f in sandbox._INSIDE} | modules | set(sandbox._LINUX)
+    assert f"import {', '.join(sorted(modules))}\n" in walls._BOOT
+    assert all(type(value) is int and getattr(walls, name) == value
+               for name, value in walls._LINUX.items())
+    inside = (*walls._INSIDE, *sandbox._INSIDE)  # sandbox's, shipped to walls' fork server
+    assert {f.__name__: f.__code__ for f in sandbox._INSIDE}.items() <= walls._SHIPPED.items()
+    names = {f.__name__ for f in inside} | modules | set(walls._LINUX)
 
     def global_loads(co):
         for ins in dis.get_instructions(co):
@@ -129,7 +132,7 @@ def test_inside_functions_use_only_builtins_and_each_other():
         for const in co.co_consts:
             if hasattr(const, "co_code"):
                 yield from global_loads(const)
-    for f in sandbox._INSIDE:
+    for f in inside:
         assert f.__defaults__ is None and f.__kwdefaults__ is None, f.__name__
         stray = {n for n in global_loads(f.__code__) if n not in names and not hasattr(builtins, n)}
         assert not stray, (f.__name__, stray)
@@ -170,7 +173,7 @@ def test_isolation_level_required(monkeypatch):
     fall-back to a weaker one. MAGRPO_SANDBOX asks the same where nothing is required."""
     monkeypatch.setenv("MAGRPO_SANDBOX", "namespaces")
     assert sandbox.isolation_level("rlimits") == "rlimits"  # the caller's word wins
-    monkeypatch.setattr(sandbox, "_namespaces_work", lambda: False)  # as under Docker's seccomp
+    monkeypatch.setattr(walls, "_namespaces_work", lambda: False)  # as under Docker's seccomp
     monkeypatch.setitem(sandbox._PROBE, "why", "unshare: Operation not permitted")
     for required in ("namespaces", None, "auto"):
         with pytest.raises(RuntimeError, match="namespaces.*unshare: Operation not permitted"):
@@ -185,11 +188,13 @@ def test_run_probe_falls_back_where_namespaces_fail(level):
     """Inside a sandbox no new user namespace can be made: a sandbox started there probes, says
     why on stderr, and runs at the rlimits level."""
     need_namespaces(level, "only a namespace can take the power to make one away")
-    with open(sandbox.__file__) as f:
-        source = f.read()
-    program = (f"import sys, types\nm = types.ModuleType('sandbox')\nsys.modules['sandbox'] = m\n"
-               f"exec(compile({source!r}, 'sandbox.py', 'exec'), m.__dict__)\n"
-               "print(m.isolation_level(), m.run('print(1 + 1)').stdout.strip())\n")
+    program = "import sys, types\n"
+    for module in (walls, sandbox):  # walls first, which sandbox imports
+        with open(module.__file__) as f:
+            source = f.read()
+        program += (f"m = types.ModuleType({module.__name__!r})\nsys.modules[{module.__name__!r}] = m\n"
+                    f"exec(compile({source!r}, {module.__name__ + '.py'!r}, 'exec'), m.__dict__)\n")
+    program += "print(m.isolation_level(), m.run('print(1 + 1)').stdout.strip())\n"
     r = sandbox.run(program, timeout=30.0, isolation=level)
     assert r.stdout.split() == ["rlimits", "2"], r.stderr
     assert "namespaces unavailable" in r.stderr
@@ -229,8 +234,9 @@ def test_run_ignored_signals(level):
 SPAWN = {
     "popen": "import subprocess; subprocess.Popen(['sleep', '1000'])",
     "fork": "import os, time\nif os.fork() == 0:\n    time.sleep(1000)",
-    "setsid": "import subprocess; subprocess.Popen(['sleep', '1000'], start_new_session=True)",
-    "double_fork": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+    # (setsid is refused now: each then leaves the process group, which it may)
+    "setsid": "import subprocess; subprocess.Popen(['sleep', '1000'], process_group=0)",
+    "double_fork": ("import os, time\nif os.fork() == 0:\n    os.setpgid(0, 0)\n"
                     "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)"),
 }
 
@@ -548,8 +554,9 @@ def as_a_normal_user(script, timeout=120):
     home = tempfile.mkdtemp(prefix="magrpo-sandbox-")
     try:
         os.chmod(home, 0o755)
-        shutil.copy(os.path.join(ROOT_DIR, "sandbox.py"), home)
-        os.chmod(os.path.join(home, "sandbox.py"), 0o644)
+        for module in ("sandbox.py", "walls.py"):
+            shutil.copy(os.path.join(ROOT_DIR, module), home)
+            os.chmod(os.path.join(home, module), 0o644)
         source = f"import sys\nsys.path.insert(0, {home!r})\n" + script
         return subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout,
                               cwd="/", **user)
@@ -572,8 +579,8 @@ def test_run_as_a_normal_user():
             r = sandbox.run(f'print(open({secret.name!r}).read())')
             print(r.isolation, 'hunter2' in r.stdout, sandbox.run_tests('def f(x):\\n    return x\\n',
                   'def check(c):\\n    assert c(1) == 1\\n', 'f').all_passed)
-        """) + f"rep = sandbox.run_tests({flood!r}, 'def check(c):\\n    assert c(1) == 2\\n', 'f',"
-               " helper='f')\nprint(rep.helper_use, rep.infra_error)\n")
+        """) + f"rep = sandbox.run_tests({flood!r}, 'def check(c):\\n    assert c(1) == 2 and c(2) == 3\\n',"
+               " 'f', helper='f')\nprint(rep.helper_use, rep.infra_error)\n")
     want = ["namespaces", "namespaces", "False", "True", "wrapped", "None"]
     assert r.stdout.split() == want, r.stdout + r.stderr
 
@@ -708,6 +715,151 @@ def test_run_no_memory_outside_its_processes(level):
     assert lines[:3] == ["memfd 1", "shmget -1 1", "oom 1000"], r.stdout + r.stderr  # 1: EPERM
     if level == "namespaces":
         assert lines[3:] == ["/dev/shm 28", "/tmp 28"], r.stdout  # 28: ENOSPC
+
+
+# The third red team (issue 49): capabilities, new namespaces, kernel memory no process shows,
+# keyrings that carry answers between runs, the user's share of host state. Numbers of the calls
+# come from walls.SECCOMP, the filter's own table, so each test asks what the filter refuses.
+CALLS = walls.SECCOMP[1] if walls.SECCOMP else {}
+need_filter = pytest.mark.skipif(not CALLS, reason="no seccomp table for this machine (docs/sandbox.md)")
+WALL_PROBE = code(f"""
+    import ctypes, errno, os, socket, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    CALLS = {CALLS!r}
+    def call(name, *args):
+        result = libc.syscall(CALLS[name], *[ctypes.c_long(a) if type(a) is int else a for a in args])
+        return 'ok' if result >= 0 else errno.errorcode[ctypes.get_errno()]
+    said = {{}}
+    said['caps'] = [line.split()[1] for line in open('/proc/self/status') if line.startswith('Cap')]
+    for flag in (0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80):
+        said[f'unshare {{flag:#x}}'] = call('unshare', flag)  # mount, cgroup, uts, ipc, user, pid, net, time
+    said['clone newnet'] = call('clone', 0x40000000 | 17, 0, 0, 0, 0)  # (a child would print twice)
+    said['setns'] = call('setns', os.open('/proc/self/ns/net', os.O_RDONLY), 0)
+    said['mount tmpfs'] = call('mount', b'none', b'/tmp', b'tmpfs', 0, None)
+    said['umount /proc'] = call('umount2', b'/proc', 2)
+    said['memfd_secret'] = call('memfd_secret', 0)
+    said['semget'] = call('semget', 0, 64, 0o1600)  # IPC_PRIVATE, IPC_CREAT: the semaphores of 2.5 GB
+    said['msgget'] = call('msgget', 0, 0o1600)
+    said['io_uring_setup'] = call('io_uring_setup', 8, bytes(120))
+    said['add_key'] = call('add_key', b'user', b'answers', b'42', 2, -3)  # into the session keyring
+    said['keyctl'] = call('keyctl', 0, -3, 0)  # KEYCTL_GET_KEYRING_ID
+    said['request_key'] = call('request_key', b'user', b'answers', None, 0)
+    said['inotify_init1'] = call('inotify_init1', 0)
+    said['setsid'] = call('setsid')  # each busy child in a session of its own took a share of the CPU
+    file = os.open('.', os.O_RDONLY)
+    said['flock'] = call('flock', file, 2)  # LOCK_EX
+    for command in (6, 7, 37, 38, 1024, 1031):  # F_SETLK(W), F_OFD_SETLK(W), F_SETLEASE, F_SETPIPE_SZ
+        target = os.pipe()[0] if command == 1031 else file
+        said[f'fcntl {{command}}'] = call('fcntl', target, command, 1 << 20)
+    said['fcntl F_GETFD'] = call('fcntl', file, 1, 0)  # the harmless commands pass
+    thread = threading.Thread(target=lambda: said.setdefault('thread', 'ok'))  # clone3 reads as missing
+    thread.start()
+    thread.join()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(7)
+    said['fork'] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print(repr(said))
+    """)
+
+
+def assert_walled(said, bounding=True):
+    """What WALL_PROBE printed: no capability in any set (but the bounding set of a normal user at
+    the rlimits level, who may not drop it: no_new_privs keeps an exec from using it), and every call
+    of the filter's refused."""
+    inheritable, permitted, effective, bounding_set, ambient = said.pop("caps")
+    assert {inheritable, permitted, effective, ambient} == {"0000000000000000"}, said
+    assert bounding_set == "0000000000000000" or not bounding, said
+    assert (said.pop("fcntl F_GETFD"), said.pop("thread"), said.pop("fork")) == ("ok", "ok", 7), said
+    assert set(said.values()) == {"EPERM"}, said
+
+
+@need_filter
+def test_run_keeps_no_capabilities_and_makes_no_namespace(level):
+    """Inside its user namespace the program kept a full effective set: it made new mount, IPC, net,
+    UTS, cgroup and time namespaces and mounted tmpfs. Now it holds no capability in any set, and
+    unshare, clone's CLONE_NEW* flags, setns and mounts are refused, in run() and in run_tests'
+    program process alike. Kernel memory no process shows (memfd_secret, SysV semaphores and
+    message queues, io_uring), keyrings and the user's share of host state (inotify, flock, fcntl's
+    locks, leases and pipe sizes) are refused too; threads and forks still work."""
+    r = sandbox.run(WALL_PROBE, isolation=level)
+    assert_walled(eval(r.stdout))
+    probe = WALL_PROBE.replace("print(repr(said))", "")
+    program = f"def f():\n    scope = {{}}\n    exec({probe!r}, scope)\n    return scope['said']\n"
+    test = code(f"""
+        def check(f):
+            said = f()
+            caps = said.pop('caps')
+            assert caps == ['0' * 16] * 5, caps
+            assert (said.pop('fcntl F_GETFD'), said.pop('thread'), said.pop('fork')) == ('ok', 'ok', 7)
+            assert set(said.values()) == {{'EPERM'}}, [k for k, v in said.items() if v != 'EPERM']
+        """)
+    rep = sandbox.run_tests(program, test, "f", isolation=level)
+    assert rep.all_passed, rep.first_failure
+
+
+@need_filter
+def test_run_walls_as_a_normal_user():
+    """As a normal user (the namespaces level where the kernel allows it, and rlimits), the same."""
+    r = as_a_normal_user(f"import sandbox\nfor level in ('namespaces', 'rlimits'):\n"
+                         f"    print(sandbox.run({WALL_PROBE!r}, isolation=level).stdout.strip())\n")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    assert_walled(eval(lines[0]))
+    assert_walled(eval(lines[1]), bounding=False)
+
+
+def test_run_tests_answers_do_not_persist_in_a_keyring(level):
+    """A run stored its answers in the session keyring it inherited (the fork server's, shared by
+    every run); a later run with no logic read them and went from 0/4 to 4/4. Each run now has a
+    fresh session keyring, and keyrings are refused to the program: the reader stays at 0/4."""
+    test = "def check(f):\n" + "".join(f"    assert f({x}) == {x * x + 7}\n" for x in range(4))
+    writer = code(f"""
+        import ctypes
+        libc = ctypes.CDLL(None)
+        def f(x):
+            answer = str(x * x + 7).encode()
+            for keyring in (-3, -4, -5):  # the session's, the user's, the user session's
+                libc.syscall({CALLS.get('add_key', -1)}, b'user', b'magrpo-%d' % x, answer, len(answer),
+                             keyring)
+            return x * x + 7
+        """)
+    reader = code(f"""
+        import ctypes
+        libc = ctypes.CDLL(None)
+        def f(x):
+            buffer = ctypes.create_string_buffer(64)
+            for keyring in (-3, -4, -5):
+                key = libc.syscall({CALLS.get('keyctl', -1)}, 10, keyring, b'user', b'magrpo-%d' % x, 0)
+                if key > 0:  # KEYCTL_SEARCH found it: KEYCTL_READ it
+                    n = libc.syscall({CALLS.get('keyctl', -1)}, 11, key, buffer, 64)
+                    return int(buffer.raw[:n])
+            return 0
+        """)
+    assert sandbox.run_tests(writer, test, "f", isolation=level).passed == 4
+    assert sandbox.run_tests(reader, test, "f", isolation=level).passed == 0
+
+
+def test_run_memory_mb_bounds_the_run_not_each_process(level):
+    """memory_mb was each process's: four children of 700 MB each took 2.8 GB from a run of 1 GB.
+    Where a memory cgroup can be made (walls._cgroup_parents: delegated, or root's), it bounds
+    the run's processes together: four children of 200 MB in a run of 400 MB don't all hold."""
+    if not any(kind in ("v2", "memory") for kind, _ in walls._cgroup_parents()):
+        pytest.skip("no memory cgroup can be made here (docs/sandbox.md: what each level holds)")
+    program = code("""
+        import os, time
+        children = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(200 << 20)  # touched: zeroed pages are charged
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+        print(sum(os.waitpid(pid, 0)[1] == 0 for pid in children), 'held')
+        """)
+    r = sandbox.run(program, timeout=20.0, memory_mb=400, isolation=level)
+    assert r.stdout.split()[:2] in (["0", "held"], ["1", "held"]) or r.returncode == -9, r
 
 
 def test_run_sees_a_minimal_dev(level):
@@ -1646,13 +1798,63 @@ HELPER_USE = {  # name: (main's body, helper_use: whether main's answers depend 
 def test_run_tests_measures_the_helpers_use(level, shape):
     """helper_use says whether the entry point's answers depend on the helper's results: each call
     made again on a program whose helper returns altered values changes (used), changes only into
-    the helper's altered answer (wrapped), or not (unused); a call that never runs changes nothing."""
+    the helper's altered answer (wrapped), or not (unused); a call that never runs changes nothing,
+    and neither does one at load time (a default argument), where every round sees the same helper."""
     body, use = HELPER_USE[shape]
     header = "def f(x, _=aux(0)):\n" if shape == "default_argument" else "def f(x):\n"
     program = 'def aux(x):\n    """Doubles."""\n    return 2 * x\n\n\n' + header + body + "\n"
     rep = sandbox.run_tests(program, HELPER_TEST, "f", helper="aux", isolation=level)
     assert rep.all_passed and rep.helper_use == use, rep
     assert sandbox.run_tests(program, HELPER_TEST, "f", isolation=level).helper_use == ""
+
+
+# The red team's help that is not help (issue 49): each earned the whole bonus (helper_use "used"
+# or "wrapped") before the stability round and the stand-ins. Name: (aux, main, expected use).
+INT_TEST = "def check(f):\n    assert f(1) == 2\n    assert f(2) == 4\n    assert f(3) == 6\n"
+FAKE_HELP = {
+    "identity": ("    return x", "    return 2 * aux(x)", "unused"),
+    "constant": ("    return 7", "    return 2 * x if aux(x) == 7 else 0", "unused"),
+    "true": ("    return True", "    assert aux(x)\n    return 2 * x", "unused"),
+    "recomputed_and_agreed": ("    return 2 * x",
+                              "    mine = 2 * x\n    assert aux(x) == mine\n    return mine", "unused"),
+    "int_of_its_text": ("    return str(2 * x)", "    return int(aux(x))", "unused"),
+    "length_checked_wrapper": ("    return [2 * x]",  # (r[0] is aux's value: a wrapper, on values)
+                               "    r = aux(x)\n    assert len(r) == 1\n    return r[0]", "wrapped"),
+    "unstable_float": ("    return x", "    return 2 * x + random.random() * 1e-9", "unstable"),
+    "shuffled_dict_order": ("    return x", "    keys = list(range(12))\n    random.shuffle(keys)\n"
+                            "    return {k: 2 * x for k in keys}", "unstable"),
+    "a_file_it_left": ("    return 2 * x", "    return aux(x) if 'first' in SEEN else -1", "wrapped"),
+    "aux_probed_at_load": ("    return 2 * x", "    return aux(x) if PROBE == 0 else -1", "wrapped"),
+    "helper_name_probed": ("    return 2 * x",
+                           "    return aux(x) if __helper_result__(5) == 5 else -1", "wrapped"),
+    "default_argument_swap": ("    return 2 * x", "    return aux(x) if not swapped else -1", "wrapped"),
+    "honest": ("    return x * x", "    return aux(x) // x + x", "used"),
+}
+FAKE_PRELUDE = code("""
+    import os, random
+    SEEN = 'first' if not os.path.exists('/tmp/seen') else 'again'
+    open('/tmp/seen', 'w').close()
+    """)
+
+
+@pytest.mark.parametrize("shape", list(FAKE_HELP))
+def test_run_tests_no_bonus_for_help_that_is_not_help(level, shape):
+    """aux the identity, a constant or True; aux computing main's answer again while main asserts
+    they agree; wrappers that look like use (a length check, int() of aux's text); a main whose
+    answers are unstable; a main that tells the measuring process apart (a file it left, aux probed
+    at load time, the helper's name called, a default argument evaluated at load): none is "used".
+    An honest pair (aux does a part of the work that main does not do again) still is."""
+    aux, main, use = FAKE_HELP[shape]
+    if level == "rlimits" and shape == "a_file_it_left":
+        pytest.skip("the rlimits level has no /tmp of its own for each program process")
+    program = FAKE_PRELUDE + f"def aux(x):\n{aux}\n\n\n"
+    program += "PROBE = aux(0)\n" if shape == "aux_probed_at_load" else ""
+    header = "def f(x, swapped=aux(1) != 2):\n" if shape == "default_argument_swap" else "def f(x):\n"
+    close = "def check(f):\n" + "".join(f"    assert abs(f({x}) - {2 * x}) < 1e-6\n" for x in (1, 2))
+    dictionary = "def check(f):\n    assert f(1) == {k: 2 for k in range(12)}\n"
+    test = {"unstable_float": close, "shuffled_dict_order": dictionary}.get(shape, INT_TEST)
+    rep = sandbox.run_tests(program + header + main + "\n", test, "f", helper="aux", isolation=level)
+    assert rep.all_passed and rep.helper_use == use, rep
 
 
 def test_run_tests_measuring_the_helper_changes_nothing_else(level):
@@ -1668,7 +1870,8 @@ def test_run_tests_measuring_the_helper_changes_nothing_else(level):
         """)
     test = "def check(candidate):\n    assert candidate(900) == ['Counts down.', 4]\n"
     rep = sandbox.run_tests(program, test, "f", helper="aux", isolation=level)
-    assert rep.all_passed and rep.helper_use == "wrapped", rep
+    # (Measured: the one answer is aux's, a constant, so a constant stand-in gives it too.)
+    assert rep.all_passed and rep.helper_use == "unused", rep
     assert sandbox.run_tests(program, test, "f", helper="nothing", isolation=level).helper_use == ""
     wrong = test.replace("4]", "5]")
     assert sandbox.run_tests(program, wrong, "f", helper="aux", isolation=level).helper_use == ""
@@ -1689,7 +1892,7 @@ def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
         import ctypes, os, time
         def f(x):
             if os.fork() == 0:
-                os.setsid()
+                os.setpgid(0, 0)  # (setsid is refused)
                 ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG: none
                 time.sleep(1000)
             time.sleep(1000)
@@ -1697,8 +1900,8 @@ def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
     caller = code(f"""
         import sys
         sys.path.insert(0, {ROOT_DIR!r})
-        import sandbox
-        sandbox._SERVER_ENV.update({env!r})
+        import sandbox, walls
+        walls._SERVER_ENV.update({env!r})
         sandbox.run_tests({program!r}, {CHECK3!r}, 'f', timeout=600, isolation={level!r},
                           env={env!r})
         """)
