@@ -18,6 +18,7 @@ collect bench_*.py).
 """
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {"magrpo": 2, "grpo": 1}  # the trained settings and their number of agents
 BASELINES = ("single", "concat", "sequential", "discussion")
+# What the reward saw, from eval.py's details: how often L1 (both parts 8..256 words) and L2 (the length
+# ratio's band) were earned, each part's words, and the two ratios the levels score (rewards.WritingReward).
+DETAILS = (("earned/structure", "L1 earned"), ("earned/coordination", "L2 earned"), ("tokens_0", "words 1"),
+           ("tokens_1", "words 2"), ("length_ratio", "length ratio"), ("unique_ratio", "unique ratio"))
 # The writing reward's levels (rewards.tldr_reward, Sec. 5) with the column names of docs/results.md.
 LEVELS = (("level_structure", "structure"), ("level_coordination", "length ratio"),
           ("level_vocabulary", "unique words"), ("level_style", "transitions"))
@@ -58,6 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=5, help="train.py's checkpoints, for --resume")
     p.add_argument("--cpu-threads", type=int, help="per job (with --jobs 2 on 2 cores: 1)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
+                   help="also evaluate the untrained baselines (off: the trained settings only)")
+    p.add_argument("--curves", help="copy each trained run's curve.svg into this folder (as NAME.svg)")
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
 
@@ -194,7 +202,7 @@ def table(args, base, trained):
     """The markdown table: each baseline's row, each trained setting's mean ± std over its seeds."""
     head = ["method", "seeds", "reward", "reward std (samples)", *(n for _, n in LEVELS), "tokens"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for method in BASELINES:
+    for method in BASELINES if base else ():
         cells = [f"{v:.3f}" for v in columns(base[method])[:-1]] + [f"{columns(base[method])[-1]:.0f}"]
         lines.append(f"| {method} (untrained) | - | " + " | ".join(cells) + " |")
     for setting in args.settings:
@@ -205,6 +213,38 @@ def table(args, base, trained):
         cells = [f"{m:.3f} ± {s:.3f}" for m, s in zip(mean[:-1], std[:-1])] + [f"{mean[-1]:.0f}"]
         label = "MAGRPO, 2 agents" if setting == "magrpo" else "GRPO, 1 agent"
         lines.append(f"| {label} (trained) | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def detail_table(base, details):
+    """What the reward saw: each baseline's details, each trained setting's mean over its seeds."""
+    head = ["method", *(n for _, n in DETAILS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [(f"{m} (untrained)", [base[m]]) for m in BASELINES if base]
+    for setting in SETTINGS:
+        runs = [d for name, d in details if name.startswith(setting + "-")]
+        if runs:
+            rows.append((f"{setting} (trained, {len(runs)} seeds)", runs))
+    for label, runs in rows:
+        cells = [np.mean([d.get(key, 0.0) for d in runs]) for key, _ in DETAILS]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
+    return "\n".join(lines)
+
+
+def curve_table(args):
+    """Each trained setting's reward per step, mean (and min, max) over its seeds, from metrics.jsonl."""
+    lines = ["| step | " + " | ".join(f"{s} reward (min, max)" for s in args.settings) + " |",
+             "|" + "---|" * (len(args.settings) + 1)]
+    for step in range(args.steps):
+        cells = []
+        for setting in args.settings:
+            values = []
+            for seed in args.seeds:
+                path = Path(args.out, "train", f"{setting}-s{seed}", "metrics.jsonl")
+                rows = [json.loads(line) for line in open(path)] if path.is_file() else []
+                values += [r["reward_mean"] for r in rows if r["step"] == step]
+            cells.append(f"{np.mean(values):.2f} ({min(values):.2f}, {max(values):.2f})" if values else "-")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -222,13 +262,28 @@ def main(argv=None):
     # Seed 0 of every setting first, so that a run stopped early holds comparable rows.
     chains = [(setting, seed) for seed in args.seeds for setting in args.settings]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        base = pool.submit(baselines, args)
+        base = pool.submit(baselines, args) if args.baselines else None
         trained = [pool.submit(chain, args, setting, seed) for setting, seed in chains]
-        base, trained = base.result(), [f.result() for f in trained]
+        base, trained = base and base.result(), [f.result() for f in trained]
     print(f"\nheld-out rows: the first {args.eval_rows} of --eval-split {args.eval_split}, "
           f"{args.eval_samples} samples each; {args.steps} steps per trained run; "
           f"this invocation took {(time.time() - t0) / 60:.1f} min\n")
     print(table(args, base, trained))
+    details = []
+    for setting, seed in chains:
+        name = f"{setting}-s{seed}"
+        report = finished_report(Path(args.out, "eval", f"{name}.json"), ["magrpo"])
+        details.append((name, report["details"]["magrpo"]))
+        if args.curves:
+            Path(args.curves).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(args.out, "train", name, "curve.svg"), Path(args.curves, f"{name}.svg"))
+    base_details = None
+    if args.baselines:
+        base_details = finished_report(Path(args.out, "eval", "baselines.json"), BASELINES)["details"]
+    print("\nwhat the reward saw (eval.py's details; words 1, 2: each part's words)\n")
+    print(detail_table(base_details, details))
+    print("\nthe training reward per step, mean over seeds (min, max)\n")
+    print(curve_table(args))
 
 
 if __name__ == "__main__":
