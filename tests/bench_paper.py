@@ -11,10 +11,11 @@ collect bench_*.py).
 
     ../shared/tools/smollm2.sh runs/smollm2                            # SmolLM2-135M-Instruct, offline
     python tests/bench_paper.py --model runs/smollm2 --out runs/paper  # the CPU table (docs/results.md)
-    python tests/bench_paper.py --model runs/smollm2 --out runs/paper --jobs 2 --cpu-threads 1
+    python tests/bench_paper.py --model runs/smollm2 --out runs/paper --jobs 3 --cpu-threads 1  # 3 runs at once
     # the paper's scale on a GPU: Qwen3-1.7B, the authors' TLDR rows (hub), their lr and lengths
-    python tests/bench_paper.py --model Qwen/Qwen3-1.7B --dataset tldr --steps 1000 --learning-rate 5e-6 \
-        --lora-r 0 --max-new-tokens 256 --eval-rows 1000 --eval-samples 15 --top-p 0.99 --out runs/paper-qwen3
+    python tests/bench_paper.py --model Qwen/Qwen3-1.7B --single-model Qwen/Qwen3-4B --dataset tldr \
+        --steps 1000 --learning-rate 5e-6 --lora-r 0 --max-new-tokens 256 --eval-rows 1000 --eval-samples 15 \
+        --top-p 0.99 --no-chat-template --out runs/paper-qwen3
 """
 import argparse
 import json
@@ -42,10 +43,11 @@ LEVELS = (("level_structure", "structure"), ("level_coordination", "length ratio
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="the base model of every agent and baseline")
+    p.add_argument("--single-model", help="the single baseline's model (the paper's: a larger one, Qwen3-4B)")
     p.add_argument("--out", default="runs/paper", help="run dirs, reports, logs; reused by a rerun")
     p.add_argument("--seeds", default="0,1,2", help="training seeds of each trained setting")
     p.add_argument("--settings", default="magrpo,grpo", help="which trained settings to run")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--num-generations", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64, help="per agent, in training and in eval")
     p.add_argument("--learning-rate", type=float, default=2e-4)
@@ -53,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--dataset", default=None, help="the tldr env's data (default: the built-in corpus)")
     p.add_argument("--train-split", default="train")
     p.add_argument("--eval-split", default="test", help="the held-out rows every method is scored on")
-    p.add_argument("--eval-rows", type=int, default=6, help="the first N rows of --eval-split")
+    p.add_argument("--eval-rows", type=int, default=4, help="the first N rows of --eval-split")
     p.add_argument("--eval-samples", type=int, default=4, help="joint samples per row (paper: 15)")
     p.add_argument("--eval-seed", type=int, default=0, help="eval.py --seed: the same for every method")
     p.add_argument("--top-p", type=float, help="train.py's and eval.py's --top-p (Qwen: 0.99)")
@@ -103,6 +105,8 @@ def eval_command(args, name, methods, agents=None):
            "--num-samples", str(args.eval_samples), "--batch-size", str(args.eval_rows),
            "--latency-problems", "0", "--seed", str(args.eval_seed), "--methods", ",".join(methods),
            "--out", str(report)]
+    if agents is None and args.single_model:
+        cmd += ["--single-model", args.single_model]
     if agents is not None:
         cmd += ["--agents", str(agents), "--num-agents", str(SETTINGS[name.split("-")[0]])]
     return cmd, report
