@@ -11,7 +11,7 @@ collect bench_*.py).
 
     ../shared/tools/smollm2.sh runs/smollm2                            # SmolLM2-135M-Instruct, offline
     python tests/bench_paper.py --model runs/smollm2 --out runs/paper  # the CPU table (docs/results.md)
-    python tests/bench_paper.py --model runs/smollm2 --out runs/paper --jobs 3 --cpu-threads 1  # 3 runs at once
+    python tests/bench_paper.py --model runs/smollm2 --out runs/paper --jobs 3 --cpu-threads 1  # 3 at once
     # the paper's scale on a GPU: Qwen3-1.7B, the authors' TLDR rows (hub), their lr and lengths
     python tests/bench_paper.py --model Qwen/Qwen3-1.7B --single-model Qwen/Qwen3-4B --dataset tldr \
         --steps 1000 --learning-rate 5e-6 --lora-r 0 --max-new-tokens 256 --eval-rows 1000 --eval-samples 15 \
@@ -47,7 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/paper", help="run dirs, reports, logs; reused by a rerun")
     p.add_argument("--seeds", default="0,1,2", help="training seeds of each trained setting")
     p.add_argument("--settings", default="magrpo,grpo", help="which trained settings to run")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--num-generations", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64, help="per agent, in training and in eval")
     p.add_argument("--learning-rate", type=float, default=2e-4)
@@ -57,8 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-split", default="test", help="the held-out rows every method is scored on")
     p.add_argument("--eval-rows", type=int, default=4, help="the first N rows of --eval-split")
     p.add_argument("--eval-samples", type=int, default=4, help="joint samples per row (paper: 15)")
+    p.add_argument("--eval-batch-size", type=int, default=4, help="eval.py --batch-size (rows per call)")
     p.add_argument("--eval-seed", type=int, default=0, help="eval.py --seed: the same for every method")
-    p.add_argument("--top-p", type=float, help="train.py's and eval.py's --top-p (Qwen: 0.99)")
+    p.add_argument("--top-p", type=float, help="train.py's --top-p (Qwen: 0.99)")
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template, so that an instruct model's "
                         "summary can end (raw prompts run to --max-new-tokens)")
@@ -79,8 +80,6 @@ def shared_flags(args):
         flags += ["--dataset", args.dataset]
     if args.chat_template:
         flags += ["--chat-template"]
-    if args.top_p is not None:
-        flags += ["--top-p", str(args.top_p)]
     if args.cpu_threads:
         flags += ["--cpu-threads", str(args.cpu_threads)]
     return flags
@@ -92,6 +91,8 @@ def train_command(args, setting, seed):
            "--split", args.train_split, "--num-generations", str(args.num_generations),
            "--learning-rate", str(args.learning_rate), "--batch-size", "1", "--steps", str(args.steps),
            "--seed", str(seed), "--save-every", str(args.save_every), "--out", str(out)]
+    if args.top_p is not None:  # for training: eval.py keeps the paper's sampling (T 0.8, top-p 0.95)
+        cmd += ["--top-p", str(args.top_p)]
     if args.lora_r:
         cmd += ["--lora-r", str(args.lora_r)]
     return cmd, out
@@ -102,7 +103,7 @@ def eval_command(args, name, methods, agents=None):
     report = Path(args.out, "eval", f"{name}.json")
     cmd = [args.python, "eval.py", *shared_flags(args), "--split", args.eval_split,
            "--limit", str(args.eval_rows),
-           "--num-samples", str(args.eval_samples), "--batch-size", str(args.eval_rows),
+           "--num-samples", str(args.eval_samples), "--batch-size", str(args.eval_batch_size),
            "--latency-problems", "0", "--seed", str(args.eval_seed), "--methods", ",".join(methods),
            "--out", str(report)]
     if agents is None and args.single_model:
