@@ -19,7 +19,6 @@ collect bench_*.py).
 """
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import runs  # noqa: E402
 SETTINGS = {"magrpo": 2, "grpo": 1}  # the trained settings and their number of agents
 BASELINES = ("single", "concat", "sequential", "discussion")
 # What the reward saw, from eval.py's details: how often L1 (both parts 8..256 words) and L2 (the length
@@ -68,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=1, help="runs at once")
     p.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
                    help="also evaluate the untrained baselines (off: the trained settings only)")
-    p.add_argument("--curves", help="copy each trained run's curve.svg into this folder (as NAME.svg)")
+    p.add_argument("--curves", help="write each trained run's learning curve into this folder (NAME.svg)")
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
 
@@ -279,9 +280,10 @@ def main(argv=None):
         name = f"{setting}-s{seed}"
         report = finished_report(Path(args.out, "eval", f"{name}.json"), ["magrpo"])
         details.append((name, report["details"]["magrpo"]))
-        if args.curves:
+        if args.curves:  # drawn from metrics.jsonl as train.py draws curve.svg, which a resumed run may lack
             Path(args.curves).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(Path(args.out, "train", name, "curve.svg"), Path(args.curves, f"{name}.svg"))
+            rows = [json.loads(line) for line in open(Path(args.out, "train", name, "metrics.jsonl"))]
+            Path(args.curves, f"{name}.svg").write_text(runs.curve_svg(rows[:args.steps]))
     base_details = None
     if args.baselines:
         base_details = finished_report(Path(args.out, "eval", "baselines.json"), BASELINES)["details"]

@@ -21,7 +21,8 @@ def test_bench_paper_smoke_runs_to_its_table_and_reuses_finished_runs(tmp_path):
     out = tmp_path / "paper"
     cmd = [sys.executable, "tests/bench_paper.py", "--model", "tiny", "--no-chat-template", "--dataset",
            str(data), "--train-split", ":4", "--eval-split", "4:", "--eval-rows", "2", "--eval-samples", "2",
-           "--steps", "1", "--seeds", "0", "--max-new-tokens", "6", "--lora-r", "4", "--out", str(out)]
+           "--steps", "1", "--seeds", "0", "--max-new-tokens", "6", "--lora-r", "4", "--out", str(out),
+           "--curves", str(tmp_path / "curves")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     # Every run's command is printed as it starts, and every row as it is measured.
@@ -37,6 +38,8 @@ def test_bench_paper_smoke_runs_to_its_table_and_reuses_finished_runs(tmp_path):
     assert {r["config"]["split"] for r in reports.values()} == {"4:"}
     assert reports["grpo-s0"]["config"]["num_agents"] == 1
     assert reports["magrpo-s0"]["config"]["num_agents"] == 2
+    for name in ("magrpo-s0", "grpo-s0"):  # each run's learning curve, drawn from its metrics.jsonl
+        assert (tmp_path / "curves" / f"{name}.svg").read_text().startswith("<svg")
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "python train.py" not in again.stdout and "python eval.py" not in again.stdout, again.stdout
