@@ -153,19 +153,23 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
 
 
 def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
-    """Per turn, the sum over `examples` of the greedy joint reward (train.py's in-training
-    evaluation: each process sums its share, train.py divides by the count of all)."""
+    """Per turn, the sum over `examples` of the greedy joint reward, and the count of answers with a
+    verdict (train.py's in-training evaluation: each process sums its share, train.py divides the sums
+    of all by their counts). -> (sums, counts), a list each"""
     # Greedy and one sample per example, so the number moves with the agents, not with the sampling.
     # The advantage is reset too, or remax would decode the same greedy turn again for its baseline.
     greedy = dataclasses.replace(cfg, num_generations=1, temperature=0.0, expand="all", advantage="mean")
-    totals = [0.0] * cfg.num_turns
+    totals, judged = [0.0] * cfg.num_turns, [0] * cfg.num_turns
     for start in range(0, len(examples), batch_size):
         batch = examples[start:start + batch_size]
         # A greedy answer needs no seed; a later turn's sample is the solved one kept or its revision.
         for t, samples in enumerate(run_team(env, agents, batch, greedy, [0] * len(batch), expert)):
-            for sample in samples:  # (one without a verdict, NaN, adds 0: eval.py's report leaves it out)
-                totals[t] += finite(float(sample.reward)) or 0.0
-    return totals
+            for sample in samples:  # One without a verdict (NaN) is left out, as eval.py's report does.
+                reward = float(sample.reward)
+                if not math.isnan(reward):
+                    totals[t] += reward
+                    judged[t] += 1
+    return totals, judged
 
 
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):

@@ -174,13 +174,16 @@ class Run:
         --eval-split. Each process scores its share, so none waits long in a collective for another."""
         # Sums and a count are added over the processes, so the mean is the one a single process computes.
         examples = runs.my_share(self.eval_env.examples[:self.args.eval_limit])
-        sums = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg, self.expert)
-        counted = runs.all_sum(sums + [len(examples)])  # every process's sums, and its example count
-        rewards = [total / counted[-1] for total in counted[:-1]]
+        sums, judged = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg,
+                                                   self.expert)
+        counted = runs.all_sum(sums + judged)  # every process's sums, and its counts of answers judged
+        turns = len(sums)
+        rewards = [total / count if count else None for total, count in zip(counted[:turns], counted[turns:])]
         metrics["eval_reward_mean"] = rewards[0]  # turn 1's, the single-turn number; each turn's below
         metrics.update({f"eval_reward_mean_turn{t}": reward for t, reward in enumerate(rewards, 1)})
         if self.main:
-            tqdm.write(f"step {step:5d} eval reward {' -> '.join(f'{r:.3f}' for r in rewards)} "
+            shown = " -> ".join("no verdict" if r is None else f"{r:.3f}" for r in rewards)
+            tqdm.write(f"step {step:5d} eval reward {shown} "
                        f"({self.eval_env.name}, {self.args.eval_split})")
 
     def record(self, step, metrics, turns, last, save):

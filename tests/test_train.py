@@ -1,6 +1,7 @@
 """train.py end to end on the CPU demo: the reward rises, the outputs are written and load back, and a
 bad flag is one clear line."""
 import json
+import math
 import os
 import random
 import shutil
@@ -115,7 +116,9 @@ def test_eval_rewards_are_the_greedy_joint_reward_per_turn(tmp_path):
     tok = models.tiny_tokenizer()
     agents = [models.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
     cfg = magrpo.Config(max_new_tokens=10, num_turns=2, termination_threshold=99)
-    got = [total / 5 for total in evaluation.team_reward_sums(agents, env, env.examples[:5], cfg, batch_size=2)]
+    sums, judged = evaluation.team_reward_sums(agents, env, env.examples[:5], cfg, batch_size=2)
+    assert judged == [5, 5]
+    got = [total / 5 for total in sums]
     outs = [sampler.generate(a.model, tok, [env.prompts(ex)[i] for ex in env.examples[:5]], 1, 10, 0).texts
             for i, a in enumerate(agents)]
     joint = [(outs[0][b][0], outs[1][b][0]) for b in range(5)]
@@ -142,9 +145,23 @@ def test_eval_rewards_under_remax_decode_each_turn_once(monkeypatch):
     for advantage in ("mean", "remax"):
         calls.clear()
         cfg = magrpo.Config(max_new_tokens=6, advantage=advantage)
-        sums = evaluation.team_reward_sums(agents, env, env.examples[:3], cfg, batch_size=3)
+        sums, judged = evaluation.team_reward_sums(agents, env, env.examples[:3], cfg, batch_size=3)
         assert len(calls) == 2, (advantage, len(calls))  # one generate call per agent for the one turn
-        assert len(sums) == 1
+        assert len(sums) == 1 and judged == [3]
+
+
+def test_team_reward_sums_leave_an_answer_without_a_verdict_out(monkeypatch):
+    """The in-training eval, as eval.py's report: an answer nobody judged (NaN) is no 0 in the mean."""
+    import envs
+    import magrpo
+    env = envs.DemoEnv(split="eval")
+    tok = models.tiny_tokenizer()
+    agents = [models.Agent(models.tiny_model(tok, seed=i, init_std=0.5), tok) for i in range(2)]
+    real = env.reward
+    monkeypatch.setattr(env, "reward", lambda ex, out: math.nan if ex is env.examples[0] else real(ex, out))
+    monkeypatch.setattr(env, "rewards", lambda exs, outs: [env.reward(e, o) for e, o in zip(exs, outs)])
+    sums, judged = evaluation.team_reward_sums(agents, env, env.examples[:3], magrpo.Config(max_new_tokens=6))
+    assert judged == [2] and math.isfinite(sums[0])
 
 
 def test_bf16_agents_train_with_fp32_master_weights(tmp_path):
