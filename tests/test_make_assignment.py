@@ -4,6 +4,7 @@ say to a student: an answer written another way than the reference passes them, 
 answer fails them with a message that names what differs. The kit leaves this file out of a
 students' copy: the answers below, right and wrong, are a line away from the reference's."""
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -470,13 +471,19 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     assert make_assignment.TA_SECTION not in (out / "docs" / "course.md").read_text()
     assert 'raise NotImplementedError("completion_logprobs: write it' in (out / "magrpo.py").read_text()
     put(out, {"completion_logprobs": RIGHT["completion_logprobs"], "node_return": RIGHT["node_return"]})
-    texts, counts = failures(out, ["completion_logprobs", "node_return"])
-    assert counts["completion_logprobs"] >= 8 and not any(texts.values()), texts
     forgot = wrong_answer("completion_logprobs", "the logits not divided by the temperature")
-    put(out, {"completion_logprobs": forgot})
-    texts, _ = failures(out, ["completion_logprobs"])
+    shutil.copytree(out, tmp_path / "forgot")  # the three runs below, two at a time: each its own copy
+    put(tmp_path / "forgot", {"completion_logprobs": forgot})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        right = pool.submit(failures, out, ["completion_logprobs", "node_return"])
+        wrong = pool.submit(failures, tmp_path / "forgot", ["completion_logprobs"])
+        grading = pool.submit(kit, "--grade", str(tmp_path / "forgot"), "--functions",
+                              "completion_logprobs,node_return")
+    texts, counts = right.result()
+    assert counts["completion_logprobs"] >= 8 and not any(texts.values()), texts
+    texts, _ = wrong.result()
     assert any("yours are the log-probs at T = 1" in text for text in texts["completion_logprobs"])
-    graded = kit("--grade", str(out), "--functions", "completion_logprobs,node_return")
+    graded = grading.result()
     assert re.search(r"node_return +\d+ of +\d+ tests pass +4.0 of 4 points", graded.stdout), graded.stdout
     assert "divide the logits by the temperature" in graded.stdout and "total" in graded.stdout
 
