@@ -333,10 +333,10 @@ def own_expression(names):
     return " or ".join(f"({TEACHABLE[name][2]})" for name in names)
 
 
-def check(out, names):
+def check(out, names, suite=("tests/",)):
     """The copy's tests: each blanked function's must all fail (else stop). -> (their count per
-    function, {blanked function: the other tests of the fast suite that fail calling it}, the tests
-    that fail for another reason, the number that pass)."""
+    function, {blanked function: the other tests of the fast suite (its files `suite`) that fail
+    calling it}, the tests that fail for another reason, the number that pass)."""
     own = run_tests(out, "-k", own_expression(names))
     counts = {}
     for name in names:
@@ -347,7 +347,8 @@ def check(out, names):
                  f"{', '.join(passing[:3]) or 'no test selected'})")
         counts[name] = len(tests)
     waiting, unexplained, passed = {name: [] for name in names}, [], 0
-    for test, why in run_tests(out, "-m", "not slow", "-k", f"not ({own_expression(names)})").items():
+    for test, why in run_tests(out, "-m", "not slow", "-k", f"not ({own_expression(names)})",
+                                paths=suite).items():
         # A blanked part (kept_floor) waits for its function (sample_token).
         owners = {part: name for name in names for _, part in PARTS.get(name, [])}
         called = {owners.get(f, f) for f in re.findall(r"NotImplementedError: (\w+): write it", why or "")}

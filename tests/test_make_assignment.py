@@ -4,8 +4,10 @@ say to a student: an answer written another way than the reference passes them, 
 answer fails them with a message that names what differs. The kit leaves this file out of a
 students' copy: the answers below, right and wrong, are a line away from the reference's."""
 import re
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -426,20 +428,41 @@ def test_a_function_whose_tests_pass_blanked_is_refused(tmp_path):
     assert "group_advantages: its tests do not fail when it is blanked" in str(stop.value.code)
 
 
+def files_that_name(words, left_out):
+    """The test files of the repository, but those of `left_out`, whose text names one of `words`."""
+    files = sorted((ROOT / "tests").glob("test_*.py"))
+    return [f"tests/{f.name}" for f in files
+            if f"tests/{f.name}" not in left_out and any(word in f.read_text() for word in words)]
+
+
 @pytest.mark.slow
-def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_way(tmp_path):
+def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_way(tmp_path, monkeypatch,
+                                                                                   capsys):
     """completion_logprobs and node_return blanked: the copy has no kit tests, no row-by-row pass, no
     bench_logprobs.py, but a recording; its tests fail, the other tests that call the two are named
     by the error they raise; then a right answer written another way passes there, against the
-    recording, and a wrong one fails with its message; grading gives the points."""
+    recording, and a wrong one fails with its message; grading gives the points.
+    The kit runs in this process (main, as the command line does) and its check runs the fast
+    suite's files that name the two, what the copy removes, or the recording's readers: only those
+    can miss what was removed, and the waiting tests asked for below are among them (the whole fast
+    suite took minutes)."""
     out = tmp_path / "hw"
-    p = kit(str(out), "--functions", "node_return,completion_logprobs")
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = p.stdout.split("\n")
+    files, helpers = make_assignment.ANSWERS["completion_logprobs"]
+    removed = [Path(f).stem for f in files] + [helper for _, helper in helpers]
+    suite = files_that_name(["completion_logprobs", "node_return", "reference_logprobs", "reference_gradient",
+                             *removed], make_assignment.LEFT_OUT + files)
+    assert "tests/test_magrpo.py" in suite and "tests/test_sampler.py" in suite, suite
+    check = make_assignment.check
+    monkeypatch.setattr(make_assignment, "check", lambda out, names: check(out, names, suite=suite))
+    argv = ["make_assignment.py", str(out), "--functions", "node_return,completion_logprobs"]
+    monkeypatch.setattr(sys, "argv", argv)
+    make_assignment.main()
+    stdout = capsys.readouterr().out
+    lines = stdout.split("\n")
     assert "completion_logprobs, node_return blanked" in lines[0]
     waiting = r"\d+ other tests of the fast suite call node_return and wait for it \(test_magrpo"
-    assert any(re.search(waiting, line) for line in lines), p.stdout
-    assert "fail without calling a blanked function" not in p.stdout, p.stdout
+    assert any(re.search(waiting, line) for line in lines), stdout
+    assert "fail without calling a blanked function" not in stdout, stdout
     assert not (out / "tests" / "test_make_assignment.py").exists()
     assert not (out / "tests" / "bench_logprobs.py").exists()
     assert "def logprobs_row_by_row" not in (out / "tests" / "conftest.py").read_text()
@@ -448,13 +471,19 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     assert make_assignment.TA_SECTION not in (out / "docs" / "course.md").read_text()
     assert 'raise NotImplementedError("completion_logprobs: write it' in (out / "magrpo.py").read_text()
     put(out, {"completion_logprobs": RIGHT["completion_logprobs"], "node_return": RIGHT["node_return"]})
-    texts, counts = failures(out, ["completion_logprobs", "node_return"])
-    assert counts["completion_logprobs"] >= 8 and not any(texts.values()), texts
     forgot = wrong_answer("completion_logprobs", "the logits not divided by the temperature")
-    put(out, {"completion_logprobs": forgot})
-    texts, _ = failures(out, ["completion_logprobs"])
+    shutil.copytree(out, tmp_path / "forgot")  # the three runs below, two at a time: each its own copy
+    put(tmp_path / "forgot", {"completion_logprobs": forgot})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        right = pool.submit(failures, out, ["completion_logprobs", "node_return"])
+        wrong = pool.submit(failures, tmp_path / "forgot", ["completion_logprobs"])
+        grading = pool.submit(kit, "--grade", str(tmp_path / "forgot"), "--functions",
+                              "completion_logprobs,node_return")
+    texts, counts = right.result()
+    assert counts["completion_logprobs"] >= 8 and not any(texts.values()), texts
+    texts, _ = wrong.result()
     assert any("yours are the log-probs at T = 1" in text for text in texts["completion_logprobs"])
-    graded = kit("--grade", str(out), "--functions", "completion_logprobs,node_return")
+    graded = grading.result()
     assert re.search(r"node_return +\d+ of +\d+ tests pass +4.0 of 4 points", graded.stdout), graded.stdout
     assert "divide the logits by the temperature" in graded.stdout and "total" in graded.stdout
 
@@ -471,21 +500,27 @@ def test_the_tas_copy_has_the_reference_bodies_and_the_expected_figures(tmp_path
 
 @pytest.mark.slow
 def test_right_answers_written_another_way_pass_and_each_wrong_answer_is_named(tmp_path):
-    """On a copy of the repository (its live reference): the RIGHT answers pass every test of the six
-    functions; then, round by round, one wrong answer per function: each fails its function's tests
-    with a message that holds the words of WRONG."""
-    make_assignment.copy_repository(tmp_path)
-    put(tmp_path, RIGHT)
-    texts, counts = failures(tmp_path, SIX)
-    assert all(counts[name] for name in SIX) and not any(texts.values()), texts
+    """On copies of the repository (its live reference): the RIGHT answers pass every test of the six
+    functions; then, round by round, one wrong answer per function (the others right): each fails its
+    function's tests with a message that holds the words of WRONG. Each round has its own copy, and
+    the rounds run two at a time (the machine's 2 cores)."""
     rounds = {}
     for name, mistake, _, _, words in WRONG:
         rounds.setdefault(name, []).append((mistake, words))
-    for k in range(max(len(mistakes) for mistakes in rounds.values())):
-        this = {name: mistakes[k] for name, mistakes in rounds.items() if k < len(mistakes)}
-        put(tmp_path, {name: wrong_answer(name, mistake) for name, (mistake, _) in this.items()})
-        texts, _ = failures(tmp_path, list(this))
-        for name, (mistake, words) in this.items():
+    this = [{name: mistakes[k] for name, mistakes in rounds.items() if k < len(mistakes)}
+            for k in range(max(len(mistakes) for mistakes in rounds.values()))]
+    copies = []
+    for k, wrong in enumerate([{}] + this):
+        where = tmp_path / f"round{k}"
+        make_assignment.copy_repository(where)
+        put(where, RIGHT)
+        put(where, {name: wrong_answer(name, mistake) for name, (mistake, _) in wrong.items()})
+        copies.append((where, list(wrong) or SIX))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: failures(*job), copies))
+    texts, counts = results[0]
+    assert all(counts[name] for name in SIX) and not any(texts.values()), texts
+    for wrong, (texts, _) in zip(this, results[1:]):
+        for name, (mistake, words) in wrong.items():
             assert texts[name], f"{name}, {mistake}: its tests pass"
             assert any(words in text for text in texts[name]), (name, mistake, texts[name][:2])
-        put(tmp_path, {name: RIGHT[name] for name in this})
