@@ -474,6 +474,7 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     forgot = wrong_answer("completion_logprobs", "the logits not divided by the temperature")
     shutil.copytree(out, tmp_path / "forgot")  # the three runs below, two at a time: each its own copy
     put(tmp_path / "forgot", {"completion_logprobs": forgot})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two pytest runs at a time on 2 cores: a thread each
     with ThreadPoolExecutor(max_workers=2) as pool:
         right = pool.submit(failures, out, ["completion_logprobs", "node_return"])
         wrong = pool.submit(failures, tmp_path / "forgot", ["completion_logprobs"])
@@ -499,11 +500,13 @@ def test_the_tas_copy_has_the_reference_bodies_and_the_expected_figures(tmp_path
 
 
 @pytest.mark.slow
-def test_right_answers_written_another_way_pass_and_each_wrong_answer_is_named(tmp_path):
+def test_right_answers_written_another_way_pass_and_each_wrong_answer_is_named(tmp_path, monkeypatch):
     """On copies of the repository (its live reference): the RIGHT answers pass every test of the six
     functions; then, round by round, one wrong answer per function (the others right): each fails its
     function's tests with a message that holds the words of WRONG. Each round has its own copy, and
     the rounds run two at a time (the machine's 2 cores)."""
+    # Two copies' pytest runs share the 2 cores: one torch thread each, or their threads oversubscribe.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     rounds = {}
     for name, mistake, _, _, words in WRONG:
         rounds.setdefault(name, []).append((mistake, words))
