@@ -278,27 +278,6 @@ def test_rollout_team_remax_baseline_is_the_greedy_joint_answers_reward(tok):
     assert torch.allclose(a2.view(6, 3), returns[1] - returns[1].mean(-1, keepdim=True))
 
 
-def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
-    """A joint answer whose reward raised costs only itself: its node gets feedback saying it could not
-    be scored, is revised, and the episode goes on (before: AttributeError on the ScoreError)."""
-    class Flaky(envs.DemoEnv):
-        def rewards(self, examples, outputs):
-            raise RuntimeError("batch scoring failed")  # score_joint falls back to one by one
-
-        def reward(self, example, outputs):
-            if "a" not in outputs[0]:
-                raise MemoryError("the reward ran out of memory")
-            return super().reward(example, outputs)
-    env = Flaky()
-    cfg = magrpo.Config(num_generations=4, max_new_tokens=6, num_turns=2, expand="all", termination_threshold=99)
-    t1, t2 = magrpo.rollout_team(team(tok), env, env.examples[:2], cfg, seeds=[1, 2])
-    bad = [n for n, r in enumerate(t1.rewards) if isinstance(r, magrpo.ScoreError)]
-    assert bad and len(t2.groups) == 8
-    for n in bad:
-        assert "could not be scored (MemoryError: the reward ran out of memory)" in t2.groups[t1.children[n]].prompts[0]
-    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
-
-
 class Unjudged(envs.DemoEnv):
     """The demo, but every joint answer whose headline holds no "a" gets no verdict (its scoring raises)."""
     def rewards(self, examples, outputs):
@@ -308,6 +287,19 @@ class Unjudged(envs.DemoEnv):
         if "a" not in outputs[0]:
             raise OSError("the scorer's disk is gone")
         return super().reward(example, outputs)
+
+
+def test_rollout_team_feedback_on_nodes_whose_scoring_raised(tok):
+    """A joint answer whose reward raised costs only itself: its node gets feedback saying it could not
+    be scored, is revised, and the episode goes on (before: AttributeError on the ScoreError)."""
+    env = Unjudged()
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=6, num_turns=2, expand="all", termination_threshold=99)
+    t1, t2 = magrpo.rollout_team(team(tok), env, env.examples[:2], cfg, seeds=[1, 2])
+    bad = [n for n, r in enumerate(t1.rewards) if isinstance(r, magrpo.ScoreError)]
+    assert bad and len(t2.groups) == 8
+    for n in bad:
+        assert "could not be scored (OSError: the scorer's disk is gone)" in t2.groups[t1.children[n]].prompts[0]
+    assert evaluation.episode_metrics(evaluation.episode_summary([t1, t2]), 2)["score_errors"] >= len(bad)
 
 
 @pytest.mark.parametrize("step", ["single_turn_step", "train_step"])
