@@ -96,9 +96,8 @@ class Config:
 def sample_agent(agent, i, prompts, size, cfg, seeds):
     """Agent i samples `size` completions of each of its prompts in one generate call, prompt b
     seeded with mix_seed(seeds[b], i). Decentralised: it sees nothing of the other agents."""
-    texts = [agent.format(p) for p in prompts]
-    return generate(agent.model, agent.tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature,
-                    cfg.top_p, cfg.top_k, seed=[mix_seed(s, i) for s in seeds], compile=cfg.compile)
+    return generate(agent.model, agent.tokenizer, list(map(agent.format, prompts)), size, cfg.max_new_tokens,
+                    cfg.temperature, cfg.top_p, cfg.top_k, [mix_seed(s, i) for s in seeds], cfg.compile)
 
 # -----------------------------------------------------------------------------
 # Sec. 2 steps 2-3: joint actions, and one shared reward for each
@@ -153,11 +152,10 @@ def score_joint(env, examples, outputs, score_one=None):
 
 def group_advantages(rewards, mode="mean", baseline=None, scale="none"):
     """Eq. 1 over the last dim (the G joint actions of one prompt). mode, the baseline: mean: A = R - mean R
-    (the paper; no division by the std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; none:
-    A = R (REINFORCE); remax: R - `baseline`, one per group: its greedy joint answer's reward (ReMax, Li et
-    al. 2023). scale: none (the paper), or A divided by the std + 1e-4 of its group (the original GRPO) or
-    of all the rewards given (batch); stds are unbiased (G - 1), as TRL's. A NaN reward (no verdict) gets
-    A = 0, out of every mean and std (G counts the others); a group of fewer than two verdicts gets 0.
+    (the paper; no std, after Dr. GRPO); rloo: R minus the mean of the other G - 1; none: A = R (REINFORCE);
+    remax: R - `baseline`, one per group, its greedy joint answer's reward (ReMax, Li et al. 2023). scale:
+    none (the paper), or A / (std + 1e-4) of its group (GRPO) or of all the rewards (batch), stds unbiased
+    as TRL's. A NaN reward (no verdict) gets A = 0, out of every mean and std, as do groups of < 2 verdicts.
     rewards: [..., G], a tensor or lists, G >= 2 (else ValueError). -> float32, the rewards' shape."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     if rewards.shape[-1] < 2:
@@ -210,9 +208,8 @@ def completion_logprobs(model, rollout, temperature=1.0):
     temperature (greedy: T = 1), over the logits / T above each token's floor where it has floors (a
     top-k/top-p cut). -> float32 [rows, T] with grad; the caller masks the positions after EOS."""
     T = temperature if temperature > 0 else 1.0
-    # A group's rows continue the same prompt, so the prompt runs once for several of them, in one
-    # forward pass with their completions after it, each attending to the prompt and to itself (Prefix
-    # Grouper, Liu et al. 2025); the gradient is the same, the prompt's keys and values being in it.
+    # A group's rows share their prompt, which runs once for them with their completions after it, each
+    # attending to the prompt and to itself (Prefix Grouper, Liu et al. 2025): the same gradient, for less.
     ids, mask, positions, predicting = shared_prompt_rows(model, rollout)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                 use_cache=False, **forward_kwargs(model, last=1))
@@ -239,8 +236,8 @@ def policy_loss(logprobs, mask, advantages, loss_type="seq_sum", normalizer=None
 
 
 def loss_normalizer(mask, loss_type, max_new_tokens=None):
-    """policy_loss's denominator: tokens for token_mean, sequences for seq_sum and seq_mean, and for
-    token_budget sequences times the budget, max_new_tokens (default: the mask's width)."""
+    """policy_loss's denominator: tokens (token_mean), sequences (seq_sum, seq_mean) or, for token_budget,
+    sequences times the budget, max_new_tokens (default: the mask's width)."""
     if loss_type == "token_mean":
         return float(mask.sum())
     if loss_type == "token_budget":
@@ -259,10 +256,38 @@ def loss_mask(rollout, eos_ids=None):
 
 
 def micro_batches(num_rows, group_size, micro_batch_size):
-    """Row ranges [start, stop) of at most micro_batch_size rows: as many whole groups as fit, since a
-    micro-batch runs each group's prompt once, else parts of a group (correct, a little slower)."""
+    """Ranges [start, stop) of <= micro_batch_size rows, whole groups where they fit (a prompt runs once)."""
     step = micro_batch_size // group_size * group_size or micro_batch_size
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+def update_agent(agent, i, parts, cfg, all_sum=lambda x: x):
+    """Eq. 2, steps 4-6, for agent i: the policy gradient of `parts`, (rollout, loss mask, advantages, weight)
+    a turn, a micro-batch of rows at a time, then its AdamW step. -> its metrics, each name ending in _i"""
+    agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+    agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
+    # Each part's loss is divided by its whole batch's count, of all processes (0 for a turn one missed).
+    counts = [loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens) for _, mask, _, _ in parts]
+    counts = all_sum(counts + [0.0] * (cfg.num_turns - len(parts)))
+    loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
+    for (rollout, mask, advantages, weight), count in zip(parts, counts):
+        for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
+            if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
+                continue
+            rows = rollout.rows(start, stop, cut=cfg.logprob == "cut")  # full: Eq. 2 before the cut (TRL's)
+            logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
+            rows_mask = mask[start:stop, :logprobs.shape[1]]
+            loss = weight * policy_loss(logprobs, rows_mask, advantages[start:stop], cfg.loss_type, count)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+            # The sampler's log-probs should be these, but for --logprob full's gap to the cut by design.
+            gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+            drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
+            tokens += float(rows.completion_mask.sum())
+    metrics = optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm)
+    drift, tokens = all_sum([drift, tokens])
+    metrics["logprob_drift"] = drift / tokens if tokens else None
+    metrics["logprob_drift_max"] = drift_max if tokens else None  # (this process's rows)
+    return {f"{name}_{i}": value for name, value in metrics.items()}
 
 # -----------------------------------------------------------------------------
 # Sec. 2, one whole step, top to bottom: read it first. Sec. 3's tree below runs the other settings
@@ -270,10 +295,9 @@ def micro_batches(num_rows, group_size, micro_batch_size):
 
 
 def single_turn_step(agents, env, examples, cfg, seeds, all_sum=lambda x: x, may_update=None):
-    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. all_sum(x): a
-    list of numbers or a tensor summed over the processes sharing the batch (default: one process);
-    may_update(rewards): the caller's word before a weight changes. -> (rollouts, rewards, advantages,
-    metrics)"""
+    """Sec. 2's MAGRPO step, one turn (where not cfg.on_the_tree()), a seed per example. all_sum(x): x, a list
+    or a tensor, summed over the processes sharing the batch; may_update(rewards): the caller's word before
+    a weight changes. -> (rollouts, rewards, advantages, metrics)"""
     if cfg.on_the_tree():
         raise ValueError("single_turn_step runs Sec. 2 alone: this Config's turns, cross, remax, critic, "
                          "turn weights or truncation masks are train_step's")
@@ -286,38 +310,15 @@ def single_turn_step(agents, env, examples, cfg, seeds, all_sum=lambda x: x, may
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
     if may_update is not None and not may_update(rewards):
         return rollouts, rewards, None, None
-    # Eq. 1 among a prompt's G joint actions (one without a verdict, NaN, gets A = 0); a group of all-0
-    # advantages teaches nothing. Both are counted.
+    # Eq. 1 among a prompt's G joint actions; both a NaN (no verdict, A = 0) and an all-0 group are counted.
     values = torch.tensor([float(r) for r in rewards]).view(-1, G)  # a row of G per prompt
     advantages = group_advantages(values, cfg.advantage, None, cfg.scale_rewards).view(-1)
     counts = all_sum([int((advantages.view(-1, G) == 0).all(-1).sum()), int(values.isnan().sum())])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
-    # Eq. 2, steps 4-6: every agent's policy gradient, a micro-batch of rows at a time, then its step.
+    # Eq. 2, steps 4-6: every agent's policy gradient on the shared reward's advantages, then its step.
     for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
-        agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
-        agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
-        # Each part's loss is divided by the whole batch's count, so that the parts add up to it.
-        (count,) = all_sum([loss_normalizer(rollout.completion_mask, cfg.loss_type, cfg.max_new_tokens)])
-        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
-        for start, stop in micro_batches(len(rollout), G, cfg.micro_batch_size):
-            if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
-                continue
-            rows = rollout.rows(start, stop)
-            if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
-                rows.floors = None
-            logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
-            loss = policy_loss(logprobs, rows.completion_mask, advantages[start:stop], cfg.loss_type, count)
-            loss.backward()
-            loss_sum = loss_sum + loss.detach()
-            # The sampler's log-probs should be these (with --logprob full, but for the cut's gap).
-            gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
-            drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
-            tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm).items():
-            metrics[f"{name}_{i}"] = value
-        drift, tokens = all_sum([drift, tokens])
-        metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
-        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
+        part = (rollout, rollout.completion_mask, advantages, 1.0)  # its one turn, weighing 1
+        metrics.update(update_agent(agent, i, [part], cfg, all_sum))
     return rollouts, rewards, advantages, metrics
 
 # -----------------------------------------------------------------------------
@@ -596,48 +597,17 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, all_sum=lambda x:
     # own AdamW step. Each turn is a part of the loss, with its weight (--turn-weights).
     weights = cfg.turn_weights or [1.0] * cfg.num_turns
     for i, agent in enumerate(agents):
-        agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
-        agent.model.zero_grad(set_to_none=True)
         # Eq. 2's masks; --mask-truncated-completions leaves out the rows cut before their EOS.
         eos_ids = eos_token_ids(agent.model, agent.tokenizer) if cfg.mask_truncated_completions else None
-        masks = [loss_mask(turn.rollouts[i], eos_ids) for turn in turns]
-        # Each turn's loss is divided by its whole batch's count, so that the micro-batches add up to
-        # it. The counts are summed over the processes, where an episode may stop at another turn, so
-        # every process sends one count per turn of cfg.num_turns (0 for a turn it did not reach).
-        counts = [0.0] * cfg.num_turns
-        for t, mask in enumerate(masks):
-            counts[t] = loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens)
-        loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
-        for turn, mask, weight, normalizer in zip(turns, masks, weights, all_sum(counts)):
-            rollout = turn.rollouts[i]
-            for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
-                advantages = turn.advantages[i][start:stop]
-                if not advantages.any():  # These rows' loss and gradient would be 0 anyway.
-                    continue
-                rows = rollout.rows(start, stop)
-                if cfg.logprob == "full":  # Eq. 2 of the distribution before top-k/top-p's cut, as TRL's
-                    rows.floors = None
-                logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
-                rows_mask = mask[start:stop, :logprobs.shape[1]]
-                loss = weight * policy_loss(logprobs, rows_mask, advantages, cfg.loss_type, normalizer)
-                loss.backward()
-                loss_sum = loss_sum + loss.detach()
-                # The sampler's log-probs should be these: a drift means it sampled another policy, but
-                # with --logprob full, where the gap between the cut and the uncut distribution is by design.
-                gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
-                drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
-                tokens += float(rows.completion_mask.sum())
-        for name, value in optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm).items():
-            metrics[f"{name}_{i}"] = value
-        drift, tokens = all_sum([drift, tokens])
-        metrics[f"logprob_drift_{i}"] = drift / tokens if tokens else None
-        metrics[f"logprob_drift_max_{i}"] = drift_max if tokens else None  # (this process's rows)
+        parts = [(turn.rollouts[i], loss_mask(turn.rollouts[i], eos_ids), turn.advantages[i], weight)
+                 for turn, weight in zip(turns, weights)]
+        metrics.update(update_agent(agent, i, parts, cfg, all_sum))
     return turns, metrics
 
 
 def optimizer_step(agent, loss, all_sum=lambda x: x, max_grad_norm=0.0):
     """One agent's AdamW step on its gradients summed by all_sum, clipped to max_grad_norm (0: off, as the
-    paper); their norm is logged before, and a step with anything not finite is skipped with a warning."""
+    paper); their norm is logged before clipping; a step with anything not finite is skipped, warned."""
     params = [p for p in agent.model.parameters() if p.requires_grad]
     for p, anyone in zip(params, all_sum([p.grad is not None for p in params])):  # some process has it
         if anyone:

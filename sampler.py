@@ -113,13 +113,14 @@ class Rollout:
     def __len__(self):
         return self.completion_ids.shape[0]
 
-    def rows(self, start, stop):
+    def rows(self, start, stop, cut=True):
         """Rows [start, stop), with the columns that are padding in all of them cut off, so that a
-        micro-batch of short rows costs what they need, not what the longest row of the batch needs."""
+        micro-batch of short rows costs what they need, not what the longest row of the batch needs;
+        without the top-k/top-p cut's floors unless `cut`."""
         prompt_mask, completion_mask = self.prompt_mask[start:stop], self.completion_mask[start:stop]
         first = prompt_mask.shape[1] - int(prompt_mask.sum(-1).max())  # prompts are padded on the left
         end = int(completion_mask.sum(-1).max())  # completions on the right
-        floors = None if self.floors is None else self.floors[start:stop, :end]
+        floors = None if self.floors is None or not cut else self.floors[start:stop, :end]
         return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
                        self.completion_ids[start:stop, :end], completion_mask[:, :end],
                        self.logprobs[start:stop, :end], [], self.num_generations, floors=floors)
