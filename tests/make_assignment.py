@@ -23,7 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,13 +306,20 @@ def solutions_text(names):
 # Running the copy's tests
 
 
-def run_tests(where, *args, paths=("tests/",)):
+def run_tests(where, *args, paths=("tests/",), stop=None):
     """{test id: None if it passed, else its failure text} of a pytest run in `where` (skipped tests
-    left out)."""
+    left out); `stop`, a threading.Event, once set kills the run, which then gives {}."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
-        subprocess.run([*command, *args, *paths], cwd=where, capture_output=True, text=True)
+        run = subprocess.Popen([*command, *args, *paths], cwd=where, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        while stop is not None and run.poll() is None:
+            if stop.wait(0.5):
+                run.kill()
+        run.wait()
+        if stop is not None and stop.is_set():
+            return {}
         if not os.path.exists(report):
             fail(f"pytest did not run in {where}")
         outcomes = {}
@@ -337,18 +346,27 @@ def check(out, names, suite=("tests/",)):
     """The copy's tests: each blanked function's must all fail (else stop). -> (their count per
     function, {blanked function: the other tests of the fast suite (its files `suite`) that fail
     calling it}, the tests that fail for another reason, the number that pass)."""
+    # The rest of the suite runs beside the blanked functions' own tests (2 cores), and is stopped
+    # at once if those refuse the copy.
+    refused = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    others = pool.submit(run_tests, out, "-m", "not slow", "-k", f"not ({own_expression(names)})",
+                         paths=suite, stop=refused)
     own = run_tests(out, "-k", own_expression(names))
     counts = {}
     for name in names:
         tests = {test: why for test, why in own.items() if selects(TEACHABLE[name][2], test)}
         passing = [test for test, why in tests.items() if why is None]
         if not tests or passing:
+            refused.set()
+            pool.shutdown()
             fail(f"{name}: its tests do not fail when it is blanked ({len(passing)} of {len(tests)} pass: "
                  f"{', '.join(passing[:3]) or 'no test selected'})")
         counts[name] = len(tests)
     waiting, unexplained, passed = {name: [] for name in names}, [], 0
-    for test, why in run_tests(out, "-m", "not slow", "-k", f"not ({own_expression(names)})",
-                                paths=suite).items():
+    rest = others.result()
+    pool.shutdown()
+    for test, why in rest.items():
         # A blanked part (kept_floor) waits for its function (sample_token).
         owners = {part: name for name in names for _, part in PARTS.get(name, [])}
         called = {owners.get(f, f) for f in re.findall(r"NotImplementedError: (\w+): write it", why or "")}
