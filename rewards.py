@@ -24,7 +24,6 @@ import ast
 import math
 import re
 import textwrap
-import unicodedata
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
@@ -136,41 +135,6 @@ def extract_function(text, name, signature=None):
         if pattern.search(candidate):
             return _cut_function(candidate, name, pattern)
     return None
-
-# -----------------------------------------------------------------------------
-# Code in the coding env's prompts (envs.CodingEnv): an earlier answer, and what a program wrote
-
-def quoted(text, limit=160):
-    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
-    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
-    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
-    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
-    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
-    literal = repr(text[:limit])
-    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
-                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
-    return shown + (" (cut)" if len(text) > limit else "")
-
-
-def as_comment(text, mark=""):
-    """Text as Python comments, to sit in a prompt that is a Python file; `mark` after each "# " (a
-    partner's text as "# | ...", so that no line of it reads as one of the env's own)."""
-    return "\n".join(("# " + mark + line).rstrip() for line in text.strip("\n").split("\n"))
-
-
-def fenced(text, info="python"):
-    """`text` in a Markdown fence longer than any run of backticks in it, so none of it leaves the fence."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    ticks = "`" * max(3, longest + 1)
-    return f"{ticks}{info}\n{text}\n{ticks}"
-
-
-def shown_code(ex, text, name):
-    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
-    # The main agent may have written the body alone (it continues the stub), which the stub completes.
-    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
-    return found if found else as_comment(text or f"(no {name} function)")
-
 
 # -----------------------------------------------------------------------------
 # The code reward (Sec. 4): structure -> syntax -> tests -> cooperation bonus

@@ -613,7 +613,7 @@ def test_feedback_level_coding_reads_the_rewards_findings(humaneval, sandbox):
     assert f"tests passed: {r.passed}/{r.n_tests}" in main_notes and 0 < r.passed < r.n_tests
     first_fail = r.report.first_failure.splitlines()[0]  # the failing test's source: the authors' feedback
     assert "assert candidate(" in first_fail and first_fail not in main_notes
-    assert f"the first failing test calls {rewards.quoted(r.report.failing_call)}" in main_notes
+    assert f"the first failing test calls {envs.quoted(r.report.failing_call)}" in main_notes
     assert "its answer is wrong" in main_notes
     authors = envs.make_env("coding", authors=True)
     whole = "def has_close_elements(numbers, threshold):\n" + wrong
