@@ -31,18 +31,12 @@ def marked(text):
 
 
 class Env(abc.ABC):
-    """What a run (train.py, magrpo.py) and eval.py may call. A subclass sets the attributes and defines
-    prompts and reward; level feedback (Sec. 3) needs diagnose, expert feedback task_text; the rest
-    have defaults. Its constructor takes the keywords of runs.ENV_FLAGS it needs (runs.env_from_flags)."""
-    name = None          # its --env name
+    """What a run (train.py, magrpo.py) and eval.py call. A new env writes `prompts` and `reward` and
+    sets num_agents, max_reward and examples; all that follows them is optional, with a default that
+    works for any env (docs/envs.md). Its constructor takes the keywords of runs.ENV_FLAGS it needs."""
     num_agents = 2
-    agent_names = ()     # one word per agent, for the baselines' prompts and the feedback
     max_reward = None    # the reward's reachable maximum (a joint answer reaching it is solved; None: never)
     examples = ()        # the split's rows, a list of dicts (each an `ex`)
-    dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
-    split = None
-    runs_code = False    # the reward runs model code in the sandbox: the constructor takes timeout, isolation
-    settings = {}        # the env's own defaults for a real model's training run (the authors'), by flag
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -53,22 +47,48 @@ class Env(abc.ABC):
         """The shared reward of the joint output `outputs` (one text per agent); float() of it is the
         number, and its `levels` dict, if any, is logged level by level."""
 
+    # Optional from here on: the built-in envs override some of it, and a forker's env may override none.
+    dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
+    split = None
+    runs_code = False    # the reward runs model code in the sandbox: the constructor takes timeout, isolation
+    settings = {}        # the env's own defaults for a real model's training run (the authors'), by flag
+
+    # These two are cached properties, not plain attributes, so that a subclass may still set either one
+    # as a class attribute (DemoEnv's names) or on the instance in its constructor (CodingEnv's).
+    @functools.cached_property
+    def name(self):
+        """Its --env name, for the progress bar and the messages; a forker's env is named by its class."""
+        return type(self).__name__
+
+    @functools.cached_property
+    def agent_names(self):
+        """One word per agent, for the baselines' prompts and the feedback."""
+        return tuple(f"agent {i + 1}" for i in range(self.num_agents))
+
     def rewards(self, examples, outputs):
         """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
+    def task_text(self, ex):
+        """-> the whole task in words, for an expert reviewer and the single model; by default each
+        agent's prompt under its name."""
+        parts = "".join(f"\n\n[{name}]\n{prompt.strip()}" for name, prompt in zip(self.agent_names,
+                                                                                  self.prompts(ex)))
+        return f"The team's task, each agent's part under its name:{parts}"
+
     # Multi-turn (Sec. 3), with feedback between turns, one text per agent
     def diagnose(self, ex, outputs, reward, i):
-        """-> agent i's level feedback: what `reward` saw of the joint answer, in words."""
-        raise ValueError(f"the {self.name} env has no level feedback (diagnose): use --feedback plain")
+        """-> agent i's level feedback: what `reward` saw of the joint answer, in words; by default its
+        number out of max_reward, and its levels, the same for every agent."""
+        # Only the env knows what a level measures, so the default can say how much, never what to change.
+        best = "" if self.max_reward is None else f" of {self.max_reward:g}"
+        levels = getattr(reward, "levels", {})
+        shown = "".join(f"\n{level}: {float(value):.2f}" for level, value in levels.items())
+        return f"Feedback: your joint answer scored {float(reward):.2f}{best}{shown}"
 
     def revise_note(self, i):
         """-> the request to revise that ends agent i's feedback."""
         return "Write your answer again."
-
-    def task_text(self, ex):
-        """-> the whole task in words, for an expert reviewer (--feedback expert)."""
-        raise ValueError(f"the {self.name} env has no task text for an expert (task_text)")
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
         """-> one text per agent, ending in the request to revise; `mode`: Sec. 3's level, plain or expert."""
@@ -117,22 +137,33 @@ class Env(abc.ABC):
         if len(first) == 2:
             shown, fit = "[your partner wrote]\n" + marked(first[1 - i]), "the two fit together"
         else:
-            shown = "\n\n".join(f"[the {name} agent wrote]\n{marked(text)}" for agent, (name, text)
+            shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
                                 in enumerate(zip(self.agent_names, first)) if agent != i)
             fit = f"all {len(first)} fit together"
         return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
                 + self.prompts(ex)[i])
 
     def single_prompt(self, ex):
-        """-> the prompt of one agent that does the whole task alone (the single-model baseline)."""
-        raise ValueError(f"the {self.name} env has no single-model baseline")
+        """-> the prompt of one model that does the whole task alone (the single-model baseline); by
+        default the task and a request for every agent's part under its name, as single_reward reads it."""
+        names = self.agent_names
+        order = ", ".join(f"[{name}]" for name in names)
+        return (f"{self.task_text(ex)}\n\nYou alone write every part, each after its name on a line of its "
+                f"own, in this order: {order}.\n\n[{names[0]}]\n")
 
     def single_reward(self, ex, output):
-        """-> the shared reward of the single model's one output."""
-        raise ValueError(f"the {self.name} env has no single-model baseline")
+        """-> the shared reward of the single model's one output; by default the output is cut at the
+        names single_prompt asked for, and its parts are scored as the agents' outputs."""
+        # The prompt ends on the first name, so the output opens with the first part. A part whose name
+        # never comes is empty, as an agent that wrote nothing; of a name written twice, the last part counts.
+        names = "|".join(map(re.escape, self.agent_names))
+        pieces = re.split(rf"^\[({names})\][ \t]*$", f"[{self.agent_names[0]}]\n{output}", flags=re.M)
+        parts = dict(zip(pieces[1::2], pieces[2::2]))
+        return self.reward(ex, [parts.get(name, "").strip() for name in self.agent_names])
 
     def oracle_outputs(self, ex):
-        """-> the dataset's own solution as the agents' outputs (eval.py's oracle checks the harness)."""
+        """-> the dataset's own solution as the agents' outputs (eval.py's oracle checks the harness).
+        Only a dataset with solutions has one, so no default fits: eval.py leaves the oracle out."""
         raise ValueError(f"the {self.name} env has no canonical solutions (--env coding has)")
 
 
