@@ -10,12 +10,13 @@ Try it: python train.py --env coding --dataset humaneval --split train
 import abc
 import functools
 import gzip
-import importlib.util
+import importlib
 import json
 import math
 import os
 import random
 import re
+import runpy
 import unicodedata
 from dataclasses import dataclass
 
@@ -72,8 +73,8 @@ class Env(abc.ABC):
     def task_text(self, ex):
         """-> the whole task in words, for an expert reviewer and the single model; by default each
         agent's prompt under its name."""
-        parts = "".join(f"\n\n[{name}]\n{prompt.strip()}" for name, prompt in zip(self.agent_names,
-                                                                                  self.prompts(ex)))
+        named = zip(self.agent_names, self.prompts(ex))
+        parts = "".join(f"\n\n[{name}]\n{prompt.strip()}" for name, prompt in named)
         return f"The team's task, each agent's part under its name:{parts}"
 
     # Multi-turn (Sec. 3), with feedback between turns, one text per agent
@@ -146,10 +147,9 @@ class Env(abc.ABC):
     def single_prompt(self, ex):
         """-> the prompt of one model that does the whole task alone (the single-model baseline); by
         default the task and a request for every agent's part under its name, as single_reward reads it."""
-        names = self.agent_names
-        order = ", ".join(f"[{name}]" for name in names)
+        order = ", ".join(f"[{name}]" for name in self.agent_names)
         return (f"{self.task_text(ex)}\n\nYou alone write every part, each after its name on a line of its "
-                f"own, in this order: {order}.\n\n[{names[0]}]\n")
+                f"own, in this order: {order}.\n\n[{self.agent_names[0]}]\n")
 
     def single_reward(self, ex, output):
         """-> the shared reward of the single model's one output; by default the output is cut at the
@@ -682,20 +682,16 @@ def env_class(name):
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}, or name your own "
                          f"as FILE.py:CLASS")
     where, class_name = name.rsplit(":", 1)
+    # A file is run as a script is (its `if __name__ == "__main__":` block aside), a module imported.
     try:
-        if where.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+        names = runpy.run_path(where) if where.endswith(".py") else vars(importlib.import_module(where))
     except FileNotFoundError:
         raise ValueError(f"env {name!r}: no file {where}") from None
     except SyntaxError as e:  # The user's own file: where its mistake is, in one line.
         raise ValueError(f"env {name!r}: {e.filename}:{e.lineno}: {e.msg}") from None
     except ImportError as e:
         raise ValueError(f"env {name!r}: {e}") from None
-    cls = getattr(module, class_name, None)
+    cls = names.get(class_name)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise ValueError(f"env {name!r}: {where} defines no subclass of envs.Env named {class_name!r}")
     return cls

@@ -199,11 +199,6 @@ def _has_return(func):
     return any(isinstance(node, ast.Return) for node in ast.walk(tree))
 
 
-def _is_aux_call(node):
-    """A call of the name `aux` itself (not `x.aux(...)`, not a call of something aux returned)."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
-
-
 def _discards_aux(main_func, name):
     """Main function `name` calls aux as a whole statement (`aux(x)`), throwing its result away."""
     tree = _parse(main_func)
@@ -213,21 +208,21 @@ def _discards_aux(main_func, name):
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
         return False
-    return any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
+    # Only a call of the name `aux` itself counts: not `x.aux(...)`, nor a call of something aux returned.
+    calls = [node.value for node in nodes if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+    return any(isinstance(call.func, ast.Name) and call.func.id == "aux" for call in calls)
 
 
 def _judge_text(item):
     """L1 structure and L2 syntax, no code run: (reward, the test to run), or (reward, None) when
     the program stops before the tests."""
-    reward = CodeReward()
     # L1 structure checks that each agent's function is there and returns something.
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
-    reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     # Main's 0.6 is paid now; aux's 0.4 only once every test passed (_score_code), as the bonus, so
     # that defining an aux never outscores an answer that passes more tests (docs/rewards.md).
-    reward.aux_returns = _has_return(aux_fn)
-    reward.structure = 0.6 * _has_return(main_fn)
+    reward = CodeReward(structure=0.6 * _has_return(main_fn), has_aux=bool(aux_fn), has_main=bool(main_fn),
+                        aux_returns=_has_return(aux_fn))
     if not reward.has_main:
         return reward, None
     # L2 syntax checks that the program (the prompt's context, i.e. its imports and helpers, then
