@@ -110,6 +110,7 @@ class Env(abc.ABC):
 
     def revision_prompt(self, ex, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its own answer, feedback and cue (Sec. 1)."""
+        # Only its own answers: a partner's would make the execution centralised, which Sec. 3 rules out.
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
@@ -126,6 +127,7 @@ class Env(abc.ABC):
     # The baselines of Sec. 6 (eval.py), in which agents see their partners' text
     def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
+        # A partner's text is marked as data, so that no line a model wrote reads as the env's instruction.
         seen = "".join(f"[{name} wrote]\n{marked(text)}\n\n" for name, text in zip(self.agent_names, earlier))
         return seen + self.prompts(ex)[i]
 
@@ -319,6 +321,7 @@ class CodingEnv(Env):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
+        # A timeout of 0 would fail every test, which reads as a team that never solves anything.
         if timeout <= 0:
             raise ValueError(f"the test timeout must be > 0 seconds, got {timeout}")
         # The sandbox's level for model code (--sandbox), found now, so that the run records the one it has.
@@ -488,6 +491,7 @@ class CodingEnv(Env):
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def reward(self, ex, outputs):
+        # One answer goes the batch's way, so that the sandbox has one path to every verdict.
         return self.rewards([ex], [outputs])[0]  # a rewards.CodeReward
 
     def rewards(self, examples, outputs):
@@ -556,6 +560,7 @@ class WritingEnv(Env):
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""
+        # A team of one is the paper's GRPO baseline, so it trains on the single model's prompt and reward.
         if self.num_agents == 1:
             return [self.single_prompt(ex)]
         return [template.format(text=ex["text"]) for template in self.templates]
