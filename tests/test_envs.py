@@ -3,6 +3,7 @@
 running each env end to end with the tiny model. CPU, offline."""
 import gzip
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -509,7 +510,8 @@ def docs_env():
 
 
 @pytest.mark.integration
-def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_path, monkeypatch, capsys):
+def test_the_docs_env_trains_on_level_feedback_and_runs_each_baseline_but_the_oracle(tmp_path, monkeypatch,
+                                                                                   capsys):
     import eval as ev
     # The forker's own file, named on the command line: train.py and eval.py run it unchanged.
     (tmp_path / "mini_env.py").write_text(docs_env_code())
@@ -521,7 +523,8 @@ def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_p
                 "--feedback", "level", "--termination-threshold", "99", "--max-new-tokens", "4",
                 "--eval-every", "1", "--eval-limit", "2", "--out", str(out)])
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and all("eval_reward_mean" in r and r["reward_mean_turn2"] is not None for r in rows)
+    assert len(rows) == 2 and all("eval_reward_mean" in r for r in rows)
+    assert all(r["reward_mean_turn2"] is not None for r in rows)  # the second turn ran, on its feedback
     assert sorted(p.name for p in out.glob("agent_*")) == ["agent_0", "agent_1", "agent_2"]
     # Every baseline but the oracle runs on the base class's defaults; the oracle, asked for, is one line.
     report = ev.main(["--agents", str(out), "--num-samples", "2", "--k", "1", "--limit", "1",
@@ -534,6 +537,7 @@ def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_p
 
 @dataclass
 class LevelReward:
+    """A reward in levels, as an env of one's own may return one: the levels' sum is the number."""
     levels: dict
 
     def __float__(self):
@@ -567,7 +571,8 @@ def test_diagnose_by_default_says_the_reward_out_of_its_maximum_and_each_level()
     assert mini.feedback(mini.examples[0], ("sea", "sky", "sea"))[2].startswith(
         "Feedback: your joint answer scored 2.00 of 3\nWrite")
     mini.max_reward = None  # no maximum, nothing said of one
-    assert mini.diagnose(mini.examples[0], ("a", "b", "c"), 3.0, 0) == "Feedback: your joint answer scored 3.00"
+    notes = mini.diagnose(mini.examples[0], ("a", "b", "c"), 3.0, 0)
+    assert notes == "Feedback: your joint answer scored 3.00"
 
 
 def test_task_text_by_default_shows_each_agents_prompt_and_serves_the_expert():
@@ -576,7 +581,8 @@ def test_task_text_by_default_shows_each_agents_prompt_and_serves_the_expert():
     assert env.task_text(ex) == ("The team's task, each agent's part under its name:\n\n"
                                  "[agent 1]\nTopic: sea. Word 1:\n\n[agent 2]\nTopic: sea. Word 2:")
     prompt = env.expert_prompt(ex, ("wave", "sand"), 1)
-    assert prompt.startswith(env.task_text(ex) + "\n\nThe team answered:\n\n[agent 1]\nwave\n\n[agent 2]\nsand")
+    answer = "\n\nThe team answered:\n\n[agent 1]\nwave\n\n[agent 2]\nsand"
+    assert prompt.startswith(env.task_text(ex) + answer)
     assert prompt.endswith("what the [agent 2] part should change.\nReview:\n")
 
 
@@ -599,11 +605,11 @@ def test_single_baseline_by_default_asks_for_each_part_under_its_name_and_scores
 def test_oracle_without_solutions_is_refused_in_one_line_and_eval_leaves_it_out():
     import eval as ev
     env = Bare()
-    with pytest.raises(ValueError, match=r"^the Bare env has no canonical solutions \(--env coding has\)$"):
+    refused = "the Bare env has no canonical solutions (--env coding has)"
+    with pytest.raises(ValueError, match=f"^{re.escape(refused)}$"):
         env.oracle_outputs(env.examples[0])
     assert [ev.unsupported(env, env.examples, m) for m in ("single", "discussion")] == [None, None]
-    assert ev.unsupported(env, env.examples, "oracle") == "oracle: " + "the Bare env has no canonical " \
-        "solutions (--env coding has)"
+    assert ev.unsupported(env, env.examples, "oracle") == "oracle: " + refused
 
 
 def test_env_class_reads_a_forkers_own_file_or_module_or_says_what_is_wrong(tmp_path, monkeypatch):
