@@ -11,17 +11,17 @@ import abc
 import functools
 import gzip
 import importlib
-import importlib.util
 import json
 import math
 import os
 import random
 import re
+import runpy
+import unicodedata
 from dataclasses import dataclass
 
 from authors import reward_functions
-from rewards import (ARXIV, TEST_TIMEOUT, TLDR, WRITING_MAX, as_comment, band_score, fenced, prompt_parts,
-                     quoted, shown_code)
+from rewards import ARXIV, TEST_TIMEOUT, TLDR, WRITING_MAX, band_score, extract_function, prompt_parts
 
 SPLIT_NAMES = ("train", "eval", "test")  # train, in-training eval, final eval (Sec. 4)
 
@@ -32,18 +32,12 @@ def marked(text):
 
 
 class Env(abc.ABC):
-    """What a run (train.py, magrpo.py) and eval.py may call. A subclass sets the attributes and defines
-    prompts and reward; level feedback (Sec. 3) needs diagnose, expert feedback task_text; the rest
-    have defaults. Its constructor takes the keywords of runs.ENV_FLAGS it needs (runs.env_from_flags)."""
-    name = None          # its --env name
+    """What a run (train.py, magrpo.py) and eval.py call. A new env writes `prompts` and `reward` and
+    sets num_agents, max_reward and examples; all that follows them is optional, with a default that
+    works for any env (docs/envs.md). Its constructor takes the keywords of runs.ENV_FLAGS it needs."""
     num_agents = 2
-    agent_names = ()     # one word per agent, for the baselines' prompts and the feedback
     max_reward = None    # the reward's reachable maximum (a joint answer reaching it is solved; None: never)
     examples = ()        # the split's rows, a list of dicts (each an `ex`)
-    dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
-    split = None
-    runs_code = False    # the reward runs model code in the sandbox: the constructor takes timeout, isolation
-    settings = {}        # the env's own defaults for a real model's training run (the authors'), by flag
 
     @abc.abstractmethod
     def prompts(self, ex):
@@ -54,22 +48,48 @@ class Env(abc.ABC):
         """The shared reward of the joint output `outputs` (one text per agent); float() of it is the
         number, and its `levels` dict, if any, is logged level by level."""
 
+    # Optional from here on: the built-in envs override some of it, and a forker's env may override none.
+    dataset = None       # the data's name or path, and the split it was cut to (a name or a slice)
+    split = None
+    runs_code = False    # the reward runs model code in the sandbox: the constructor takes timeout, isolation
+    settings = {}        # the env's own defaults for a real model's training run (the authors'), by flag
+
+    # These two are cached properties, not plain attributes, so that a subclass may still set either one
+    # as a class attribute (DemoEnv's names) or on the instance in its constructor (CodingEnv's).
+    @functools.cached_property
+    def name(self):
+        """Its --env name, for the progress bar and the messages; a forker's env is named by its class."""
+        return type(self).__name__
+
+    @functools.cached_property
+    def agent_names(self):
+        """One word per agent, for the baselines' prompts and the feedback."""
+        return tuple(f"agent {i + 1}" for i in range(self.num_agents))
+
     def rewards(self, examples, outputs):
         """The shared rewards of a batch, in order. Override to score in parallel."""
         return [self.reward(ex, out) for ex, out in zip(examples, outputs)]
 
+    def task_text(self, ex):
+        """-> the whole task in words, for an expert reviewer and the single model; by default each
+        agent's prompt under its name."""
+        named = zip(self.agent_names, self.prompts(ex))
+        parts = "".join(f"\n\n[{name}]\n{prompt.strip()}" for name, prompt in named)
+        return f"The team's task, each agent's part under its name:{parts}"
+
     # Multi-turn (Sec. 3), with feedback between turns, one text per agent
     def diagnose(self, ex, outputs, reward, i):
-        """-> agent i's level feedback: what `reward` saw of the joint answer, in words."""
-        raise ValueError(f"the {self.name} env has no level feedback (diagnose): use --feedback plain")
+        """-> agent i's level feedback: what `reward` saw of the joint answer, in words; by default its
+        number out of max_reward, and its levels, the same for every agent."""
+        # Only the env knows what a level measures, so the default can say how much, never what to change.
+        best = "" if self.max_reward is None else f" of {self.max_reward:g}"
+        levels = getattr(reward, "levels", {})
+        shown = "".join(f"\n{level}: {float(value):.2f}" for level, value in levels.items())
+        return f"Feedback: your joint answer scored {float(reward):.2f}{best}{shown}"
 
     def revise_note(self, i):
         """-> the request to revise that ends agent i's feedback."""
         return "Write your answer again."
-
-    def task_text(self, ex):
-        """-> the whole task in words, for an expert reviewer (--feedback expert)."""
-        raise ValueError(f"the {self.name} env has no task text for an expert (task_text)")
 
     def feedback(self, ex, outputs, mode="level", reward=None, reviews=None):
         """-> one text per agent, ending in the request to revise; `mode`: Sec. 3's level, plain or expert."""
@@ -90,6 +110,7 @@ class Env(abc.ABC):
 
     def revision_prompt(self, ex, i, history):
         """Agent i's turn-1 prompt, then per earlier turn its own answer, feedback and cue (Sec. 1)."""
+        # Only its own answers: a partner's would make the execution centralised, which Sec. 3 rules out.
         return self.prompts(ex)[i] + "".join(f"{answer.strip()}\n\n{notes.strip()}\n\n{self.revision_cue(i)}"
                                              for answer, notes in history)
 
@@ -106,6 +127,7 @@ class Env(abc.ABC):
     # The baselines of Sec. 6 (eval.py), in which agents see their partners' text
     def sequential_prompt(self, ex, i, earlier):
         """Agent i's prompt in a pipeline, after agents 0..i-1 wrote `earlier`."""
+        # A partner's text is marked as data, so that no line a model wrote reads as the env's instruction.
         seen = "".join(f"[{name} wrote]\n{marked(text)}\n\n" for name, text in zip(self.agent_names, earlier))
         return seen + self.prompts(ex)[i]
 
@@ -118,22 +140,32 @@ class Env(abc.ABC):
         if len(first) == 2:
             shown, fit = "[your partner wrote]\n" + marked(first[1 - i]), "the two fit together"
         else:
-            shown = "\n\n".join(f"[the {name} agent wrote]\n{marked(text)}" for agent, (name, text)
+            shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
                                 in enumerate(zip(self.agent_names, first)) if agent != i)
             fit = f"all {len(first)} fit together"
         return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
                 + self.prompts(ex)[i])
 
     def single_prompt(self, ex):
-        """-> the prompt of one agent that does the whole task alone (the single-model baseline)."""
-        raise ValueError(f"the {self.name} env has no single-model baseline")
+        """-> the prompt of one model that does the whole task alone (the single-model baseline); by
+        default the task and a request for every agent's part under its name, as single_reward reads it."""
+        order = ", ".join(f"[{name}]" for name in self.agent_names)
+        return (f"{self.task_text(ex)}\n\nYou alone write every part, each after its name on a line of its "
+                f"own, in this order: {order}.\n\n[{self.agent_names[0]}]\n")
 
     def single_reward(self, ex, output):
-        """-> the shared reward of the single model's one output."""
-        raise ValueError(f"the {self.name} env has no single-model baseline")
+        """-> the shared reward of the single model's one output; by default the output is cut at the
+        names single_prompt asked for, and its parts are scored as the agents' outputs."""
+        # The prompt ends on the first name, so the output opens with the first part. A part whose name
+        # never comes is empty, as an agent that wrote nothing; of a name written twice, the last part counts.
+        names = "|".join(map(re.escape, self.agent_names))
+        pieces = re.split(rf"^\[({names})\][ \t]*$", f"[{self.agent_names[0]}]\n{output}", flags=re.M)
+        parts = dict(zip(pieces[1::2], pieces[2::2]))
+        return self.reward(ex, [parts.get(name, "").strip() for name in self.agent_names])
 
     def oracle_outputs(self, ex):
-        """-> the dataset's own solution as the agents' outputs (eval.py's oracle checks the harness)."""
+        """-> the dataset's own solution as the agents' outputs (eval.py's oracle checks the harness).
+        Only a dataset with solutions has one, so no default fits: eval.py leaves the oracle out."""
         raise ValueError(f"the {self.name} env has no canonical solutions (--env coding has)")
 
 
@@ -218,6 +250,41 @@ class DemoEnv(Env):
 # -----------------------------------------------------------------------------
 # Coding (Sec. 4), where the helper agent writes aux(...) and the main agent the entry function
 
+# Code and a program's words in the coding env's prompts: an earlier answer, and what a program wrote.
+# They build prompts only, so they live here; the reward's own code (rewards.py) never needs them.
+
+def quoted(text, limit=160):
+    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
+    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
+    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
+    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
+    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
+    literal = repr(text[:limit])
+    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
+    return shown + (" (cut)" if len(text) > limit else "")
+
+
+def as_comment(text, mark=""):
+    """Text as Python comments, to sit in a prompt that is a Python file; `mark` after each "# " (a
+    partner's text as "# | ...", so that no line of it reads as one of the env's own)."""
+    return "\n".join(("# " + mark + line).rstrip() for line in text.strip("\n").split("\n"))
+
+
+def fenced(text, info="python"):
+    """`text` in a Markdown fence longer than any run of backticks in it, so none of it leaves the fence."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}{info}\n{text}\n{ticks}"
+
+
+def shown_code(ex, text, name):
+    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
+    # The main agent may have written the body alone (it continues the stub), which the stub completes.
+    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
+    return found if found else as_comment(text or f"(no {name} function)")
+
+
 # Prompts are Python files for a base model to continue (raw prompts, Sec. 4): CodingEnv.file_prompt.
 AUX_HEAD = """\
 # Two programmers solve the problem below together, in one Python file.
@@ -254,6 +321,7 @@ class CodingEnv(Env):
         if num_agents not in (1, 2):
             raise ValueError(f"the coding env has 2 agents (aux, main) or 1 (single), not {num_agents}")
         self.num_agents, self.test_timeout, self.authors = num_agents, timeout, authors
+        # A timeout of 0 would fail every test, which reads as a team that never solves anything.
         if timeout <= 0:
             raise ValueError(f"the test timeout must be > 0 seconds, got {timeout}")
         # The sandbox's level for model code (--sandbox), found now, so that the run records the one it has.
@@ -423,6 +491,7 @@ class CodingEnv(Env):
         return self.file_prompt(ex, SINGLE_HEAD)
 
     def reward(self, ex, outputs):
+        # One answer goes the batch's way, so that the sandbox has one path to every verdict.
         return self.rewards([ex], [outputs])[0]  # a rewards.CodeReward
 
     def rewards(self, examples, outputs):
@@ -491,6 +560,7 @@ class WritingEnv(Env):
 
     def prompts(self, ex):
         """Each writer's instructions and the passage; one writer gets the single-model prompt."""
+        # A team of one is the paper's GRPO baseline, so it trains on the single model's prompt and reward.
         if self.num_agents == 1:
             return [self.single_prompt(ex)]
         return [template.format(text=ex["text"]) for template in self.templates]
@@ -617,20 +687,16 @@ def env_class(name):
         raise ValueError(f"unknown env {name!r}: choose from {', '.join(sorted(ENVS))}, or name your own "
                          f"as FILE.py:CLASS")
     where, class_name = name.rsplit(":", 1)
+    # A file is run as a script is (its `if __name__ == "__main__":` block aside), a module imported.
     try:
-        if where.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+        names = runpy.run_path(where) if where.endswith(".py") else vars(importlib.import_module(where))
     except FileNotFoundError:
         raise ValueError(f"env {name!r}: no file {where}") from None
     except SyntaxError as e:  # The user's own file: where its mistake is, in one line.
         raise ValueError(f"env {name!r}: {e.filename}:{e.lineno}: {e.msg}") from None
     except ImportError as e:
         raise ValueError(f"env {name!r}: {e}") from None
-    cls = getattr(module, class_name, None)
+    cls = names.get(class_name)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise ValueError(f"env {name!r}: {where} defines no subclass of envs.Env named {class_name!r}")
     return cls

@@ -24,7 +24,6 @@ import ast
 import math
 import re
 import textwrap
-import unicodedata
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
@@ -138,41 +137,6 @@ def extract_function(text, name, signature=None):
     return None
 
 # -----------------------------------------------------------------------------
-# Code in the coding env's prompts (envs.CodingEnv): an earlier answer, and what a program wrote
-
-def quoted(text, limit=160):
-    """Words a program chose, in a prompt: a Python string literal on one line, at most `limit` characters
-    of the text, every character that shows nothing or a blank escaped, so it reads as data."""
-    # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
-    # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
-    # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
-    literal = repr(text[:limit])
-    shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
-                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
-    return shown + (" (cut)" if len(text) > limit else "")
-
-
-def as_comment(text, mark=""):
-    """Text as Python comments, to sit in a prompt that is a Python file; `mark` after each "# " (a
-    partner's text as "# | ...", so that no line of it reads as one of the env's own)."""
-    return "\n".join(("# " + mark + line).rstrip() for line in text.strip("\n").split("\n"))
-
-
-def fenced(text, info="python"):
-    """`text` in a Markdown fence longer than any run of backticks in it, so none of it leaves the fence."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    ticks = "`" * max(3, longest + 1)
-    return f"{ticks}{info}\n{text}\n{ticks}"
-
-
-def shown_code(ex, text, name):
-    """An earlier answer in a later prompt: its `name` function as code, else the text as comments."""
-    # The main agent may have written the body alone (it continues the stub), which the stub completes.
-    found = extract_function(text, name, None if name == "aux" else prompt_parts(ex)[1])
-    return found if found else as_comment(text or f"(no {name} function)")
-
-
-# -----------------------------------------------------------------------------
 # The code reward (Sec. 4): structure -> syntax -> tests -> cooperation bonus
 
 
@@ -235,11 +199,6 @@ def _has_return(func):
     return any(isinstance(node, ast.Return) for node in ast.walk(tree))
 
 
-def _is_aux_call(node):
-    """A call of the name `aux` itself (not `x.aux(...)`, not a call of something aux returned)."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "aux"
-
-
 def _discards_aux(main_func, name):
     """Main function `name` calls aux as a whole statement (`aux(x)`), throwing its result away."""
     tree = _parse(main_func)
@@ -249,21 +208,21 @@ def _discards_aux(main_func, name):
     if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "aux"
            for node in nodes):
         return False
-    return any(isinstance(node, ast.Expr) and _is_aux_call(node.value) for node in nodes)
+    # Only a call of the name `aux` itself counts: not `x.aux(...)`, nor a call of something aux returned.
+    calls = [node.value for node in nodes if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)]
+    return any(isinstance(call.func, ast.Name) and call.func.id == "aux" for call in calls)
 
 
 def _judge_text(item):
     """L1 structure and L2 syntax, no code run: (reward, the test to run), or (reward, None) when
     the program stops before the tests."""
-    reward = CodeReward()
     # L1 structure checks that each agent's function is there and returns something.
     aux_fn = extract_function(item.get("aux"), "aux") or ""
     main_fn = extract_function(item["main"], item["entry_point"], item.get("signature")) or ""
-    reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     # Main's 0.6 is paid now; aux's 0.4 only once every test passed (_score_code), as the bonus, so
     # that defining an aux never outscores an answer that passes more tests (docs/rewards.md).
-    reward.aux_returns = _has_return(aux_fn)
-    reward.structure = 0.6 * _has_return(main_fn)
+    reward = CodeReward(structure=0.6 * _has_return(main_fn), has_aux=bool(aux_fn), has_main=bool(main_fn),
+                        aux_returns=_has_return(aux_fn))
     if not reward.has_main:
         return reward, None
     # L2 syntax checks that the program (the prompt's context, i.e. its imports and helpers, then

@@ -3,7 +3,9 @@
 running each env end to end with the tiny model. CPU, offline."""
 import gzip
 import json
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -508,20 +510,106 @@ def docs_env():
 
 
 @pytest.mark.integration
-def test_an_env_written_to_the_docs_trains_and_evaluates_with_three_agents(tmp_path, monkeypatch, capsys):
+def test_the_docs_env_trains_on_level_feedback_and_runs_each_baseline_but_the_oracle(tmp_path, monkeypatch,
+                                                                                   capsys):
     import eval as ev
     # The forker's own file, named on the command line: train.py and eval.py run it unchanged.
     (tmp_path / "mini_env.py").write_text(docs_env_code())
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"
-    train.main(["--env", "mini_env.py:Mini", "--steps", "2", "--num-generations", "2",
-                "--max-new-tokens", "4", "--eval-every", "1", "--eval-limit", "2", "--out", str(out)])
+    # Two turns with level feedback, which the env leaves to the base class's diagnose; random words are
+    # all distinct, so the threshold is out of reach, or every answer would be solved at turn 1.
+    train.main(["--env", "mini_env.py:Mini", "--steps", "2", "--num-generations", "2", "--num-turns", "2",
+                "--feedback", "level", "--termination-threshold", "99", "--max-new-tokens", "4",
+                "--eval-every", "1", "--eval-limit", "2", "--out", str(out)])
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all("eval_reward_mean" in r for r in rows)
+    assert all(r["reward_mean_turn2"] is not None for r in rows)  # the second turn ran, on its feedback
     assert sorted(p.name for p in out.glob("agent_*")) == ["agent_0", "agent_1", "agent_2"]
+    # Every baseline but the oracle runs on the base class's defaults; the oracle, asked for, is one line.
     report = ev.main(["--agents", str(out), "--num-samples", "2", "--k", "1", "--limit", "1",
-                      "--methods", "magrpo,concat,sequential,discussion", "--latency-problems", "0"])
-    assert set(report["methods"]) == {"magrpo", "concat", "sequential", "discussion"}
+                      "--latency-problems", "0"])
+    assert set(report["methods"]) == {"magrpo", "single", "concat", "sequential", "discussion"}
+    refused = "^eval.py: error: --methods: oracle: the Mini env has no canonical solutions"
+    with pytest.raises(SystemExit, match=refused):
+        ev.main(["--agents", str(out), "--methods", "oracle"])
+
+
+@dataclass
+class LevelReward:
+    """A reward in levels, as an env of one's own may return one: the levels' sum is the number."""
+    levels: dict
+
+    def __float__(self):
+        return sum(self.levels.values())
+
+
+class Bare(envs.Env):
+    """The least an env writes, prompts and a reward (with levels): every other method is the base's."""
+    examples, max_reward = [{"topic": "sea"}], 2.0
+
+    def prompts(self, ex):
+        return [f"Topic: {ex['topic']}. Word {i + 1}:\n" for i in range(self.num_agents)]
+
+    def reward(self, ex, outputs):
+        return LevelReward({"first": float(outputs[0] == "wave"), "second": float(outputs[1] == "salt")})
+
+
+def test_agent_names_and_name_default_to_numbers_and_the_class_and_may_still_be_set():
+    assert Bare().agent_names == ("agent 1", "agent 2") and Bare().name == "Bare"
+    assert docs_env()().agent_names == ("agent 1", "agent 2", "agent 3")
+    assert envs.DemoEnv().agent_names == ("headline", "body") and envs.DemoEnv().name == "demo"
+    assert envs.make_env("tldr", num_agents=1).agent_names == ("writer",)  # set in the constructor
+
+
+def test_diagnose_by_default_says_the_reward_out_of_its_maximum_and_each_level():
+    env = Bare()
+    notes = env.feedback(env.examples[0], ("wave", "sand"))
+    assert notes == ["Feedback: your joint answer scored 1.00 of 2\nfirst: 1.00\nsecond: 0.00\n"
+                     "Write your answer again."] * 2
+    mini = docs_env()()  # a plain float, and a maximum
+    assert mini.feedback(mini.examples[0], ("sea", "sky", "sea"))[2].startswith(
+        "Feedback: your joint answer scored 2.00 of 3\nWrite")
+    mini.max_reward = None  # no maximum, nothing said of one
+    notes = mini.diagnose(mini.examples[0], ("a", "b", "c"), 3.0, 0)
+    assert notes == "Feedback: your joint answer scored 3.00"
+
+
+def test_task_text_by_default_shows_each_agents_prompt_and_serves_the_expert():
+    env = Bare()
+    ex = env.examples[0]
+    assert env.task_text(ex) == ("The team's task, each agent's part under its name:\n\n"
+                                 "[agent 1]\nTopic: sea. Word 1:\n\n[agent 2]\nTopic: sea. Word 2:")
+    prompt = env.expert_prompt(ex, ("wave", "sand"), 1)
+    answer = "\n\nThe team answered:\n\n[agent 1]\nwave\n\n[agent 2]\nsand"
+    assert prompt.startswith(env.task_text(ex) + answer)
+    assert prompt.endswith("what the [agent 2] part should change.\nReview:\n")
+
+
+@pytest.mark.parametrize("output, levels", [
+    ("wave\n[agent 2]\nsalt\n", {"first": 1.0, "second": 1.0}),    # after the prompt's [agent 1]
+    ("[agent 1]\nwave\n[agent 2]  \nsalt", {"first": 1.0, "second": 1.0}),  # [agent 1] again: the last
+    ("wave and [agent 2] salt", {"first": 0.0, "second": 0.0}),      # a name inside a line cuts nothing
+    ("wave", {"first": 1.0, "second": 0.0}),                          # no second part: empty
+    ("[agent 2]\nsalt\n[agent 1]\nwave", {"first": 1.0, "second": 1.0}),  # in either order
+])
+def test_single_baseline_by_default_asks_for_each_part_under_its_name_and_scores_the_parts(output, levels):
+    env = Bare()
+    ex = env.examples[0]
+    prompt = env.single_prompt(ex)
+    assert prompt.startswith(env.task_text(ex)) and "in this order: [agent 1], [agent 2]." in prompt
+    assert prompt.endswith("\n\n[agent 1]\n")
+    assert env.single_reward(ex, output).levels == levels
+
+
+def test_oracle_without_solutions_is_refused_in_one_line_and_eval_leaves_it_out():
+    import eval as ev
+    env = Bare()
+    refused = "the Bare env has no canonical solutions (--env coding has)"
+    with pytest.raises(ValueError, match=f"^{re.escape(refused)}$"):
+        env.oracle_outputs(env.examples[0])
+    assert [ev.unsupported(env, env.examples, m) for m in ("single", "discussion")] == [None, None]
+    assert ev.unsupported(env, env.examples, "oracle") == "oracle: " + refused
 
 
 def test_env_class_reads_a_forkers_own_file_or_module_or_says_what_is_wrong(tmp_path, monkeypatch):
@@ -529,7 +617,7 @@ def test_env_class_reads_a_forkers_own_file_or_module_or_says_what_is_wrong(tmp_
     cls = envs.env_class(f"{tmp_path / 'mini_env.py'}:Mini")
     assert issubclass(cls, envs.Env) and cls.num_agents == 3 and len(cls().examples) == 6
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert envs.env_class("mini_env:Mini").name == "mini"  # an importable module
+    assert envs.env_class("mini_env:Mini")().name == "Mini"  # an importable module, named by its class
     assert envs.env_class("demo") is envs.DemoEnv
     (tmp_path / "broken.py").write_text("import envs\n\nclass Mini(envs.Env)\n    pass\n")
     with pytest.raises(ValueError, match=r"broken.py:3: "):  # the file and line of the user's mistake
@@ -580,7 +668,7 @@ def test_discussion_prompt_of_three_agents_names_the_others_not_a_partner():
     ex = env.examples[0]
     prompt = env.discussion_prompt(ex, 1, ["gull", "wave", "salt"])
     assert prompt.startswith(env.prompts(ex)[1] + "wave\n\n") and prompt.endswith(env.prompts(ex)[1])
-    assert "[the first agent wrote]\n| gull" in prompt and "[the third agent wrote]\n| salt" in prompt
+    assert "[agent 1 wrote]\n| gull" in prompt and "[agent 3 wrote]\n| salt" in prompt
     assert "all 3 fit together" in prompt and "partner" not in prompt and "the two" not in prompt
     two = envs.make_env("demo")  # a team of two keeps its partner
     shown = two.discussion_prompt(two.examples[0], 0, ["head", "body text"])
@@ -613,7 +701,7 @@ def test_feedback_level_coding_reads_the_rewards_findings(humaneval, sandbox):
     assert f"tests passed: {r.passed}/{r.n_tests}" in main_notes and 0 < r.passed < r.n_tests
     first_fail = r.report.first_failure.splitlines()[0]  # the failing test's source: the authors' feedback
     assert "assert candidate(" in first_fail and first_fail not in main_notes
-    assert f"the first failing test calls {rewards.quoted(r.report.failing_call)}" in main_notes
+    assert f"the first failing test calls {envs.quoted(r.report.failing_call)}" in main_notes
     assert "its answer is wrong" in main_notes
     authors = envs.make_env("coding", authors=True)
     whole = "def has_close_elements(numbers, threshold):\n" + wrong

@@ -418,7 +418,6 @@ def test_bad_flags_name_the_flag():
     fails_naming("--k", "--k", "one")
     fails_naming("--methods", "--methods", "magrpo,best")
     fails_naming("--methods", "--methods", "oracle")            # the demo env has no solutions
-    fails_naming("--methods", "--methods", "single")            # nor a single-model baseline
     fails_naming("--model", "--model", "tiny,tiny,tiny", *FAST)
     fails_naming("--agents", "--agents", "/no/such/dir")
     fails_naming("--num-samples", "--num-samples", "0")
