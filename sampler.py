@@ -440,34 +440,45 @@ def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
     return out.logits[prompt_of_row, -1, :].float(), cache
 
 
-CACHED = "magrpo_cached"  # cached_attention's name in transformers' AttentionInterface
+CACHED = "magrpo_cached"  # decode_attention's name in transformers' AttentionInterface
 
 
-def cached_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_cache=None,
-                     slot=None, **kwargs):
-    """A decode step's attention on generate's own KV cache (prefill), as transformers' attention hook
-    (AttentionInterface) calls it in every layer: the new token's keys and values are written at
-    `slot`, then the token attends to its row's cache, read once, and the padding comes in
-    attention_mask [rows, 1, 1, positions], made once per step, not per layer.
-    -> ([rows, 1, heads, head dim], None)"""
-    if kwargs.get("sliding_window"):
-        raise ValueError("generate does not support sliding-window attention")
-    keys, values = kv_cache[module.layer_idx]
+def cached_attention(query, key, value, cache, slot, mask, scale=None):
+    """One layer's attention for each row's newest token, on generate's own KV cache (Sec. 2 step 1):
+    the token's key and value are written into the layer's cache at position `slot`, then its query
+    attends to the row's cache, softmax(q K^T * scale + mask) V (scale None: 1 / sqrt(head dim)).
+    With fewer KV heads than query heads (grouped-query attention), query head h reads KV head
+    h // (heads / KV heads), as transformers' repeat_kv lays them out.
+    query [rows, heads, 1, head dim]; key, value [rows, KV heads, 1, head dim]; cache: the layer's
+    (keys, values), each [rows, KV heads, positions, head dim], written in place (the next step reads
+    it); slot [1] (long); mask [rows, 1, 1, positions], 0 where the token attends, -inf elsewhere.
+    -> [rows, 1, heads, head dim], the layout transformers' attention hooks return."""
+    keys, values = cache
     keys.index_copy_(2, slot, key)
     values.index_copy_(2, slot, value)
     # The query heads that share a KV head go in as that head's queries (transformers' pack_gqa), so
     # each row's cache is read once and never copied out per query head, on any device and compiled.
     rows, heads, _, dim = query.shape
     packed = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
-    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
+
+
+def decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """A decode step's attention in every layer, as transformers' attention hook (AttentionInterface)
+    calls it: cached_attention on the layer's part of generate's cache (prefill), with the mask
+    [rows, 1, 1, positions] that generate makes once per step, not per layer. -> (its output, None)"""
+    if kwargs.get("sliding_window"):
+        raise ValueError("generate does not support sliding-window attention")
+    cache = kwargs["kv_cache"][module.layer_idx]
+    return cached_attention(query, key, value, cache, kwargs["slot"], attention_mask, scaling), None
 
 
 @contextlib.contextmanager
 def attention(model, name):
     """Inside the block, the model's layers call the attention function `name` (AttentionInterface)."""
     from transformers import AttentionInterface
-    AttentionInterface.register(CACHED, cached_attention)
+    AttentionInterface.register(CACHED, decode_attention)
     before = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
