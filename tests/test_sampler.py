@@ -601,7 +601,7 @@ def decode_counts(model, tok, max_new_tokens):
     return counts[1].syncs - counts[0].syncs, counts[1].largest_copy
 
 
-def test_generate_decode_steps_rarely_wait_for_the_device_and_copy_nothing_that_grows(tok, monkeypatch):
+def test_generate_steps_rarely_wait_for_the_device_and_copy_nothing_that_grows(tok, monkeypatch):
     """Rows running to the cap (no EOS): at most one host sync per 4 decode steps (the loop looks at
     finished rows every CHECK_EVERY tokens, not at every one), and no step copies the cache or the mask,
     so the largest copy does not grow with the context."""
@@ -693,7 +693,7 @@ def test_generate_eager_dispatches_no_more_ops_a_step_than_model_generate(tok, m
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own internals warn
-def test_generate_compiled_decode_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok, monkeypatch):
+def test_generate_compiled_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok, monkeypatch):
     """--compile: 12 calls of 4-12 rows and prompts of 20-200 tokens compile at most 6 graphs of the
     decode step (the shapes come from buckets, not from each batch), and torch.compile changes how the
     step runs, not what it computes: the greedy tokens are the eager ones."""
