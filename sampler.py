@@ -1,9 +1,10 @@
 """
 The sampler: how tokens come out of a model, batched, with a KV cache (Sec. 2 step 1 of the paper,
 "each agent samples G completions of its own prompt"). magrpo.py calls `generate` once per agent and
-turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; three parts
-serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs, and
-kept_floor, the top-k/top-p cut that the log-probs share with sample_token.
+turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; four parts
+serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs,
+kept_floor, the top-k/top-p cut that the log-probs share with sample_token, and kept_logprobs, the
+log-prob under that cut, which the sampler records for each token it draws.
 
     rollout = generate(model, tokenizer, ["def add(a, b):"], num_generations=4, seed=0)
     rollout.texts[0]                        # the prompt's 4 completions
@@ -313,11 +314,19 @@ def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, floors=No
 
 
 def _chunk_logprobs(head, hidden, tokens, temperature, floors):
-    logits = head(hidden).float() / temperature
-    chosen = logits.gather(-1, tokens[..., None]).squeeze(-1)
-    if floors is not None:  # The token itself is kept, whatever the rounding of the two passes.
-        logits = logits.masked_fill(logits < torch.minimum(floors, chosen)[..., None], -math.inf)
-    return chosen - torch.logsumexp(logits, dim=-1)
+    return kept_logprobs(head(hidden).float(), tokens, temperature, floors)
+
+
+def kept_logprobs(logits, tokens, temperature, floors=None):
+    """log softmax(logits / T) at `tokens`, over the logits / T at or above each token's floor (the
+    top-k/top-p cut, kept_floor; None: all), the token itself always kept, whatever the rounding of
+    the sampler's pass and the trainer's: generate and token_logprobs both compute it here.
+    logits [..., vocab] (float32); tokens, floors [...]."""
+    scaled = logits / temperature
+    chosen = scaled.gather(-1, tokens[..., None]).squeeze(-1)
+    if floors is not None:
+        scaled = scaled.masked_fill(scaled < torch.minimum(floors, chosen)[..., None], -math.inf)
+    return chosen - torch.logsumexp(scaled, dim=-1)
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
@@ -333,40 +342,29 @@ def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
              top_p=1.0, top_k=0, seed=None, compile=False):
-    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once,
-    its keys and values go G times into a preallocated cache, then decode_step runs a token at a time.
-    seed: None (torch's RNG), an int, or one int per prompt (row_keys). compile: torch.compile the
-    decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end, on rows and
-    a cache padded to a few sizes (bucket), so that a run compiles a few graphs, not one per call."""
+    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once into
+    a cache preallocated for its G rows, then decode_step runs a token at a time. seed: None (torch's
+    RNG), an int, or one int per prompt (row_keys). compile: torch.compile the decode step (a CUDA graph
+    on a GPU), on rows and a cache padded to a few sizes (bucket), every row kept to the end."""
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
-    pad_id = tokenizer.pad_token_id
-    pad_id = int(eos[0]) if pad_id is None else pad_id  # many base models have none; it is masked anyway
+    # Many base models have no pad token; EOS stands in for it, and it is masked anyway.
+    pad_id = int(eos[0]) if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
         raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     N, P = len(ids) * G, prompt_ids.shape[1]
-    # Compiled, the step's shapes come from buckets, not from the batch, so that a run compiles a few
-    # graphs, not one per batch: the rows padded to a power of 2 (at least 8) with copies of the last
-    # row, the cache to a power of 2 (at least 256) with positions that stay masked. Neither changes a
-    # real row's tokens, since every row attends to its own cache only (tests/test_sampler.py).
+    # Compiled, a run makes a few graphs, not one per call: the rows are padded with copies of the last
+    # row and the cache with masked positions, which change no real row's tokens (tests/test_sampler.py).
     rows, length = (bucket(N, 8), bucket(P + max_new_tokens, 256)) if compile else (N, P + max_new_tokens)
     source = torch.arange(rows, device=device).clamp(max=N - 1)  # the real row each row copies
-    # Each row's uniform number for each of its tokens, made at once (row_uniforms), not a step at a time.
     keys = row_keys(seed, len(ids), G, device)
     steps = torch.arange(max_new_tokens, device=device)
     uniforms = row_uniforms(keys[source, None], steps) if keys is not None and temperature > 0 else None
     logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
-    # Every input of a decode step has one shape from the first token to the last: the mask covers
-    # every position a row will have, 0 where its token is written, -inf elsewhere (it is added to the
-    # attention scores), and `slot` is the position the next token is written to.
-    real = prompt_mask[source // G]
-    mask = torch.full((rows, 1, 1, length), -math.inf, dtype=model.dtype, device=device)
-    mask[:, 0, 0, :P] = torch.where(real == 1, 0.0, -math.inf)
-    positions = real.sum(-1)  # A row's next position id is the number of its real tokens so far.
-    slot = torch.tensor([P], device=device)
+    mask, positions, slot = decode_inputs(prompt_mask[source // G], length, model.dtype)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
     cut = temperature > 0 and (top_p < 1.0 or 0 < top_k < model.config.vocab_size)
@@ -377,16 +375,9 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     with attention(model, CACHED):
         for t in range(max_new_tokens):
             uniform = None if uniforms is None else uniforms[:, t]
-            token = sample_token(logits, temperature, top_p, top_k, uniform)
-            # The sampler's own log-prob of the token, log softmax(logits / T) over the logits that the
-            # top-k/p cut kept, as the trainer computes it (greedy decoding counts as T = 1 there too).
-            scaled = logits / (temperature if temperature > 0 else 1.0)
-            chosen = scaled.gather(-1, token[:, None])[:, 0]
+            token, logprob, floor = sample_with_logprob(logits, temperature, top_p, top_k, uniform, cut)
             if cut:
-                floor = torch.minimum(kept_floor(logits, temperature, top_p, top_k), chosen)
                 floors[alive, t] = floor
-                scaled = scaled.masked_fill(scaled < floor[:, None], -math.inf)
-            logprob = chosen - torch.logsumexp(scaled, -1)
             # A row that is done runs on, masked: it writes padding, and its tokens are never read.
             token = token.masked_fill(done, pad_id)
             completion[alive, t] = token
@@ -395,14 +386,14 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             if t == max_new_tokens - 1:
                 break
             # The host looks at the rows once every CHECK_EVERY tokens, not at every token: it stops when
-            # all are done and, uncompiled, drops the finished rows from the batch and the cache.
+            # all are done and, uncompiled, drops the finished rows from the batch and the cache (a copy).
             if (t + 1) % CHECK_EVERY == 0:
                 count = int((~done).sum())  # the loop's one host sync
                 if count == 0:
                     break
                 if count < len(alive) and not compile:
                     keep = (~done).nonzero().squeeze(-1)
-                    cache = select_rows(cache, keep)
+                    cache = [(layer_keys[keep], layer_values[keep]) for layer_keys, layer_values in cache]
                     alive, token, mask, done = alive[keep], token[keep], mask[keep], done[keep]
                     positions, uniforms = positions[keep], None if uniforms is None else uniforms[keep]
             mask[..., P + t] = 0.0  # the token's own position, where the step writes its keys and values
@@ -413,12 +404,11 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     ends = torch.isin(completion, eos)
     lengths = torch.where(ends.any(-1), ends.int().argmax(-1) + 1, max_new_tokens)
     completion, logprobs, lengths = completion[:N], logprobs[:N], lengths[:N]  # the real rows
-    floors = None if floors is None else floors[:N]
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start,
-                   floors)
+                   floors[:N] if cut else None)
 
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
@@ -438,6 +428,28 @@ def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
         for tensor in itertools.chain(*cache):
             torch._dynamo.mark_static_address(tensor, guard=False)
     return out.logits[prompt_of_row, -1, :].float(), cache
+
+
+def decode_inputs(prompt_mask, length, dtype):
+    """The inputs of generate's first decode step but its tokens, in shapes that stay the same to the
+    last step (one graph, compiled): the attention mask [rows, 1, 1, length] of every position a row
+    will have, added to the attention scores, 0 on the row's real prompt tokens and -inf elsewhere
+    (generate opens each new token's position as the step writes it); each row's position id, the
+    number of its real tokens; and slot [1], the cache position the next token is written to.
+    prompt_mask: [rows, P], 1 on real tokens. -> (mask, positions, slot)"""
+    rows, P = prompt_mask.shape
+    mask = torch.full((rows, 1, 1, length), -math.inf, dtype=dtype, device=prompt_mask.device)
+    mask[:, 0, 0, :P] = torch.where(prompt_mask == 1, 0.0, -math.inf)
+    return mask, prompt_mask.sum(-1), torch.tensor([P], device=prompt_mask.device)
+
+
+def sample_with_logprob(logits, temperature, top_p, top_k, uniform, cut):
+    """sample_token's token of each row; the sampler's own log-prob of it, computed as the trainer's
+    (kept_logprobs: over the logits that the top-k/top-p cut kept, at T = 1 for greedy decoding); and
+    the floor of that cut (kept_floor), None if there is no `cut`. -> (token, logprob, floor)"""
+    token = sample_token(logits, temperature, top_p, top_k, uniform)
+    floor = kept_floor(logits, temperature, top_p, top_k) if cut else None
+    return token, kept_logprobs(logits, token, temperature if temperature > 0 else 1.0, floor), floor
 
 
 CACHED = "magrpo_cached"  # decode_attention's name in transformers' AttentionInterface
@@ -490,12 +502,6 @@ def attention(model, name):
 def bucket(n, smallest):
     """The power of 2 at least n and at least `smallest`: the few sizes a compiled step sees."""
     return max(smallest, 1 << (n - 1).bit_length())
-
-
-def select_rows(cache, keep):
-    """Only the rows `keep` of generate's cache: finished rows leave the batch. It copies the cache, at
-    most once every CHECK_EVERY steps and only when rows have finished (uncompiled only)."""
-    return [(keys[keep], values[keep]) for keys, values in cache]
 
 
 _COMPILED = {}  # (function, device type) -> the function, compiled
