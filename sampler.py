@@ -24,6 +24,7 @@ the eager one, and the sampler's log-probs differ from the trainer's by a few hu
 (train.py logs it as logprob_drift_i).
 """
 import contextlib
+import functools
 import inspect
 import itertools
 import math
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
+from torch.utils.checkpoint import checkpoint
 
 CHECK_EVERY = 8  # decode steps between two looks at which rows have finished (a host sync each)
 BLOCK = 1024  # sample_token's cumulative sums: of blocks of this many tokens, then inside one
@@ -150,29 +151,23 @@ def positions_from_mask(mask):
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-_PARAMETERS = {}  # a model class -> the names of its forward's parameters
-
-
+@functools.lru_cache(maxsize=None)
 def _forward_parameters(model_class):
-    # A plain dict, not functools.lru_cache, so that torch.compile traces the lookup as it is.
-    if model_class not in _PARAMETERS:
-        _PARAMETERS[model_class] = set(inspect.signature(model_class.forward).parameters)
-    return _PARAMETERS[model_class]
+    """The names of a model class's forward parameters, looked up once per class."""
+    return set(inspect.signature(model_class.forward).parameters)
 
 
 def forward_kwargs(model, cache=None, last=None, slot=None):
     """model(...)'s keyword arguments for a KV `cache` (a transformers Cache, or generate's own, a list
     of each layer's (keys, values), written at `slot`), and for the logits of the `last` positions
     only (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
-    accepted = _forward_parameters(type(model))
-    kwargs = {}
     if isinstance(cache, list):  # generate's own cache, which cached_attention reads and writes at slot
         return {"kv_cache": cache, "slot": slot, "use_cache": False}
+    accepted = _forward_parameters(type(model))
+    kwargs = {}
     if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
         kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
         kwargs["use_cache"] = True
-    if slot is not None:
-        kwargs["cache_position"] = slot
     if last is not None and "logits_to_keep" in accepted:
         kwargs["logits_to_keep"] = last
     return kwargs
@@ -265,10 +260,9 @@ def shared_prompt_rows(model, rollout):
     prompt_of_sequence = torch.tensor([p for p, _ in sequences], device=device)
     sequence, block = torch.tensor(sequence_of_row, device=device), torch.tensor(block_of_row, device=device)
     S, L = len(sequences), P + k * T
-    completion = rollout.completion_ids.new_zeros(S * k, T).index_copy(0, sequence * k + block,
-                                                                       rollout.completion_ids)
-    completion_mask = rollout.completion_mask.new_zeros(S * k, T).index_copy(0, sequence * k + block,
-                                                                             rollout.completion_mask)
+    at = sequence * k + block  # each row's block among the S * k blocks of all sequences
+    completion = rollout.completion_ids.new_zeros(S * k, T).index_copy(0, at, rollout.completion_ids)
+    completion_mask = rollout.completion_mask.new_zeros(S * k, T).index_copy(0, at, rollout.completion_mask)
     prompt_mask = prompts[prompt_of_sequence, P:]
     ids = torch.cat([prompts[prompt_of_sequence, :P], completion.view(S, k * T)], dim=1)
     # A completion token's position id counts its prompt's real tokens and its own block's before it.
@@ -281,8 +275,7 @@ def shared_prompt_rows(model, rollout):
     visible = (i[None, :] <= i[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
     real = torch.cat([prompt_mask, completion_mask.view(S, -1)], dim=1).bool()
     visible = (visible & real[:, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
-    mask = torch.zeros((S, 1, L, L), dtype=model.dtype, device=device)
-    mask = mask.masked_fill(~visible[:, None], -math.inf)
+    mask = torch.where(visible[:, None], torch.tensor(0.0, dtype=model.dtype, device=device), -math.inf)
     # The prompt's last position predicts a completion's first token; its block's t-th, token t + 1.
     predicting = (sequence * L + P + block * T - 1)[:, None] + torch.arange(T, device=device)
     predicting[:, 0] = sequence * L + P - 1
@@ -307,9 +300,8 @@ def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, floors=No
     parts = [tokens.new_zeros(tokens.shape[0], 0, dtype=torch.float32)]
     for start in range(0, tokens.shape[1], chunk):
         floor = None if floors is None else floors[:, start:start + chunk]
-        parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
-                                                       tokens[:, start:start + chunk], temperature, floor,
-                                                       use_reentrant=False))
+        parts.append(checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
+                                tokens[:, start:start + chunk], temperature, floor, use_reentrant=False))
     return torch.cat(parts, dim=1)
 
 
@@ -420,10 +412,9 @@ def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
     prompt_cache = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prompt_cache, last=1))
-    cache = []
-    for layer in prompt_cache.layers:
-        free = (0, 0, 0, length - layer.keys.shape[2])  # the positions after the prompt, zeros
-        cache.append((F.pad(layer.keys[prompt_of_row], free), F.pad(layer.values[prompt_of_row], free)))
+    free = (0, 0, 0, length - prompt_ids.shape[1])  # the positions after the prompt, zeros
+    cache = [(F.pad(layer.keys[prompt_of_row], free), F.pad(layer.values[prompt_of_row], free))
+             for layer in prompt_cache.layers]
     if torch.device(model.device).type == "cuda":  # A CUDA graph reads the cache where it is, not a copy.
         for tensor in itertools.chain(*cache):
             torch._dynamo.mark_static_address(tensor, guard=False)
@@ -476,14 +467,13 @@ def cached_attention(query, key, value, cache, slot, mask, scale=None):
     return out.reshape(rows, heads, 1, dim).transpose(1, 2)
 
 
-def decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+def decode_attention(module, query, key, value, mask, *, kv_cache, slot, scaling=None, **kwargs):
     """A decode step's attention in every layer, as transformers' attention hook (AttentionInterface)
     calls it: cached_attention on the layer's part of generate's cache (prefill), with the mask
     [rows, 1, 1, positions] that generate makes once per step, not per layer. -> (its output, None)"""
     if kwargs.get("sliding_window"):
         raise ValueError("generate does not support sliding-window attention")
-    cache = kwargs["kv_cache"][module.layer_idx]
-    return cached_attention(query, key, value, cache, kwargs["slot"], attention_mask, scaling), None
+    return cached_attention(query, key, value, kv_cache[module.layer_idx], slot, mask, scaling), None
 
 
 @contextlib.contextmanager
