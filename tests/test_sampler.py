@@ -398,7 +398,7 @@ def test_cached_attention_in_a_model_writes_every_layer_at_slot(tok, arch):
     P, length, slot = ids.shape[1], ids.shape[1] + 6, ids.shape[1] + 3
     with torch.no_grad():
         _, cache = sampler.prefill(model, ids, mask, torch.arange(len(rows)), length)
-        before = [keys.clone() for keys, _ in cache]
+        before = [(keys.clone(), values.clone()) for keys, values in cache]
         attend = torch.full((len(rows), 1, 1, length), -math.inf)
         attend[:, 0, 0, :P] = torch.where(mask == 1, 0.0, -math.inf)
         attend[..., slot] = 0.0
@@ -408,11 +408,15 @@ def test_cached_attention_in_a_model_writes_every_layer_at_slot(tok, arch):
                         **sampler.forward_kwargs(model, cache, slot=torch.tensor([slot])))
         refs = torch.stack([model(input_ids=torch.tensor([row + [int(t)]])).logits[0, -1] for row, t in
                             zip(rows, tokens)])
-    for (keys, _), old in zip(cache, before):
-        changed = (keys != old).any(-1).any(1).any(0)  # the positions written, over rows and heads
-        assert changed.nonzero().flatten().tolist() == [slot]
-    logits = out.logits[:, -1]
-    assert torch.allclose(logits, refs, atol=1e-4), (logits - refs).abs().max()
+    for layer, (now, old) in enumerate(zip(cache, before)):
+        for name, after, was in zip(("keys", "values"), now, old):
+            written = (after != was).any(-1).any(1).any(0).nonzero().flatten().tolist()  # over rows and heads
+            assert written == [slot], (f"{arch}, layer {layer}: the token's {name} went to cache positions "
+                                       f"{written}; want slot {slot} alone")
+    diff = (out.logits[:, -1] - refs).abs().max()
+    assert diff < 1e-4, (f"{arch}: the logits differ from a plain forward pass of each row alone (max |diff| "
+                         f"{diff:.3g}): the token attends to its row's prompt and to itself at slot, "
+                         "nothing else")
 
 # -----------------------------------------------------------------------------
 # generate
