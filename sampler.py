@@ -1,9 +1,10 @@
 """
 The sampler: how tokens come out of a model, batched, with a KV cache (Sec. 2 step 1 of the paper,
 "each agent samples G completions of its own prompt"). magrpo.py calls `generate` once per agent and
-turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; three parts
-serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs, and
-kept_floor, the top-k/top-p cut that the log-probs share with sample_token.
+turn. The sampling is no part of MAGRPO, and a reader of the paper can take it as given; four parts
+serve Eq. 2's log-prob pass (magrpo.completion_logprobs): shared_prompt_rows, token_logprobs,
+kept_floor, the top-k/top-p cut that the log-probs share with sample_token, and kept_logprobs, the
+log-prob under that cut, which the sampler records for each token it draws.
 
     rollout = generate(model, tokenizer, ["def add(a, b):"], num_generations=4, seed=0)
     rollout.texts[0]                        # the prompt's 4 completions
@@ -23,6 +24,7 @@ the eager one, and the sampler's log-probs differ from the trainer's by a few hu
 (train.py logs it as logprob_drift_i).
 """
 import contextlib
+import functools
 import inspect
 import itertools
 import math
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
+from torch.utils.checkpoint import checkpoint
 
 CHECK_EVERY = 8  # decode steps between two looks at which rows have finished (a host sync each)
 BLOCK = 1024  # sample_token's cumulative sums: of blocks of this many tokens, then inside one
@@ -150,29 +152,23 @@ def positions_from_mask(mask):
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-_PARAMETERS = {}  # a model class -> the names of its forward's parameters
-
-
+@functools.lru_cache(maxsize=None)
 def _forward_parameters(model_class):
-    # A plain dict, not functools.lru_cache, so that torch.compile traces the lookup as it is.
-    if model_class not in _PARAMETERS:
-        _PARAMETERS[model_class] = set(inspect.signature(model_class.forward).parameters)
-    return _PARAMETERS[model_class]
+    """The names of a model class's forward parameters, looked up once per class."""
+    return set(inspect.signature(model_class.forward).parameters)
 
 
 def forward_kwargs(model, cache=None, last=None, slot=None):
     """model(...)'s keyword arguments for a KV `cache` (a transformers Cache, or generate's own, a list
     of each layer's (keys, values), written at `slot`), and for the logits of the `last` positions
     only (with a 150k vocabulary the full logits are a step's largest tensor), as this model takes them."""
-    accepted = _forward_parameters(type(model))
-    kwargs = {}
     if isinstance(cache, list):  # generate's own cache, which cached_attention reads and writes at slot
         return {"kv_cache": cache, "slot": slot, "use_cache": False}
+    accepted = _forward_parameters(type(model))
+    kwargs = {}
     if cache is not None:  # transformers 5 names it `cache` (the old name warns on every call)
         kwargs["cache" if "cache" in accepted else "past_key_values"] = cache
         kwargs["use_cache"] = True
-    if slot is not None:
-        kwargs["cache_position"] = slot
     if last is not None and "logits_to_keep" in accepted:
         kwargs["logits_to_keep"] = last
     return kwargs
@@ -265,10 +261,9 @@ def shared_prompt_rows(model, rollout):
     prompt_of_sequence = torch.tensor([p for p, _ in sequences], device=device)
     sequence, block = torch.tensor(sequence_of_row, device=device), torch.tensor(block_of_row, device=device)
     S, L = len(sequences), P + k * T
-    completion = rollout.completion_ids.new_zeros(S * k, T).index_copy(0, sequence * k + block,
-                                                                       rollout.completion_ids)
-    completion_mask = rollout.completion_mask.new_zeros(S * k, T).index_copy(0, sequence * k + block,
-                                                                             rollout.completion_mask)
+    at = sequence * k + block  # each row's block among the S * k blocks of all sequences
+    completion = rollout.completion_ids.new_zeros(S * k, T).index_copy(0, at, rollout.completion_ids)
+    completion_mask = rollout.completion_mask.new_zeros(S * k, T).index_copy(0, at, rollout.completion_mask)
     prompt_mask = prompts[prompt_of_sequence, P:]
     ids = torch.cat([prompts[prompt_of_sequence, :P], completion.view(S, k * T)], dim=1)
     # A completion token's position id counts its prompt's real tokens and its own block's before it.
@@ -281,8 +276,7 @@ def shared_prompt_rows(model, rollout):
     visible = (i[None, :] <= i[:, None]) & ((owner[None, :] == -1) | (owner[None, :] == owner[:, None]))
     real = torch.cat([prompt_mask, completion_mask.view(S, -1)], dim=1).bool()
     visible = (visible & real[:, None, :]) | torch.eye(L, dtype=torch.bool, device=device)
-    mask = torch.zeros((S, 1, L, L), dtype=model.dtype, device=device)
-    mask = mask.masked_fill(~visible[:, None], -math.inf)
+    mask = torch.where(visible[:, None], torch.tensor(0.0, dtype=model.dtype, device=device), -math.inf)
     # The prompt's last position predicts a completion's first token; its block's t-th, token t + 1.
     predicting = (sequence * L + P + block * T - 1)[:, None] + torch.arange(T, device=device)
     predicting[:, 0] = sequence * L + P - 1
@@ -307,18 +301,25 @@ def token_logprobs(model, hidden, tokens, temperature=1.0, check=None, floors=No
     parts = [tokens.new_zeros(tokens.shape[0], 0, dtype=torch.float32)]
     for start in range(0, tokens.shape[1], chunk):
         floor = None if floors is None else floors[:, start:start + chunk]
-        parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
-                                                       tokens[:, start:start + chunk], temperature, floor,
-                                                       use_reentrant=False))
+        parts.append(checkpoint(_chunk_logprobs, head, hidden[:, start:start + chunk],
+                                tokens[:, start:start + chunk], temperature, floor, use_reentrant=False))
     return torch.cat(parts, dim=1)
 
 
 def _chunk_logprobs(head, hidden, tokens, temperature, floors):
-    logits = head(hidden).float() / temperature
-    chosen = logits.gather(-1, tokens[..., None]).squeeze(-1)
-    if floors is not None:  # The token itself is kept, whatever the rounding of the two passes.
-        logits = logits.masked_fill(logits < torch.minimum(floors, chosen)[..., None], -math.inf)
-    return chosen - torch.logsumexp(logits, dim=-1)
+    return kept_logprobs(head(hidden).float(), tokens, temperature, floors)
+
+
+def kept_logprobs(logits, tokens, temperature, floors=None):
+    """log softmax(logits / T) at `tokens`, over the logits / T at or above each token's floor (the
+    top-k/top-p cut, kept_floor; None: all), the token itself always kept, whatever the rounding of
+    the sampler's pass and the trainer's: generate and token_logprobs both compute it here.
+    logits [..., vocab] (float32); tokens, floors [...]."""
+    scaled = logits / temperature
+    chosen = scaled.gather(-1, tokens[..., None]).squeeze(-1)
+    if floors is not None:
+        scaled = scaled.masked_fill(scaled < torch.minimum(floors, chosen)[..., None], -math.inf)
+    return chosen - torch.logsumexp(scaled, dim=-1)
 
 
 def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
@@ -334,40 +335,29 @@ def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
              top_p=1.0, top_k=0, seed=None, compile=False):
-    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once,
-    its keys and values go G times into a preallocated cache, then decode_step runs a token at a time.
-    seed: None (torch's RNG), an int, or one int per prompt (row_keys). compile: torch.compile the
-    decode step (a CUDA graph on a GPU), which keeps every row in the batch to the end, on rows and
-    a cache padded to a few sizes (bucket), so that a run compiles a few graphs, not one per call."""
+    """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once into
+    a cache preallocated for its G rows, then decode_step runs a token at a time. seed: None (torch's
+    RNG), an int, or one int per prompt (row_keys). compile: torch.compile the decode step (a CUDA graph
+    on a GPU), on rows and a cache padded to a few sizes (bucket), every row kept to the end."""
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
-    pad_id = tokenizer.pad_token_id
-    pad_id = int(eos[0]) if pad_id is None else pad_id  # many base models have none; it is masked anyway
+    # Many base models have no pad token; EOS stands in for it, and it is masked anyway.
+    pad_id = int(eos[0]) if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     if not ids or max_new_tokens < 1 or G < 1 or not all(ids):
         raise ValueError("generate needs a prompt, no empty prompt, G >= 1 and max_new_tokens >= 1")
     prompt_ids, prompt_mask = left_pad(ids, pad_id, device)
     N, P = len(ids) * G, prompt_ids.shape[1]
-    # Compiled, the step's shapes come from buckets, not from the batch, so that a run compiles a few
-    # graphs, not one per batch: the rows padded to a power of 2 (at least 8) with copies of the last
-    # row, the cache to a power of 2 (at least 256) with positions that stay masked. Neither changes a
-    # real row's tokens, since every row attends to its own cache only (tests/test_sampler.py).
+    # Compiled, a run makes a few graphs, not one per call: the rows are padded with copies of the last
+    # row and the cache with masked positions, which change no real row's tokens (tests/test_sampler.py).
     rows, length = (bucket(N, 8), bucket(P + max_new_tokens, 256)) if compile else (N, P + max_new_tokens)
     source = torch.arange(rows, device=device).clamp(max=N - 1)  # the real row each row copies
-    # Each row's uniform number for each of its tokens, made at once (row_uniforms), not a step at a time.
     keys = row_keys(seed, len(ids), G, device)
     steps = torch.arange(max_new_tokens, device=device)
     uniforms = row_uniforms(keys[source, None], steps) if keys is not None and temperature > 0 else None
     logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
-    # Every input of a decode step has one shape from the first token to the last: the mask covers
-    # every position a row will have, 0 where its token is written, -inf elsewhere (it is added to the
-    # attention scores), and `slot` is the position the next token is written to.
-    real = prompt_mask[source // G]
-    mask = torch.full((rows, 1, 1, length), -math.inf, dtype=model.dtype, device=device)
-    mask[:, 0, 0, :P] = torch.where(real == 1, 0.0, -math.inf)
-    positions = real.sum(-1)  # A row's next position id is the number of its real tokens so far.
-    slot = torch.tensor([P], device=device)
+    mask, positions, slot = decode_inputs(prompt_mask[source // G], length, model.dtype)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
     cut = temperature > 0 and (top_p < 1.0 or 0 < top_k < model.config.vocab_size)
@@ -378,16 +368,9 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     with attention(model, CACHED):
         for t in range(max_new_tokens):
             uniform = None if uniforms is None else uniforms[:, t]
-            token = sample_token(logits, temperature, top_p, top_k, uniform)
-            # The sampler's own log-prob of the token, log softmax(logits / T) over the logits that the
-            # top-k/p cut kept, as the trainer computes it (greedy decoding counts as T = 1 there too).
-            scaled = logits / (temperature if temperature > 0 else 1.0)
-            chosen = scaled.gather(-1, token[:, None])[:, 0]
+            token, logprob, floor = sample_with_logprob(logits, temperature, top_p, top_k, uniform, cut)
             if cut:
-                floor = torch.minimum(kept_floor(logits, temperature, top_p, top_k), chosen)
                 floors[alive, t] = floor
-                scaled = scaled.masked_fill(scaled < floor[:, None], -math.inf)
-            logprob = chosen - torch.logsumexp(scaled, -1)
             # A row that is done runs on, masked: it writes padding, and its tokens are never read.
             token = token.masked_fill(done, pad_id)
             completion[alive, t] = token
@@ -396,14 +379,14 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
             if t == max_new_tokens - 1:
                 break
             # The host looks at the rows once every CHECK_EVERY tokens, not at every token: it stops when
-            # all are done and, uncompiled, drops the finished rows from the batch and the cache.
+            # all are done and, uncompiled, drops the finished rows from the batch and the cache (a copy).
             if (t + 1) % CHECK_EVERY == 0:
                 count = int((~done).sum())  # the loop's one host sync
                 if count == 0:
                     break
                 if count < len(alive) and not compile:
                     keep = (~done).nonzero().squeeze(-1)
-                    cache = select_rows(cache, keep)
+                    cache = [(layer_keys[keep], layer_values[keep]) for layer_keys, layer_values in cache]
                     alive, token, mask, done = alive[keep], token[keep], mask[keep], done[keep]
                     positions, uniforms = positions[keep], None if uniforms is None else uniforms[keep]
             mask[..., P + t] = 0.0  # the token's own position, where the step writes its keys and values
@@ -414,12 +397,11 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     ends = torch.isin(completion, eos)
     lengths = torch.where(ends.any(-1), ends.int().argmax(-1) + 1, max_new_tokens)
     completion, logprobs, lengths = completion[:N], logprobs[:N], lengths[:N]  # the real rows
-    floors = None if floors is None else floors[:N]
     completion_mask = (torch.arange(max_new_tokens, device=device)[None, :] < lengths[:, None]).long()
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start,
-                   floors)
+                   floors[:N] if cut else None)
 
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
@@ -431,44 +413,75 @@ def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
     prompt_cache = DynamicCache()
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask,
                 position_ids=positions_from_mask(prompt_mask), **forward_kwargs(model, prompt_cache, last=1))
-    cache = []
-    for layer in prompt_cache.layers:
-        free = (0, 0, 0, length - layer.keys.shape[2])  # the positions after the prompt, zeros
-        cache.append((F.pad(layer.keys[prompt_of_row], free), F.pad(layer.values[prompt_of_row], free)))
+    free = (0, 0, 0, length - prompt_ids.shape[1])  # the positions after the prompt, zeros
+    cache = [(F.pad(layer.keys[prompt_of_row], free), F.pad(layer.values[prompt_of_row], free))
+             for layer in prompt_cache.layers]
     if torch.device(model.device).type == "cuda":  # A CUDA graph reads the cache where it is, not a copy.
         for tensor in itertools.chain(*cache):
             torch._dynamo.mark_static_address(tensor, guard=False)
     return out.logits[prompt_of_row, -1, :].float(), cache
 
 
-CACHED = "magrpo_cached"  # cached_attention's name in transformers' AttentionInterface
+def decode_inputs(prompt_mask, length, dtype):
+    """The inputs of generate's first decode step but its tokens, in shapes that stay the same to the
+    last step (one graph, compiled): the attention mask [rows, 1, 1, length] of every position a row
+    will have, added to the attention scores, 0 on the row's real prompt tokens and -inf elsewhere
+    (generate opens each new token's position as the step writes it); each row's position id, the
+    number of its real tokens; and slot [1], the cache position the next token is written to.
+    prompt_mask: [rows, P], 1 on real tokens. -> (mask, positions, slot)"""
+    rows, P = prompt_mask.shape
+    mask = torch.full((rows, 1, 1, length), -math.inf, dtype=dtype, device=prompt_mask.device)
+    mask[:, 0, 0, :P] = torch.where(prompt_mask == 1, 0.0, -math.inf)
+    return mask, prompt_mask.sum(-1), torch.tensor([P], device=prompt_mask.device)
 
 
-def cached_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_cache=None,
-                     slot=None, **kwargs):
-    """A decode step's attention on generate's own KV cache (prefill), as transformers' attention hook
-    (AttentionInterface) calls it in every layer: the new token's keys and values are written at
-    `slot`, then the token attends to its row's cache, read once, and the padding comes in
-    attention_mask [rows, 1, 1, positions], made once per step, not per layer.
-    -> ([rows, 1, heads, head dim], None)"""
-    if kwargs.get("sliding_window"):
-        raise ValueError("generate does not support sliding-window attention")
-    keys, values = kv_cache[module.layer_idx]
+def sample_with_logprob(logits, temperature, top_p, top_k, uniform, cut):
+    """sample_token's token of each row; the sampler's own log-prob of it, computed as the trainer's
+    (kept_logprobs: over the logits that the top-k/top-p cut kept, at T = 1 for greedy decoding); and
+    the floor of that cut (kept_floor), None if there is no `cut`. -> (token, logprob, floor)"""
+    token = sample_token(logits, temperature, top_p, top_k, uniform)
+    floor = kept_floor(logits, temperature, top_p, top_k) if cut else None
+    return token, kept_logprobs(logits, token, temperature if temperature > 0 else 1.0, floor), floor
+
+
+CACHED = "magrpo_cached"  # decode_attention's name in transformers' AttentionInterface
+
+
+def cached_attention(query, key, value, cache, slot, mask, scale=None):
+    """One layer's attention for each row's newest token, on generate's own KV cache (Sec. 2 step 1):
+    the token's key and value are written into the layer's cache at position `slot`, then its query
+    attends to the row's cache, softmax(q K^T * scale + mask) V (scale None: 1 / sqrt(head dim)).
+    With fewer KV heads than query heads (grouped-query attention), query head h reads KV head
+    h // (heads / KV heads), as transformers' repeat_kv lays them out.
+    query [rows, heads, 1, head dim]; key, value [rows, KV heads, 1, head dim]; cache: the layer's
+    (keys, values), each [rows, KV heads, positions, head dim], written in place (the next step reads
+    it); slot [1] (long); mask [rows, 1, 1, positions], 0 where the token attends, -inf elsewhere.
+    -> [rows, 1, heads, head dim], the layout transformers' attention hooks return."""
+    keys, values = cache
     keys.index_copy_(2, slot, key)
     values.index_copy_(2, slot, value)
     # The query heads that share a KV head go in as that head's queries (transformers' pack_gqa), so
     # each row's cache is read once and never copied out per query head, on any device and compiled.
     rows, heads, _, dim = query.shape
     packed = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim)
-    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
+
+
+def decode_attention(module, query, key, value, mask, *, kv_cache, slot, scaling=None, **kwargs):
+    """A decode step's attention in every layer, as transformers' attention hook (AttentionInterface)
+    calls it: cached_attention on the layer's part of generate's cache (prefill), with the mask
+    [rows, 1, 1, positions] that generate makes once per step, not per layer. -> (its output, None)"""
+    if kwargs.get("sliding_window"):
+        raise ValueError("generate does not support sliding-window attention")
+    return cached_attention(query, key, value, kv_cache[module.layer_idx], slot, mask, scaling), None
 
 
 @contextlib.contextmanager
 def attention(model, name):
     """Inside the block, the model's layers call the attention function `name` (AttentionInterface)."""
     from transformers import AttentionInterface
-    AttentionInterface.register(CACHED, cached_attention)
+    AttentionInterface.register(CACHED, decode_attention)
     before = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
@@ -480,12 +493,6 @@ def attention(model, name):
 def bucket(n, smallest):
     """The power of 2 at least n and at least `smallest`: the few sizes a compiled step sees."""
     return max(smallest, 1 << (n - 1).bit_length())
-
-
-def select_rows(cache, keep):
-    """Only the rows `keep` of generate's cache: finished rows leave the batch. It copies the cache, at
-    most once every CHECK_EVERY steps and only when rows have finished (uncompiled only)."""
-    return [(keys[keep], values[keep]) for keys, values in cache]
 
 
 _COMPILED = {}  # (function, device type) -> the function, compiled

@@ -38,6 +38,8 @@ TEACHABLE = {
     "sample_token": ("sampler.py", "Sec. 2 step 1: a token from softmax(logits / T), top-k, top-p",
                      "sample_token", 10),
     "decode_step": ("sampler.py", "Sec. 2 step 1: one step of KV-cache decoding", "decode_step", 5),
+    "cached_attention": ("sampler.py", "Sec. 2 step 1: a layer's attention, writing and reading the KV cache",
+                         "cached_attention", 6),
     "completion_logprobs": ("magrpo.py", "Eq. 2: log pi_theta(a_t | h, a_<t) of each completion token",
                             "completion_logprobs", 15),
     "group_advantages": ("magrpo.py", "Eq. 1: A^(g) = R^(g) - mean_g' R^(g')", "group_advantages", 8),
@@ -56,10 +58,11 @@ TEACHABLE = {
 # Tests that need several functions: the handout has them run once the last of those is written.
 # (functions, the -k expression, what they test)
 TOGETHER = [
-    (("sample_token", "decode_step"), "generate",
+    (("sample_token", "decode_step", "cached_attention"), "generate",
      "generate's tests: the whole sampler, against transformers' model.generate, seeds and EOS"),
-    (("sample_token", "decode_step", "completion_logprobs", "group_advantages", "policy_loss", "node_return"),
-     "train_step", "whole MAGRPO steps: sampling, Eq. 1, Eq. 2 and the update"),
+    (("sample_token", "decode_step", "cached_attention", "completion_logprobs", "group_advantages",
+      "policy_loss", "node_return"), "train_step",
+     "whole MAGRPO steps: sampling, Eq. 1, Eq. 2 and the update"),
     (("group_advantages", "node_return"), "episode", "the multi-turn tree's returns and advantages"),
 ]
 

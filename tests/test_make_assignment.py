@@ -223,6 +223,54 @@ DETACHED_PROMPT = '''def completion_logprobs(model, rollout, temperature=1.0):
 '''
 
 
+# cached_attention, not of the six: a right answer written another way (the cache written by
+# assignment, each KV head repeated for its query heads), and its usual mistakes as edits of it,
+# (the mistake, the text replaced, by what, words of the failure message), checked in this process.
+RIGHT_ATTENTION = '''def cached_attention(query, key, value, cache, slot, mask, scale=None):
+    keys, values = cache
+    keys[:, :, slot] = key
+    values[:, :, slot] = value
+    group = query.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(group, dim=1)
+    v = values.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
+'''
+WRITES = "    keys[:, :, slot] = key\n    values[:, :, slot] = value\n"
+ATTENTION_MISTAKES = [
+    ("the key and value not written", WRITES, "", "key was not written into the cache"),
+    ("the value not written", "    values[:, :, slot] = value\n", "", "value was not written into the cache"),
+    ("written into a copy of the cache", "    keys, values = cache\n",
+     "    keys, values = cache[0].clone(), cache[1].clone()\n", "in place"),
+    ("written one position after slot", WRITES, WRITES.replace("slot]", "slot + 1]"), "want slot 5 alone"),
+    ("the cache read before the write", WRITES,
+     "    keys, values = keys.clone(), values.clone()\n" + WRITES.replace("keys[", "cache[0][").replace(
+         "values[", "cache[1]["), "before its own key and value were written"),
+    ("the mask not applied", "attn_mask=mask, ", "", "the mask was not added to the scores"),
+    ("the scale ignored", ", scale=scale)", ")", "`scale` (0.3) was ignored"),
+    ("repeat for repeat_interleave (query head h on KV head h % KV heads)", "repeat_interleave(group, dim=1)",
+     "repeat(1, group, 1, 1)", "(repeat_interleave)"),
+    ("the heads left in dim 1", "    return out.transpose(1, 2)\n", "    return out\n", "(transpose(1, 2))"),
+    ("the packed heads unpacked in the wrong order",
+     "    k = keys.repeat_interleave(group, dim=1)\n    v = values.repeat_interleave(group, dim=1)\n"
+     "    out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale)\n"
+     "    return out.transpose(1, 2)\n",
+     "    rows, heads, _, dim = query.shape\n    packed = query.reshape(rows, keys.shape[1], group, dim)\n"
+     "    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)\n"
+     "    return out.transpose(1, 2).reshape(rows, 1, heads, dim)\n", "the right heads in another order"),
+]
+
+
+def attention_answer(old=None, new=None):
+    """RIGHT_ATTENTION as a function, with `old` replaced by `new` (every occurrence) if given."""
+    import torch
+    source = RIGHT_ATTENTION if old is None else RIGHT_ATTENTION.replace(old, new)
+    assert old is None or old in RIGHT_ATTENTION, old
+    namespace = {"torch": torch, "F": torch.nn.functional}
+    exec(source, namespace)
+    return namespace["cached_attention"]
+
+
 def wrong_answer(function, mistake):
     """The source of a wrong answer of WRONG."""
     for name, what, old, new, _ in WRONG:
@@ -336,7 +384,8 @@ def failure_of(test, monkeypatch, module, name, wrong, *args):
 def test_the_usual_mistakes_of_each_blankable_function_are_named(monkeypatch):
     """Bug: group_advantages divided by the std in mean mode failed with raw numbers and a traceback,
     where policy_loss names its mistake. Each function a course can blank names its usual mistakes (those
-    of the six core functions: WRONG, checked in a copy by the slow test below; here the others')."""
+    of the six core functions: WRONG, checked in a copy by the slow test below; here the others', and
+    cached_attention's: ATTENTION_MISTAKES)."""
     import itertools
     import magrpo
     import eval as evaluation
@@ -371,6 +420,17 @@ def test_the_usual_mistakes_of_each_blankable_function_are_named(monkeypatch):
     message = failure_of(test_rewards.test_extract_function_from_prose_and_fences, monkeypatch, test_rewards,
                          "extract_function", fenced, "```python\ndef f(x):\n    return x + 1\n```")
     assert "the markdown fence kept" in message
+    import sampler
+    import test_sampler
+    test = test_sampler.test_cached_attention_writes_at_slot_and_attends_as_by_hand
+    monkeypatch.setattr(sampler, "cached_attention", attention_answer())  # written another way: it passes
+    for case in [(4, 2, 0.3), (6, 2, None), (2, 2, 0.7)]:
+        test(*case)
+    monkeypatch.undo()
+    for mistake, old, new, words in ATTENTION_MISTAKES:
+        wrong = attention_answer(old, new)
+        message = failure_of(test, monkeypatch, sampler, "cached_attention", wrong, 4, 2, 0.3)
+        assert words in message, (mistake, message)
 
 
 def test_the_students_copy_blanks_kept_floor_with_sample_token(tmp_path):

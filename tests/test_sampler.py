@@ -1,7 +1,7 @@
 """Tests of the sampler (sampler.py), one function at a time, each against an independent reference:
-softmax by hand and by counting, transformers' own generate, a plain forward pass. `pytest -k NAME`
-runs a function's tests (sample_token, decode_step, generate, row_uniforms, mix_seed). CPU, tiny
-random models."""
+softmax by hand and by counting, attention by hand, transformers' own generate, a plain forward pass.
+`pytest -k NAME` runs a function's tests (sample_token, decode_step, cached_attention, generate,
+row_uniforms, mix_seed). CPU, tiny random models."""
 import math
 
 import pytest
@@ -211,10 +211,6 @@ def test_mix_seed_is_a_deterministic_hash():
     assert sampler.mix_seed(1, 2) != sampler.mix_seed(2, 1)
 
 # -----------------------------------------------------------------------------
-# generate
-
-
-# -----------------------------------------------------------------------------
 # decode_step: one token for every running row, from the cache, against a plain forward pass
 
 
@@ -273,30 +269,157 @@ def test_decode_step_matches_a_plain_forward_pass(tok, arch):
                 pytest.fail(why, pytrace=False)
 
 
+# -----------------------------------------------------------------------------
+# cached_attention: one layer's attention on generate's own KV cache, against attention by hand
+
+
+def attention_by_hand(query, keys, values, mask, scale, grouping="repeat_interleave"):
+    """softmax(q K^T * scale + mask) V with explicit matmuls over the whole cache. Grouped-query
+    attention: query head h reads KV head h // (heads / KV heads), each KV head repeated for its
+    adjacent query heads (repeat_interleave); grouping="repeat" gives a wrong answer's h % KV heads.
+    query [rows, heads, 1, dim]; keys, values [rows, KV heads, positions, dim] -> [rows, 1, heads, dim]"""
+    group = query.shape[1] // keys.shape[1]
+    if grouping == "repeat_interleave":
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    else:
+        keys, values = keys.repeat(1, group, 1, 1), values.repeat(1, group, 1, 1)
+    scores = query @ keys.transpose(-1, -2) * scale + mask
+    return (torch.softmax(scores, dim=-1) @ values).transpose(1, 2)
+
+
+def attention_case(heads, kv_heads):
+    """A decode step's inputs for one layer: 3 rows and a cache of 8 positions, the prompt's at 0-4
+    (row 0 left-padded by two, row 2 by one), the new token's at slot 5, two free ones after it. The
+    padding, the free positions and slot itself hold random values before the write: reading any of
+    them changes the output. -> (query, key, value, keys, values, slot, mask)"""
+    g = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    rows, positions, dim, slot = 3, 8, 8, 5
+    query = torch.randn(rows, heads, 1, dim, generator=g)
+    key = torch.randn(rows, kv_heads, 1, dim, generator=g)
+    value = torch.randn(rows, kv_heads, 1, dim, generator=g)
+    keys = torch.randn(rows, kv_heads, positions, dim, generator=g)
+    values = torch.randn(rows, kv_heads, positions, dim, generator=g)
+    mask = torch.full((rows, 1, 1, positions), -math.inf)
+    mask[..., :slot + 1] = 0.0
+    mask[0, ..., :2] = -math.inf
+    mask[2, ..., :1] = -math.inf
+    return query, key, value, keys, values, torch.tensor([slot]), mask
+
+
+def cache_mistake(name, new, before, after, slot):
+    """None if the cache `after` holds the new token's `name` (key or value) at slot and is `before`
+    elsewhere; else what differs."""
+    written = (after != before).any(-1).any(1).any(0).nonzero().flatten().tolist()  # over rows and heads
+    if not written:
+        return (f"the new token's {name} was not written into the cache in place (the next decode step "
+                "reads the cache it was given, not a copy)")
+    if written != [slot]:
+        return f"the new token's {name} went to cache positions {written}; want slot {slot} alone"
+    if not torch.equal(after[:, :, slot:slot + 1], new):
+        return f"the cache holds another {name} at slot {slot} than the new token's"
+    return None
+
+
+def cached_attention_mistake(out, case, cache, scale):
+    """None if cached_attention wrote the new key and value at slot and returned attention by hand on
+    the cache so written; else what differs, and the usual mistake whose answer it is."""
+    query, key, value, keys, values, slot, mask = case
+    for name, new, before, after in (("key", key, keys, cache[0]), ("value", value, values, cache[1])):
+        why = cache_mistake(name, new, before, after, int(slot))
+        if why:
+            return why
+    rows, heads, dim = query.shape[0], query.shape[1], query.shape[-1]
+    want_shape = [rows, 1, heads, dim]
+    if not isinstance(out, torch.Tensor) or list(out.shape) != want_shape:
+        what = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        lines = [f"cached_attention returned {what}; want [rows, 1, heads, head dim] = {want_shape}"]
+        if what == [rows, heads, 1, dim]:
+            lines.append("yours has the heads in dim 1: transformers' attention hooks return them in dim 2 "
+                         "(transpose(1, 2))")
+        return "\n".join(lines)
+    written = [k.clone().index_copy_(2, slot, new) for k, new in ((keys, key), (values, value))]
+    scale = dim ** -0.5 if scale is None else scale
+    want = attention_by_hand(query, *written, mask, scale)
+    if torch.allclose(out, want, atol=1e-5):
+        return None
+    lines = [f"cached_attention's output differs from attention by hand on the cache with the new key and "
+             f"value at slot (max |diff| {(out - want).abs().max():.3g}, tolerance 1e-5)"]
+    known = [("the mask was not added to the scores: rows attend to their left padding and to free positions",
+              attention_by_hand(query, *written, torch.zeros_like(mask), scale)),
+             ("the scores were not multiplied by `scale`", attention_by_hand(query, *written, mask, 1.0)),
+             ("the token attended to the cache before its own key and value were written at slot",
+              attention_by_hand(query, keys, values, mask, scale))]
+    if scale != dim ** -0.5:
+        known.append((f"`scale` ({scale}) was ignored for 1 / sqrt(head dim)",
+                      attention_by_hand(query, *written, mask, dim ** -0.5)))
+    if keys.shape[1] < heads:
+        known.append(("query head h read KV head h % KV heads (repeat); in grouped-query attention it "
+                      "reads KV head h // (heads / KV heads): a KV head's query heads are adjacent "
+                      "(repeat_interleave)",
+                      attention_by_hand(query, *written, mask, scale, grouping="repeat")))
+    for words, answer in known:
+        if torch.allclose(out, answer, atol=1e-5):
+            lines.append(f"yours is the answer of this mistake: {words}")
+    order = []
+    for h in range(heads):  # which of the right heads each of yours is, if any
+        same = [j for j in range(heads) if torch.allclose(out[:, :, h], want[:, :, j], atol=1e-5)]
+        order.append(same[0] if same else None)
+    if None not in order and order != list(range(heads)):
+        lines.append(f"yours holds the right heads in another order along dim 2, the right ones' {order}: "
+                     "query head h's output goes to position h")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("heads, kv_heads, scale", [(4, 2, 0.3), (6, 2, None), (2, 2, 0.7)])
+def test_cached_attention_writes_at_slot_and_attends_as_by_hand(heads, kv_heads, scale):
+    """Grouped-query (4 and 6 query heads on 2 KV heads) and plain multi-head attention, a given scale
+    and the default: the new key and value go to the cache at slot, in place, and nowhere else, and
+    the output is attention by hand on the cache so written."""
+    case = attention_case(heads, kv_heads)
+    query, key, value, keys, values, slot, mask = case
+    cache = (keys.clone(), values.clone())
+    with torch.no_grad():
+        out = sampler.cached_attention(query.clone(), key.clone(), value.clone(), cache, slot.clone(),
+                                       mask.clone(), scale)
+    why = cached_attention_mistake(out, case, cache, scale)
+    if why:
+        pytest.fail(why, pytrace=False)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
-def test_decode_step_writes_the_token_at_slot(tok, arch):
-    """On generate's own cache (sampler.prefill), the token's keys and values go to position `slot` of
-    every layer and nowhere else, and the token attends to the prompt and to itself there: its logits
-    are a plain forward pass's over the row alone, whatever free positions lie between."""
+def test_cached_attention_in_a_model_writes_every_layer_at_slot(tok, arch):
+    """In a model, on generate's own cache (sampler.prefill) through transformers' attention hook: the
+    token's keys and values go to position `slot` of every layer and nowhere else, and the token
+    attends to the prompt and to itself there: its logits are a plain forward pass's over the row
+    alone, whatever free positions lie between."""
     model = build(tok, arch, seed=2)
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     ids, mask = sampler.left_pad(rows, tok.pad_token_id, "cpu")
     P, length, slot = ids.shape[1], ids.shape[1] + 6, ids.shape[1] + 3
     with torch.no_grad():
         _, cache = sampler.prefill(model, ids, mask, torch.arange(len(rows)), length)
-        before = [keys.clone() for keys, _ in cache]
+        before = [(keys.clone(), values.clone()) for keys, values in cache]
         attend = torch.full((len(rows), 1, 1, length), -math.inf)
         attend[:, 0, 0, :P] = torch.where(mask == 1, 0.0, -math.inf)
         attend[..., slot] = 0.0
         tokens = torch.tensor([65, 66, 67, 68])
         with sampler.attention(model, sampler.CACHED):
-            logits = sampler.decode_step(model, cache, tokens, attend, mask.sum(-1), torch.tensor([slot]))
+            out = model(input_ids=tokens[:, None], attention_mask=attend, position_ids=mask.sum(-1)[:, None],
+                        **sampler.forward_kwargs(model, cache, slot=torch.tensor([slot])))
         refs = torch.stack([model(input_ids=torch.tensor([row + [int(t)]])).logits[0, -1] for row, t in
                             zip(rows, tokens)])
-    for (keys, _), old in zip(cache, before):
-        changed = (keys != old).any(-1).any(1).any(0)  # the positions written, over rows and heads
-        assert changed.nonzero().flatten().tolist() == [slot]
-    assert torch.allclose(logits, refs, atol=1e-4), (logits - refs).abs().max()
+    for layer, (now, old) in enumerate(zip(cache, before)):
+        for name, after, was in zip(("keys", "values"), now, old):
+            written = (after != was).any(-1).any(1).any(0).nonzero().flatten().tolist()  # over rows and heads
+            assert written == [slot], (f"{arch}, layer {layer}: the token's {name} went to cache positions "
+                                       f"{written}; want slot {slot} alone")
+    diff = (out.logits[:, -1] - refs).abs().max()
+    assert diff < 1e-4, (f"{arch}: the logits differ from a plain forward pass of each row alone (max |diff| "
+                         f"{diff:.3g}): the token attends to its row's prompt and to itself at slot, "
+                         "nothing else")
+
+# -----------------------------------------------------------------------------
+# generate
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
@@ -482,7 +605,7 @@ def decode_counts(model, tok, max_new_tokens):
     return counts[1].syncs - counts[0].syncs, counts[1].largest_copy
 
 
-def test_generate_decode_steps_rarely_wait_for_the_device_and_copy_nothing_that_grows(tok, monkeypatch):
+def test_generate_steps_rarely_wait_for_the_device_and_copy_nothing_that_grows(tok, monkeypatch):
     """Rows running to the cap (no EOS): at most one host sync per 4 decode steps (the loop looks at
     finished rows every CHECK_EVERY tokens, not at every one), and no step copies the cache or the mask,
     so the largest copy does not grow with the context."""
@@ -574,7 +697,7 @@ def test_generate_eager_dispatches_no_more_ops_a_step_than_model_generate(tok, m
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own internals warn
-def test_generate_compiled_decode_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok, monkeypatch):
+def test_generate_compiled_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok, monkeypatch):
     """--compile: 12 calls of 4-12 rows and prompts of 20-200 tokens compile at most 6 graphs of the
     decode step (the shapes come from buckets, not from each batch), and torch.compile changes how the
     step runs, not what it computes: the greedy tokens are the eager ones."""
