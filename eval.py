@@ -201,13 +201,10 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    wait = mean(seconds for _, _, seconds in second)  # the agents revise side by side
-    samples = []
-    for n, sample in enumerate(first):
-        outputs = tuple(texts[n] for texts, _, _ in second)
-        tokens = sample.tokens + sum(agent_tokens[n] for _, agent_tokens, _ in second)
-        samples.append(Sample(outputs, tokens, sample.seconds + wait))
-    return [samples]
+    texts, tokens, seconds = zip(*second)  # per agent
+    wait = mean(seconds)  # the agents revise side by side
+    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + wait)
+             for sample, outputs, toks in zip(first, zip(*texts), zip(*tokens))]]
 
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
@@ -340,11 +337,9 @@ def aggregate(problems, ks):
     # Every env reports the shared reward itself, the number the team was trained on; its std is the
     # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]
-    metrics["reward"] = mean(rewards)
-    metrics["reward_std"] = sample_std(rewards)
-    metrics["tokens_per_sample"] = mean(r["tokens"] for r in samples)
-    metrics["seconds_per_sample"] = mean(r["seconds"] for r in samples)
-    metrics["errors"] = errors
+    metrics.update(reward=mean(rewards), reward_std=sample_std(rewards),
+                   tokens_per_sample=mean(r["tokens"] for r in samples),
+                   seconds_per_sample=mean(r["seconds"] for r in samples), errors=errors)
     # The details (the "reward detail" table) say how often each level was earned and the mean of every
     # other number the rewards carry, so that they show where a method loses its reward, level by level.
     metrics.update(level_means([r["levels"] for r in samples]))
@@ -757,8 +752,7 @@ def main(argv=None):
         print(format_table(report["improvement"], f"turn {args.num_turns} - turn 1"))
     print(format_table(report["details"], "reward detail"))  # the last turn's, to show how each level fared
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        runs.write_atomic(args.out, json.dumps(report, indent=1))
         print(f"wrote {args.out}")
     return report
 
