@@ -157,9 +157,7 @@ class Run:
         every = self.args.log_completions_every
         if not every or step % every:  # (a long run's every step and joint action is a large file)
             return
-        rows = []
-        for process_rows in runs.gather(completion_rows(step, indices, turns)):
-            rows += process_rows
+        rows = [row for share in runs.gather(completion_rows(step, indices, turns)) for row in share]
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
         if self.tracker is not None:  # the same rows as a table; lists and dicts as JSON text
@@ -183,8 +181,7 @@ class Run:
         metrics.update({f"eval_reward_mean_turn{t}": reward for t, reward in enumerate(rewards, 1)})
         if self.main:
             shown = " -> ".join("no verdict" if r is None else f"{r:.3f}" for r in rewards)
-            tqdm.write(f"step {step:5d} eval reward {shown} "
-                       f"({self.eval_env.name}, {self.args.eval_split})")
+            tqdm.write(f"step {step:5d} eval reward {shown} ({self.eval_env.name}, {self.args.eval_split})")
 
     def record(self, step, metrics, turns, last, save):
         """Process 0: the step's row of metrics.jsonl, the curve every 10 steps, a checkpoint when
@@ -301,9 +298,7 @@ class StepGate:
 
 def reward_metrics(step, turns, num_turns):
     """The step's reward metrics (eval.episode_metrics) over every process's nodes, the same everywhere."""
-    nodes = []
-    for process_nodes in runs.gather(evaluation.episode_summary(turns)):
-        nodes += process_nodes
+    nodes = [node for share in runs.gather(evaluation.episode_summary(turns)) for node in share]
     return {"step": step, **evaluation.episode_metrics(nodes, num_turns)}
 
 
@@ -444,11 +439,10 @@ def fill_resolved(args, env, cfg):
     args.split = args.split or env.split  # the split trained on; None for an env that has none to name
     args.sandbox = env.isolation if env.runs_code else args.sandbox  # the level model code runs at
     args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # the coding env's too; one for every env
-    if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
-        args.termination_threshold = getattr(env, "max_reward", None)
-    # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.
-    if args.turn_weights is None:
-        args.turn_weights = ",".join(["1"] * cfg.num_turns)
+    # The threshold is the env's maximum, as magrpo.rollout_team takes it, and every turn's loss weighs 1
+    # unless --turn-weights says otherwise (written as the flag is given).
+    runs.fill_defaults(args, {"termination_threshold": getattr(env, "max_reward", None),
+                              "turn_weights": ",".join(["1"] * cfg.num_turns)})
     lora = models.lora_from_flags(args)  # It checks the LoRA flags too, before any model loads.
     if lora is not None:
         args.lora_alpha = lora.alpha
@@ -460,15 +454,14 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True
     lora, bases = models.lora_from_flags(args), {}
     # The tiny model's steps are too small for a GPU, where launching their kernels costs more than
     # running them (docs/benchmarks.md), so --device auto keeps it on the CPU.
-    device = args.device
     tiny = set(models.model_names(args)) == {models.TINY} and not args.feedback_model
-    if device == "auto" and tiny and torch.cuda.is_available():
-        device = "cpu"
+    if args.device == "auto" and tiny and torch.cuda.is_available():
+        args.device = "cpu"
         print("device: cpu (--device auto keeps the tiny model on the CPU, where it runs faster)",
               file=sys.stderr)
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
-    n = 1 if lora and device == "auto" else env.num_agents
-    devices = models.agent_devices(device, n, local_rank, local_world) * (env.num_agents // n)
+    n = 1 if lora and args.device == "auto" else env.num_agents
+    devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
