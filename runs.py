@@ -201,8 +201,7 @@ def add_env_flags(p):
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
     p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
     p.add_argument("--test-timeout", type=float,
-                   help=f"coding: seconds per sandbox test (default "
-                        f"{inspect.signature(envs.CodingEnv).parameters['timeout'].default:g})")
+                   help=f"coding: seconds per sandbox test (default {envs.TEST_TIMEOUT:g})")
     p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
                    help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
                         "else rlimits; a level named is required")
@@ -251,12 +250,9 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
 def prepare_out(args):
     """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
     holds a run; --resume refuses flags that would change it."""
-    problem = out_problem(args.out)
-    if problem:
-        raise ValueError(f"--out: {problem}")
-    names = os.listdir(args.out) if os.path.isdir(args.out) else []
+    check_out(args.out)
     if not args.resume:
-        for name in names:
+        for name in os.listdir(args.out) if os.path.isdir(args.out) else []:
             ours = name in ("args.json", "metrics.jsonl", "final.json")
             if ours or name.startswith(("checkpoint-", "agent_")):  # writing over a run would lose it
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
@@ -268,34 +264,32 @@ def prepare_out(args):
         return None
     saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
-        # An earlier version saved None for the flags fill_resolved fills now: the same run.
-        if value is None and name in FILLED:
-            continue
-        if name == "dtype" and vars(args).get(name) == "auto":  # what auto resolved to, recorded
-            continue
-        if name not in RESUMABLE and value != vars(args).get(name):
+        mine = vars(args).get(name)
+        # The same run: an earlier version saved None for the flags fill_resolved fills now, and a dtype
+        # is recorded as what auto resolved to.
+        same = value == mine or (value is None and name in FILLED) or (name == "dtype" and mine == "auto")
+        if name not in RESUMABLE and not same:
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
-                             f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
-                             "save/eval/device flags may change)")
+                             f"{mine!r}; resume with the same flags (only --steps and the save/eval/device "
+                             "flags may change)")
     if args.steps < checkpoint[0]:  # A larger --steps continues a finished run, which is allowed.
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
 
 
-def out_problem(out):
-    """Why --out cannot hold a run (a file in its place, a directory that cannot be written), or None.
-    Asked before any model loads: a typo costs a second, not a model load."""
+def check_out(out):
+    """A ValueError when --out cannot hold a run (a file in its place, a directory that cannot be
+    written). Asked before any model loads: a typo costs a second, not a model load."""
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
-        return f"{out!r} is a file, not a directory"
+        raise ValueError(f"--out: {out!r} is a file, not a directory")
     # The nearest directory that exists is the one the run writes in (or makes --out in).
     while not os.path.exists(path):
         path = os.path.dirname(path)
     if not os.path.isdir(path):
-        return f"{path!r} is a file, not a directory"
+        raise ValueError(f"--out: {path!r} is a file, not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
-        return f"cannot write in {path!r}"
-    return None
+        raise ValueError(f"--out: cannot write in {path!r}")
 
 
 def start_out(args, start):
