@@ -40,11 +40,10 @@ class Critic:
         # unless `start` holds it as it began already (loaded for the critic alone).
         self.readers = []
         for agent, begun in zip(agents, start or agents):
-            if models.is_lora(agent.model):
-                self.readers.append(agent.model)
-                continue
-            reader = begun.model if start else copy.deepcopy(agent.model)
-            self.readers.append(reader.requires_grad_(False).eval())
+            reader = agent.model
+            if not models.is_lora(reader):
+                reader = (begun.model if start else copy.deepcopy(reader)).requires_grad_(False).eval()
+            self.readers.append(reader)
         self.replay = []  # (features, returns) of the latest REPLAY_STEPS steps
         widths = [agent.model.config.hidden_size for agent in agents]
         self.heads = torch.nn.ModuleList([torch.nn.Linear(w, 1) for w in
@@ -83,8 +82,7 @@ class Critic:
     def errors(self, features, returns):
         """R - V of every row of every head, flat: returns [states, J], the central head's one value of
         each state or each per-agent head's."""
-        predicted = self.predict(features)
-        heads = predicted[:1] if self.mode == "central" else predicted
+        heads = self.predict(features)[:len(self.heads)]  # the central head's one value counted once
         return torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
 
     def fit(self, features, returns, all_sum=lambda x: x):

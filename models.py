@@ -377,8 +377,7 @@ def make_optimizer(model, learning_rate, weight_decay=0.0):
 def adamw(params, **kwargs):
     """torch's AdamW, fused into one kernel where the weights are on a GPU: the default (foreach)
     implementation allocates a temporary as large as the weights at every step."""
-    fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW(params, fused=fused or None, **kwargs)
+    return torch.optim.AdamW(params, fused=all(p.is_cuda for p in params) or None, **kwargs)
 
 # -----------------------------------------------------------------------------
 # Saving and loading an agent: what transformers or peft load without us (a checkpoint adds what only a
@@ -396,11 +395,9 @@ def save_agent(agent, path, merged=False):
         os.makedirs(path, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
                   os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
-            json.dump(model.lora_config, f, indent=1)
+        Path(path, ADAPTER_CONFIG).write_text(json.dumps(model.lora_config, indent=1))
         if getattr(model, "tiny_base_seed", None) is not None:
-            with open(os.path.join(path, TINY_BASE), "w") as f:
-                json.dump({"seed": model.tiny_base_seed}, f)
+            Path(path, TINY_BASE).write_text(json.dumps({"seed": model.tiny_base_seed}))
     else:
         (merged_model(model) if is_lora(model) else model).save_pretrained(path)
     agent.tokenizer.save_pretrained(path)
