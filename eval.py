@@ -305,11 +305,10 @@ def test_metrics(problems, ks):
     # without a verdict (an error) is no failure: it is left out, and a problem with none left too.
     passed, rates = [], []
     for records in problems:
-        records = [r for r in records if r["error"] is None]
-        if not records:
-            continue
-        rates.append([tests_rate(r) for r in records])
-        passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
+        judged = [tests_rate(r) for r in records if r["error"] is None]
+        if judged:
+            rates.append(judged)
+            passed.append([rate == 1 for rate in judged])  # pass@k counts it correct if all tests pass
     metrics = {}
     for k in ks:
         metrics[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
@@ -413,18 +412,14 @@ def episode_metrics(nodes, num_turns):
     # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
     # the columns of metrics.jsonl stay the same from the first row to the last.
     for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
-        if t > 1:
-            keys.append(f"improvement_turn{t}")
         turn = [node for node in nodes if node["turn"] == t]
-        if not turn:
-            m.update(dict.fromkeys(keys))
-            continue
-        rewards = torch.tensor([node["reward"] for node in turn])
-        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
+        rewards = torch.tensor([node["reward"] for node in turn] or [math.nan])
+        m[f"reward_mean_turn{t}"] = rewards.mean().item() if turn else None
+        m[f"reward_max_turn{t}"] = rewards.max().item() if turn else None
+        m[f"terminated_turn{t}"] = mean(node["solved"] for node in turn) if turn else None
         if t > 1:  # how much revising gained over the answers it revised (that had a verdict)
-            values.append(mean(node["gain"] for node in turn if not math.isnan(node["gain"])))
-        m.update(zip(keys, values))
+            gains = [node["gain"] for node in turn if not math.isnan(node["gain"])]
+            m[f"improvement_turn{t}"] = mean(gains) if turn else None
         m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
     return {**m, **errors}
 
@@ -595,8 +590,7 @@ def check_flags(args):
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    tiny = tiny_base and not args.agents
-    defaults = runs.run_defaults("eval", tiny)
+    defaults = runs.run_defaults("eval", tiny_base and not args.agents)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
     runs.fill_defaults(args, defaults)
