@@ -47,8 +47,7 @@ def train(args):
     except ValueError as e:  # Every bad input, from any layer, is one line and exit status 1.
         sys.exit(f"train.py: error: {e}")
     env, cfg, agents = run.env, run.cfg, run.agents
-    signals = runs.Signals()
-    gate = StepGate(run, signals)
+    run.signals = runs.Signals()  # until the run's end (restore, below)
     try:
         for step in run.bar:  # range(run.start, args.steps), with a progress bar
             # The step's batch and a seed per example come from (seed, step) alone, so a resumed run
@@ -59,11 +58,11 @@ def train(args):
             t0 = time.time()
             # A signal while the step samples drops the step (Stop). The weights are untouched, so the
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
-            gate.step, turns, update = step, None, None
-            with contextlib.suppress(runs.Stop), signals.abandon_on_signal():
-                turns, update = magrpo_step(run, batch, seeds, gate.may_update)
+            run.step, turns, update = step, None, None
+            with contextlib.suppress(runs.Stop), run.signals.abandon_on_signal():
+                turns, update = magrpo_step(run, batch, seeds, run.may_update)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
-                gate.agree(abandoned=True)
+                run.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
                 break
             if step == run.start and run.main and not args.chat_template:
@@ -75,7 +74,7 @@ def train(args):
             if run.eval_env is not None and (step % args.eval_every == 0 or last):
                 run.evaluate(step, metrics)
             # A signal during the update waited for it to end; now every process hears of it.
-            gate.agree(abandoned=False)
+            run.agree(abandoned=False)
             # A periodic checkpoint. The last step's is finish()'s, which also writes the final agents.
             save = args.save_every and run.done % args.save_every == 0 and not last
             if save:
@@ -89,17 +88,18 @@ def train(args):
             runs.undo_start(args.out, run.made_out)
         raise
     finally:
-        signals.restore()  # A later ^C in the caller (a test, a notebook) behaves as usual again.
+        run.signals.restore()  # A later ^C in the caller (a test, a notebook) behaves as usual again.
     return run.finish()
 
 # -----------------------------------------------------------------------------
-# What the loop calls: the run's state and files, the MAGRPO step and its gate, the step's data and metrics
+# What the loop calls: the run (its state, files and step gate), the MAGRPO step, the step's data and metrics
 
 
 class Run:
     """A run's state: its flags, env, Config, agents, expert and files (process 0 alone writes them),
     the step it starts at and the steps its weights hold (done), and why it stopped early (signum,
-    error). Its methods log, evaluate, record and finish."""
+    error). Its methods gate a step's update (may_update, where torchrun's processes agree), log,
+    evaluate, record and finish."""
 
     def __init__(self, args):
         local_rank, local_world = runs.start_processes()
@@ -147,10 +147,43 @@ class Run:
         if self.main and self.log.size:
             with open(self.log.path) as f:
                 self.history = [json.loads(line) for line in f]
-        # recent holds the last rewards the progress bar averages; signum and error say why a run stopped.
-        self.recent, self.signum, self.error = [], None, None
+        # recent holds the last rewards the progress bar averages; signum and error say why a run stopped;
+        # step is the one running (for the messages), and signals are train()'s handlers (runs.Signals).
+        self.recent, self.signum, self.error, self.step, self.signals = [], None, None, None, None
         self.bar = tqdm(range(self.start, args.steps), desc=f"magrpo {self.env.name}", dynamic_ncols=True,
                         initial=self.start, total=args.steps, disable=not self.main)
+
+    def may_update(self, rewards):
+        """The word between a step's sampling and its update, the MAGRPO step's last check, on every
+        process: the processes agree to go on (a signal stops them all here, no agent holding half an
+        update), and the step has answers that could be scored (if none could, the sandbox or the env is
+        broken, not the agents, and the run stops)."""
+        self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
+        if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
+            return False
+        # Every process's rewards are counted, so that every process decides the same.
+        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
+        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
+        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
+        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
+        if bad == total:
+            self.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
+                          f"could be scored {why}")
+            return False
+        if bad:
+            tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
+                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
+                       file=sys.stderr)
+        return True
+
+    def agree(self, abandoned):
+        """The processes stop together or not at all: each tells whether a signal came and whether
+        it abandoned its sampling. -> True when no process abandoned its step."""
+        # Every process enters this collective once per step, whatever happened to it, so the step's
+        # other collectives (the gradients' sums) never wait for a process that left.
+        votes = runs.gather((self.signals.received, abandoned))
+        self.signum = next((signum for signum, _ in votes if signum is not None), None)
+        return not any(gave_up for _, gave_up in votes)
 
     def log_completions(self, step, indices, turns):
         """OUT/completions.jsonl: every process's joint actions of the step, written once, by process 0."""
@@ -174,9 +207,8 @@ class Run:
         examples = runs.my_share(self.eval_env.examples[:self.args.eval_limit])
         sums, judged = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg,
                                                    self.expert)
-        counted = runs.all_sum(sums + judged)  # every process's sums, and its counts of answers judged
-        turns = len(sums)
-        rewards = [total / count if count else None for total, count in zip(counted[:turns], counted[turns:])]
+        counted = runs.all_sum(sums + judged)  # every process's sums, then its counts of answers judged
+        rewards = [total / count if count else None for total, count in zip(counted, counted[len(sums):])]
         metrics["eval_reward_mean"] = rewards[0]  # turn 1's, the single-turn number; each turn's below
         metrics.update({f"eval_reward_mean_turn{t}": reward for t, reward in enumerate(rewards, 1)})
         if self.main:
@@ -189,8 +221,7 @@ class Run:
         self.log.append(json.dumps(metrics) + "\n")
         self.history.append(metrics)
         if self.tracker is not None:  # W&B draws the numbers' curves; None is a turn not reached.
-            numbers = {key: value for key, value in metrics.items() if value is not None and key != "step"}
-            self.tracker.log(numbers, step=step)
+            self.tracker.log({k: v for k, v in metrics.items() if v is not None and k != "step"}, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
             curve = evaluation.curve_svg(self.history, max_reward=self.env.max_reward)
@@ -246,7 +277,7 @@ def magrpo_step(run, batch, seeds, may_update):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
-    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; may_update is StepGate's."""
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; may_update is Run's."""
     agents, env, cfg = run.agents, run.env, run.cfg
     if cfg.on_the_tree():
         return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, may_update,
@@ -254,46 +285,6 @@ def magrpo_step(run, batch, seeds, may_update):
     rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
                                                                     runs.all_sum, may_update)
     return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
-
-
-class StepGate:
-    """The word between a step's sampling and its update (may_update), where torchrun's processes agree to
-    go on, and a step none of whose answers could be scored stops the run."""
-
-    def __init__(self, run, signals):
-        self.run, self.signals = run, signals
-        self.step = None  # the step's number, for the messages
-
-    def may_update(self, rewards):
-        """The MAGRPO step's last check before the update, on every process: the processes agree to go
-        on (a signal stops them all here, no agent holding half an update), and the step has answers
-        that could be scored (if none could, the sandbox or the env is broken, not the agents)."""
-        self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
-        if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
-            return False
-        # Every process's rewards are counted, so that every process decides the same.
-        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
-        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
-        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
-        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
-        if bad == total:
-            self.run.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
-                              f"could be scored {why}")
-            return False
-        if bad:
-            tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
-                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
-                       file=sys.stderr)
-        return True
-
-    def agree(self, abandoned):
-        """The processes stop together or not at all: each tells whether a signal came and whether
-        it abandoned its sampling. -> True when no process abandoned its step."""
-        # Every process enters this collective once per step, whatever happened to it, so the step's
-        # other collectives (the gradients' sums) never wait for a process that left.
-        votes = runs.gather((self.signals.received, abandoned))
-        self.run.signum = next((signum for signum, _ in votes if signum is not None), None)
-        return not any(gave_up for _, gave_up in votes)
 
 
 def reward_metrics(step, turns, num_turns):
