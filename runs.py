@@ -172,9 +172,8 @@ def show_defaults(parser, purpose, env_settings):
         name = action.dest
         if name not in tiny:
             continue
-        text = f"default {real[name]}"
-        if tiny[name] != real[name]:
-            text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
+        text = (f"default: the tiny model {tiny[name]}, a real model {real[name]}" if tiny[name] != real[name]
+                else f"default {real[name]}")
         # The envs whose own value differs from a real model's default: "tldr 5e-06, arxiv 5e-06".
         per_env = [f"{env} {own[name]}" for env, own in env_settings.items()
                    if own.get(name, real[name]) != real[name]]
@@ -358,9 +357,8 @@ def saving(out, what, *tmps):
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
         latest = latest_checkpoint(out)
-        where = "there is no complete checkpoint (--resume starts at step 0)"
-        if latest:
-            where = f"{latest[1]} is the newest complete checkpoint (--resume continues from it)"
+        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
+                 else "there is no complete checkpoint (--resume starts at step 0)")
         raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
                          + where) from None
 

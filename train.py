@@ -46,29 +46,28 @@ def train(args):
         run = Run(args)
     except ValueError as e:  # Every bad input, from any layer, is one line and exit status 1.
         sys.exit(f"train.py: error: {e}")
-    env, cfg, agents = run.env, run.cfg, run.agents
     run.signals = runs.Signals()  # until the run's end (restore, below)
     try:
         for step in run.bar:  # range(run.start, args.steps), with a progress bar
             # The step's batch and a seed per example come from (seed, step) alone, so a resumed run
             # draws and samples exactly what the uninterrupted one would.
-            indices = runs.my_share(batch_at(len(env.examples), args.seed, step, args.batch_size))
+            indices = runs.my_share(batch_at(len(run.env.examples), args.seed, step, args.batch_size))
             seeds = runs.my_share([mix_seed(args.seed, step, j) for j in range(args.batch_size)])
-            batch = [env.examples[i] for i in indices]
+            batch = [run.env.examples[i] for i in indices]
             t0 = time.time()
             # A signal while the step samples drops the step (Stop). The weights are untouched, so the
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
             run.step, turns, update = step, None, None
             with contextlib.suppress(runs.Stop), run.signals.abandon_on_signal():
-                turns, update = magrpo_step(run, batch, seeds, run.may_update)
+                turns, update = magrpo_step(run, batch, seeds)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
                 run.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
                 break
             if step == run.start and run.main and not args.chat_template:
-                note_raw_prompts(agents, turns, cfg.max_new_tokens)
-            scored, lengths = reward_metrics(step, turns, cfg.num_turns), length_metrics(turns, len(agents))
-            metrics = {**scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
+                note_raw_prompts(run.agents, turns, run.cfg.max_new_tokens)
+            metrics = step_metrics(step, turns, update, run.cfg.num_turns, len(run.agents))
+            metrics["seconds"] = round(time.time() - t0, 4)
             run.log_completions(step, indices, turns)
             run.done, last = step + 1, step == args.steps - 1
             if run.eval_env is not None and (step % args.eval_every == 0 or last):
@@ -78,7 +77,7 @@ def train(args):
             # A periodic checkpoint. The last step's is finish()'s, which also writes the final agents.
             save = args.save_every and run.done % args.save_every == 0 and not last
             if save:
-                runs.check_ranks_agree(agents)  # This is a collective, so every process runs it.
+                runs.check_ranks_agree(run.agents)  # This is a collective, so every process runs it.
             if run.main:
                 run.record(step, metrics, turns, last, save)
             if run.signum is not None:
@@ -113,14 +112,12 @@ class Run:
         if self.cfg.advantage == "critic":
             # The critic reads the agents as they began, so a resumed run's (the checkpoint's) are loaded
             # again from --model for it; a LoRA team's frozen base is that already.
-            start = None
-            if checkpoint is not None and not models.is_lora(self.agents[0].model):
-                start = build(args, self.env, None, local_rank, local_world, optimize=False)
+            reread = checkpoint is not None and not models.is_lora(self.agents[0].model)
+            start = build(args, self.env, None, local_rank, local_world, optimize=False) if reread else None
             self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate, start)
         # The in-training eval has its own split, never the training rows (a plain file has none).
-        self.eval_env = None
-        if args.eval_every:
-            self.eval_env = runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+        self.eval_env = (runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+                         if args.eval_every else None)
         # start is the first step to run, and done counts the steps whose update the weights hold (what a
         # checkpoint records, and what finish() saves after a signal).
         self.start = self.done = 0 if checkpoint is None else checkpoint[0]
@@ -273,29 +270,26 @@ class Run:
         return self.log.path
 
 
-def magrpo_step(run, batch, seeds, may_update):
+def magrpo_step(run, batch, seeds):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
-    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; may_update is Run's."""
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum and ask run.may_update."""
     agents, env, cfg = run.agents, run.env, run.cfg
     if cfg.on_the_tree():
-        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, may_update,
+        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, run.may_update,
                                  run.critic)
     rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
-                                                                    runs.all_sum, may_update)
+                                                                    runs.all_sum, run.may_update)
     return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
 
 
-def reward_metrics(step, turns, num_turns):
-    """The step's reward metrics (eval.episode_metrics) over every process's nodes, the same everywhere."""
+def step_metrics(step, turns, update, num_turns, num_agents):
+    """The step's row of metrics.jsonl, the same on every process: the reward metrics of every process's
+    nodes (eval.episode_metrics), the update's, and each agent's mean completion length in tokens, EOS
+    included, over every process's rows."""
     nodes = [node for share in runs.gather(evaluation.episode_summary(turns)) for node in share]
-    return {"step": step, **evaluation.episode_metrics(nodes, num_turns)}
-
-
-def length_metrics(turns, num_agents):
-    """Each agent's mean completion length in tokens, EOS included, over every process's rows."""
-    metrics = {}
+    metrics = {"step": step, **evaluation.episode_metrics(nodes, num_turns), **update}
     for i in range(num_agents):
         lengths = completion_lengths(turns, i).float()
         total, count = runs.all_sum([lengths.sum().item(), len(lengths)])
