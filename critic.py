@@ -128,12 +128,11 @@ class Critic:
 @contextlib.contextmanager
 def adapters_off(model):
     """The model without its LoRA adapters (models.LoRALinear), i.e. their shared frozen base."""
-    layers = [m for m in model.modules() if isinstance(m, models.LoRALinear)]
-    scalings = [m.scaling for m in layers]
-    for m in layers:
+    scalings = {m: m.scaling for m in model.modules() if isinstance(m, models.LoRALinear)}
+    for m in scalings:
         m.scaling = 0.0
     try:
         yield model
     finally:
-        for m, scaling in zip(layers, scalings):
+        for m, scaling in scalings.items():
             m.scaling = scaling

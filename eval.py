@@ -175,20 +175,19 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
     their times add up."""
-    N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
+    N, rows = cfg.num_generations, []
     for i, agent in enumerate(agents):
         # The first agent samples N answers per problem; each later one, one answer per sample, after
         # reading that sample's earlier answers, so that each sample is its own pipeline.
         if i == 0:
             prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
         else:  # one prompt per sample, showing that sample's earlier outputs
-            prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
+            seen = zip(*[texts for texts, _, _ in rows])
+            prompts = [env.sequential_prompt(batch[n // N], i, earlier) for n, earlier in enumerate(seen)]
             size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
-        text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
-        texts.append(text)
-        tokens.append(toks)
-        seconds += sec
-    return [[Sample(outputs, sum(toks), seconds) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
+        rows.append(per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i)))
+    texts, tokens, seconds = zip(*rows)  # per agent; their times add up
+    return [[Sample(outputs, sum(toks), sum(seconds)) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
 
 
 def run_discussion(env, agents, batch, cfg, seeds, expert=None):

@@ -168,10 +168,8 @@ def show_defaults(parser, purpose, env_settings):
     ({name: settings}) where they differ, so that --help shows what a run will use."""
     config = dataclasses.asdict(magrpo.Config())
     tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
-    for action in parser._actions:
+    for action in [action for action in parser._actions if action.dest in tiny]:  # the flags with defaults
         name = action.dest
-        if name not in tiny:
-            continue
         text = (f"default: the tiny model {tiny[name]}, a real model {real[name]}" if tiny[name] != real[name]
                 else f"default {real[name]}")
         # The envs whose own value differs from a real model's default: "tldr 5e-06, arxiv 5e-06".

@@ -184,9 +184,8 @@ class Run:
 
     def log_completions(self, step, indices, turns):
         """OUT/completions.jsonl: every process's joint actions of the step, written once, by process 0."""
-        every = self.args.log_completions_every
-        if not every or step % every:  # (a long run's every step and joint action is a large file)
-            return
+        if not self.args.log_completions_every or step % self.args.log_completions_every:
+            return  # (a long run's every step and joint action is a large file)
         rows = [row for share in runs.gather(completion_rows(step, indices, turns)) for row in share]
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
