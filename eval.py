@@ -139,11 +139,10 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
     where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
     tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
     for t in range(cfg.num_turns):
-        for i, (turn, node) in enumerate(where):
-            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
-                where[i] = (t, turns[t].node(turns[turn].children[node], 0))
         rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
         for i, (turn, node) in enumerate(where):
+            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
+                turn, node = where[i] = t, turns[t].node(turns[turn].children[node], 0)
             if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
                 tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
                 seconds[i] += mean(row_seconds for _, _, row_seconds in rows)
@@ -308,14 +307,12 @@ def test_metrics(problems, ks):
         if judged:
             rates.append(judged)
             passed.append([rate == 1 for rate in judged])  # pass@k counts it correct if all tests pass
-    metrics = {}
+    unbiased, authors, acc = {}, {}, {}  # each k's, so that the report lists pass@k, then pass_any@k, acc@k
     for k in ks:
-        metrics[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
-    for k in ks:
-        metrics[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
-    for k in ks:
-        metrics[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
-    return metrics
+        unbiased[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
+        authors[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
+        acc[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
+    return {**unbiased, **authors, **acc}
 
 
 def aggregate(problems, ks):
