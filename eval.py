@@ -387,9 +387,8 @@ def episode_summary(turns):
 def level_means(levels, suffix=""):
     """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
     counts 0: it was gated off by a level before it."""
-    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
     means = {}
-    for name in names:
+    for name in dict.fromkeys(name for node_levels in levels for name in node_levels):  # the reward's order
         means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
     return means
 
@@ -553,10 +552,9 @@ def read_run(args):
     taken, differ = {}, []
     for name in RUN_FLAGS:
         flag, value, mine = "--" + name.replace("_", "-"), saved.get(name), getattr(args, name)
-        if value in (None, False) or mine == value:  # an earlier train.py saved None for some
-            continue
         # --model may be given repeated or as a comma list, and only the names count.
-        if name == "model" and mine and models.model_names(args) == value:
+        same = mine == value or (name == "model" and mine and models.model_names(args) == value)
+        if value in (None, False) or same:  # an earlier train.py saved None for some
             continue
         shown = ",".join(value) if name == "model" else value
         if mine in (None, False):

@@ -313,11 +313,10 @@ def merged_model(model):
     # Only the adapted weights are copied fresh, since the merge must not write into the shared base, which
     # every other agent still reads.
     merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
-    for name, m in list(merged.named_modules()):
-        if isinstance(m, LoRALinear):
-            m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
-            parent, _, child = name.rpartition(".")
-            setattr(merged.get_submodule(parent), child, m.base)
+    for name, m in [(name, m) for name, m in merged.named_modules() if isinstance(m, LoRALinear)]:
+        m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
+        parent, _, child = name.rpartition(".")
+        setattr(merged.get_submodule(parent), child, m.base)  # the adapted layer's base, merged
     del merged.lora_config
     return merged
 

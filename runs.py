@@ -78,14 +78,13 @@ SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
     can tell a flag the user gave from one they fill in."""
-    for f in dataclasses.fields(magrpo.Config):
-        if names is None or f.name in names:
-            text = CONFIG_HELP[f.name].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
-            flag = f"--{f.name.replace('_', '-')}"
-            if f.type is bool:  # a switch, None when not given, like the others
-                parser.add_argument(flag, action="store_true", default=None, help=text)
-            else:
-                parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+    for f in [f for f in dataclasses.fields(magrpo.Config) if names is None or f.name in names]:
+        text = CONFIG_HELP[f.name].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
+        flag = f"--{f.name.replace('_', '-')}"
+        if f.type is bool:  # a switch, None when not given, like the others
+            parser.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
 
 
 def checked_config(**settings):
@@ -401,12 +400,12 @@ def save_checkpoint(out, step, agents, args, logs=(), critic=None):
         fsync_tree(path)
     # Rotation comes only after the new checkpoint is complete, so a full disk never costs the old ones.
     complete = [old for _, old in checkpoints(out) if checkpoint_problem(old) is None]
-    for _, old in checkpoints(out):
-        if old not in complete[:args.save_total_limit]:  # the newest complete ones stay; broken ones go
-            # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(old, CHECKPOINT_STATE))
-            shutil.rmtree(old, ignore_errors=True)
+    # The newest complete ones stay; broken ones go.
+    for old in [old for _, old in checkpoints(out) if old not in complete[:args.save_total_limit]]:
+        # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(old, CHECKPOINT_STATE))
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path, agents, critic=None):
