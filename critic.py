@@ -91,8 +91,7 @@ class Critic:
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
         step's rows and the values before the fit, those of the advantages; all_sum sums over processes. A
         NaN return (no verdict) is no target."""
-        with torch.no_grad():
-            gaps = self.errors(features, returns)
+        gaps = self.errors(features, returns).detach()  # the values that gave the advantages, no gradient
         heads = len(gaps) // returns.numel()
         count, r, r2, e, e2 = all_sum([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
                                      float((returns ** 2).nansum()) * heads, float(gaps.nansum()),

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+from collections import namedtuple
 
 import torch
 from tqdm import tqdm
@@ -103,13 +104,11 @@ def problem_row(method, task_id, records, save_outputs):
 # b's g-th. With the same seeds, discussion's first round is exactly concat's samples.
 
 
-@dataclasses.dataclass
-class Sample:
-    """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
-    outputs: tuple     # one text per agent (one in all for `single`)
-    tokens: int        # completion tokens so far, over all agents, rounds and turns
-    seconds: float     # response time so far; parallel agents' mean, sequential steps and turns added
-    reward: object = None  # the env's reward, where the sampler already scored it
+# One joint answer of a method, with what it cost (the paper's response time, Sec. 6): its outputs, one
+# text per agent (one in all for `single`); the completion tokens so far, over all agents, rounds and turns;
+# the response time so far in seconds, the mean of agents sampling side by side and the sum of sequential
+# steps and turns; and the env's reward where the sampler already scored it (else None).
+Sample = namedtuple("Sample", "outputs tokens seconds reward", defaults=(None,))
 
 
 def sample_cfg(args):
@@ -322,11 +321,9 @@ def aggregate(problems, ks):
     samples = [r for recs in problems for r in recs]
     errors = sum(r["error"] is not None for r in samples)
     samples = [r for r in samples if r["error"] is None]
-    metrics = {}
     # pass@k and the cooperation rate exist only where the reward says so (coding), so that no
     # metric means nothing for the env (a writing task has no tests).
-    if any("tests" in r for r in samples):
-        metrics.update(test_metrics(problems, ks))
+    metrics = test_metrics(problems, ks) if any("tests" in r for r in samples) else {}
     if any("cooperation" in r["levels"] for r in samples):
         metrics["coop_rate"] = mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
     # Every env reports the shared reward itself, the number the team was trained on; its std is the
