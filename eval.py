@@ -14,7 +14,6 @@ The paper's coding table (a GPU; the paper's sampling is the default):
     python eval.py --env coding --dataset humaneval --agents runs/code --model Qwen/Qwen2.5-Coder-3B \
         --single-model Qwen/Qwen2.5-Coder-7B --out report.json
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -503,12 +502,8 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
 def parse_args(argv=None):
     """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
     the evaluation's own. Flags left None are filled by check_flags."""
-    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    runs.add_env_flags(p)
+    p = runs.flag_parser(__doc__)
     p.set_defaults(env=None)  # demo, unless the --agents run's args.json names its env (read_run)
-    models.add_model_flags(p)
     runs.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")

@@ -5,6 +5,7 @@ processes. magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
 """
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -73,6 +74,17 @@ SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
              ("loss_type", "bnpo"): {"loss_type": "token_mean"},
              ("loss_type", "dr_grpo"): {"loss_type": "token_budget"},
              ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
+
+
+def flag_parser(doc):
+    """The parser of train.py or eval.py (`doc`: the script's docstring, its first paragraph the
+    description) with the flags both take: the env's and the model's."""
+    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_env_flags(p)
+    models.add_model_flags(p)
+    return p
 
 
 def add_config_flags(parser, names=None):

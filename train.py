@@ -16,7 +16,6 @@ names: --num-generations, --temperature, --top-p, --top-k, --learning-rate, --we
 --seed and --save-total-limit. docs/flags.md lists them all, and TRL's fields beside ours;
 docs/runs.md, docs/scale.md.
 """
-import argparse
 import contextlib
 import dataclasses
 import importlib.util
@@ -347,11 +346,7 @@ def completion_rows(step, indices, turns):
 def parse_args(argv=None):
     """The flags: the env's, the model's, LoRA's, every Config field's (magrpo.py), and the run's.
     Flags left None are filled by resolve_flags, so a default can depend on the model and the env."""
-    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    runs.add_env_flags(p)
-    models.add_model_flags(p)
+    p = runs.flag_parser(__doc__)
     models.add_lora_flags(p)
     runs.add_config_flags(p)
     p.add_argument("--learning-rate", type=float, help="each agent's AdamW")
@@ -423,13 +418,12 @@ def fill_resolved(args, env, cfg):
     args.split = args.split or env.split  # the split trained on; None for an env that has none to name
     args.sandbox = env.isolation if env.runs_code else args.sandbox  # the level model code runs at
     args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # the coding env's too; one for every env
-    # The threshold is the env's maximum, as magrpo.rollout_team takes it, and every turn's loss weighs 1
-    # unless --turn-weights says otherwise (written as the flag is given).
-    runs.fill_defaults(args, {"termination_threshold": getattr(env, "max_reward", None),
-                              "turn_weights": ",".join(["1"] * cfg.num_turns)})
     lora = models.lora_from_flags(args)  # It checks the LoRA flags too, before any model loads.
-    if lora is not None:
-        args.lora_alpha = lora.alpha
+    # The threshold is the env's maximum, as magrpo.rollout_team takes it, every turn's loss weighs 1
+    # unless --turn-weights says otherwise (written as the flag is given), and LoRA's alpha is resolved.
+    runs.fill_defaults(args, {"termination_threshold": getattr(env, "max_reward", None),
+                              "turn_weights": ",".join(["1"] * cfg.num_turns),
+                              "lora_alpha": None if lora is None else lora.alpha})
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True):
