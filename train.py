@@ -273,13 +273,12 @@ def magrpo_step(run, batch, seeds):
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
     cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum and ask run.may_update."""
-    agents, env, cfg = run.agents, run.env, run.cfg
-    if cfg.on_the_tree():
-        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, run.may_update,
-                                 run.critic)
-    rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
-                                                                    runs.all_sum, run.may_update)
-    return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
+    if run.cfg.on_the_tree():
+        return magrpo.train_step(run.agents, run.env, batch, run.cfg, seeds, run.expert, runs.all_sum,
+                                 run.may_update, run.critic)
+    rollouts, rewards, advantages, update = magrpo.single_turn_step(run.agents, run.env, batch, run.cfg,
+                                                                    seeds, runs.all_sum, run.may_update)
+    return [magrpo.turn_of_step(run.env, batch, run.cfg, seeds, rollouts, rewards, advantages)], update
 
 
 def step_metrics(step, turns, update, num_turns, num_agents):
