@@ -200,8 +200,7 @@ def judge_text(item):
 def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
     """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): no
     more tests after 3 timeouts, as theirs. A call of aux is theirs: its text (no count of aux's runs)."""
-    options = dict(timeout=timeout, max_timeouts=3, isolation=isolation)
-    return _score_code(items, judge_text, options)
+    return _score_code(items, judge_text, dict(timeout=timeout, max_timeouts=3, isolation=isolation))
 
 
 def transition_categories(text):

@@ -40,11 +40,10 @@ class Critic:
         # unless `start` holds it as it began already (loaded for the critic alone).
         self.readers = []
         for agent, begun in zip(agents, start or agents):
-            if models.is_lora(agent.model):
-                self.readers.append(agent.model)
-                continue
-            reader = begun.model if start else copy.deepcopy(agent.model)
-            self.readers.append(reader.requires_grad_(False).eval())
+            reader = agent.model
+            if not models.is_lora(reader):
+                reader = (begun.model if start else copy.deepcopy(reader)).requires_grad_(False).eval()
+            self.readers.append(reader)
         self.replay = []  # (features, returns) of the latest REPLAY_STEPS steps
         widths = [agent.model.config.hidden_size for agent in agents]
         self.heads = torch.nn.ModuleList([torch.nn.Linear(w, 1) for w in
@@ -83,8 +82,7 @@ class Critic:
     def errors(self, features, returns):
         """R - V of every row of every head, flat: returns [states, J], the central head's one value of
         each state or each per-agent head's."""
-        predicted = self.predict(features)
-        heads = predicted[:1] if self.mode == "central" else predicted
+        heads = self.predict(features)[:len(self.heads)]  # the central head's one value counted once
         return torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
 
     def fit(self, features, returns, all_sum=lambda x: x):
@@ -93,8 +91,7 @@ class Critic:
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
         step's rows and the values before the fit, those of the advantages; all_sum sums over processes. A
         NaN return (no verdict) is no target."""
-        with torch.no_grad():
-            gaps = self.errors(features, returns)
+        gaps = self.errors(features, returns).detach()  # the values that gave the advantages, no gradient
         heads = len(gaps) // returns.numel()
         count, r, r2, e, e2 = all_sum([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
                                      float((returns ** 2).nansum()) * heads, float(gaps.nansum()),
@@ -130,12 +127,11 @@ class Critic:
 @contextlib.contextmanager
 def adapters_off(model):
     """The model without its LoRA adapters (models.LoRALinear), i.e. their shared frozen base."""
-    layers = [m for m in model.modules() if isinstance(m, models.LoRALinear)]
-    scalings = [m.scaling for m in layers]
-    for m in layers:
+    scalings = {m: m.scaling for m in model.modules() if isinstance(m, models.LoRALinear)}
+    for m in scalings:
         m.scaling = 0.0
     try:
         yield model
     finally:
-        for m, scaling in zip(layers, scalings):
+        for m, scaling in scalings.items():
             m.scaling = scaling

@@ -14,12 +14,12 @@ The paper's coding table (a GPU; the paper's sampling is the default):
     python eval.py --env coding --dataset humaneval --agents runs/code --model Qwen/Qwen2.5-Coder-3B \
         --single-model Qwen/Qwen2.5-Coder-7B --out report.json
 """
-import argparse
 import dataclasses
 import json
 import math
 import os
 import sys
+from collections import namedtuple
 
 import torch
 from tqdm import tqdm
@@ -103,13 +103,11 @@ def problem_row(method, task_id, records, save_outputs):
 # b's g-th. With the same seeds, discussion's first round is exactly concat's samples.
 
 
-@dataclasses.dataclass
-class Sample:
-    """One joint answer of a method, with what it cost (the paper's response time, Sec. 6)."""
-    outputs: tuple     # one text per agent (one in all for `single`)
-    tokens: int        # completion tokens so far, over all agents, rounds and turns
-    seconds: float     # response time so far; parallel agents' mean, sequential steps and turns added
-    reward: object = None  # the env's reward, where the sampler already scored it
+# One joint answer of a method, with what it cost (the paper's response time, Sec. 6): its outputs, one
+# text per agent (one in all for `single`); the completion tokens so far, over all agents, rounds and turns;
+# the response time so far in seconds, the mean of agents sampling side by side and the sum of sequential
+# steps and turns; and the env's reward where the sampler already scored it (else None).
+Sample = namedtuple("Sample", "outputs tokens seconds reward", defaults=(None,))
 
 
 def sample_cfg(args):
@@ -139,11 +137,10 @@ def run_team(env, agents, batch, cfg, seeds, expert=None):
     where = [(0, node) for node in range(len(turns[0].outputs))]  # each sample's latest (turn, node)
     tokens, seconds, out = [0] * len(where), [0.0] * len(where), []
     for t in range(cfg.num_turns):
-        for i, (turn, node) in enumerate(where):
-            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
-                where[i] = (t, turns[t].node(turns[turn].children[node], 0))
         rows = [per_row(rollout) for rollout in turns[t].rollouts] if t < len(turns) else []
         for i, (turn, node) in enumerate(where):
+            if turn == t - 1 and node in turns[turn].children:  # if revised, now its child group's one node
+                turn, node = where[i] = t, turns[t].node(turns[turn].children[node], 0)
             if turn == t:  # a new answer is row `node` of each agent (aligned); a kept one costs nothing
                 tokens[i] += sum(row_tokens[node] for _, row_tokens, _ in rows)
                 seconds[i] += mean(row_seconds for _, _, row_seconds in rows)
@@ -175,20 +172,19 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
     their times add up."""
-    N, texts, tokens, seconds = cfg.num_generations, [], [], 0.0
+    N, rows = cfg.num_generations, []
     for i, agent in enumerate(agents):
         # The first agent samples N answers per problem; each later one, one answer per sample, after
         # reading that sample's earlier answers, so that each sample is its own pipeline.
         if i == 0:
             prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
         else:  # one prompt per sample, showing that sample's earlier outputs
-            prompts = [env.sequential_prompt(batch[n // N], i, seen) for n, seen in enumerate(zip(*texts))]
+            seen = zip(*[texts for texts, _, _ in rows])
+            prompts = [env.sequential_prompt(batch[n // N], i, earlier) for n, earlier in enumerate(seen)]
             size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
-        text, toks, sec = per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i))
-        texts.append(text)
-        tokens.append(toks)
-        seconds += sec
-    return [[Sample(outputs, sum(toks), seconds) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
+        rows.append(per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i)))
+    texts, tokens, seconds = zip(*rows)  # per agent; their times add up
+    return [[Sample(outputs, sum(toks), sum(seconds)) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
 
 
 def run_discussion(env, agents, batch, cfg, seeds, expert=None):
@@ -201,13 +197,10 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    wait = mean(seconds for _, _, seconds in second)  # the agents revise side by side
-    samples = []
-    for n, sample in enumerate(first):
-        outputs = tuple(texts[n] for texts, _, _ in second)
-        tokens = sample.tokens + sum(agent_tokens[n] for _, agent_tokens, _ in second)
-        samples.append(Sample(outputs, tokens, sample.seconds + wait))
-    return [samples]
+    texts, tokens, seconds = zip(*second)  # per agent
+    wait = mean(seconds)  # the agents revise side by side
+    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + wait)
+             for sample, outputs, toks in zip(first, zip(*texts), zip(*tokens))]]
 
 
 def run_single(env, agents, batch, cfg, seeds, expert=None):
@@ -308,19 +301,16 @@ def test_metrics(problems, ks):
     # without a verdict (an error) is no failure: it is left out, and a problem with none left too.
     passed, rates = [], []
     for records in problems:
-        records = [r for r in records if r["error"] is None]
-        if not records:
-            continue
-        rates.append([tests_rate(r) for r in records])
-        passed.append([rate == 1 for rate in rates[-1]])  # pass@k counts it correct if all tests pass
-    metrics = {}
+        judged = [tests_rate(r) for r in records if r["error"] is None]
+        if judged:
+            rates.append(judged)
+            passed.append([rate == 1 for rate in judged])  # pass@k counts it correct if all tests pass
+    unbiased, authors, acc = {}, {}, {}  # each k's, so that the report lists pass@k, then pass_any@k, acc@k
     for k in ks:
-        metrics[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
-    for k in ks:
-        metrics[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
-    for k in ks:
-        metrics[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
-    return metrics
+        unbiased[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
+        authors[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
+        acc[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
+    return {**unbiased, **authors, **acc}
 
 
 def aggregate(problems, ks):
@@ -330,21 +320,17 @@ def aggregate(problems, ks):
     samples = [r for recs in problems for r in recs]
     errors = sum(r["error"] is not None for r in samples)
     samples = [r for r in samples if r["error"] is None]
-    metrics = {}
     # pass@k and the cooperation rate exist only where the reward says so (coding), so that no
     # metric means nothing for the env (a writing task has no tests).
-    if any("tests" in r for r in samples):
-        metrics.update(test_metrics(problems, ks))
+    metrics = test_metrics(problems, ks) if any("tests" in r for r in samples) else {}
     if any("cooperation" in r["levels"] for r in samples):
         metrics["coop_rate"] = mean(r["levels"].get("cooperation", 0.0) > 0 for r in samples)
     # Every env reports the shared reward itself, the number the team was trained on; its std is the
     # sample std over samples (Bessel's n - 1, as metrics.jsonl's), not a standard error.
     rewards = [r["reward"] for r in samples]
-    metrics["reward"] = mean(rewards)
-    metrics["reward_std"] = sample_std(rewards)
-    metrics["tokens_per_sample"] = mean(r["tokens"] for r in samples)
-    metrics["seconds_per_sample"] = mean(r["seconds"] for r in samples)
-    metrics["errors"] = errors
+    metrics.update(reward=mean(rewards), reward_std=sample_std(rewards),
+                   tokens_per_sample=mean(r["tokens"] for r in samples),
+                   seconds_per_sample=mean(r["seconds"] for r in samples), errors=errors)
     # The details (the "reward detail" table) say how often each level was earned and the mean of every
     # other number the rewards carry, so that they show where a method loses its reward, level by level.
     metrics.update(level_means([r["levels"] for r in samples]))
@@ -397,9 +383,8 @@ def episode_summary(turns):
 def level_means(levels, suffix=""):
     """The mean of each reward level over the samples (their `levels` dicts); a level a sample lacks
     counts 0: it was gated off by a level before it."""
-    names = dict.fromkeys(name for node_levels in levels for name in node_levels)  # in the reward's order
     means = {}
-    for name in names:
+    for name in dict.fromkeys(name for node_levels in levels for name in node_levels):  # the reward's order
         means[f"level_{name}{suffix}"] = mean(float(node_levels.get(name, 0.0)) for node_levels in levels)
     return means
 
@@ -418,18 +403,14 @@ def episode_metrics(nodes, num_turns):
     # Every row has every turn's keys, None for a turn no group reached (all solved before it), so that
     # the columns of metrics.jsonl stay the same from the first row to the last.
     for t in range(1, num_turns + 1):
-        keys = [f"reward_mean_turn{t}", f"reward_max_turn{t}", f"terminated_turn{t}"]
-        if t > 1:
-            keys.append(f"improvement_turn{t}")
         turn = [node for node in nodes if node["turn"] == t]
-        if not turn:
-            m.update(dict.fromkeys(keys))
-            continue
-        rewards = torch.tensor([node["reward"] for node in turn])
-        values = [rewards.mean().item(), rewards.max().item(), mean(node["solved"] for node in turn)]
+        rewards = torch.tensor([node["reward"] for node in turn] or [math.nan])
+        m[f"reward_mean_turn{t}"] = rewards.mean().item() if turn else None
+        m[f"reward_max_turn{t}"] = rewards.max().item() if turn else None
+        m[f"terminated_turn{t}"] = mean(node["solved"] for node in turn) if turn else None
         if t > 1:  # how much revising gained over the answers it revised (that had a verdict)
-            values.append(mean(node["gain"] for node in turn if not math.isnan(node["gain"])))
-        m.update(zip(keys, values))
+            gains = [node["gain"] for node in turn if not math.isnan(node["gain"])]
+            m[f"improvement_turn{t}"] = mean(gains) if turn else None
         m.update(level_means([node["levels"] for node in turn], f"_turn{t}"))
     return {**m, **errors}
 
@@ -521,12 +502,8 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
 def parse_args(argv=None):
     """eval.py's flags: the env's and the model's (as train.py's), the sampling fields of Config, and
     the evaluation's own. Flags left None are filled by check_flags."""
-    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    runs.add_env_flags(p)
+    p = runs.flag_parser(__doc__)
     p.set_defaults(env=None)  # demo, unless the --agents run's args.json names its env (read_run)
-    models.add_model_flags(p)
     runs.add_config_flags(p, SAMPLING_FIELDS)
     p.add_argument("--limit", type=int, help="evaluate the first N problems of the split")
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all the env supports)")
@@ -567,10 +544,9 @@ def read_run(args):
     taken, differ = {}, []
     for name in RUN_FLAGS:
         flag, value, mine = "--" + name.replace("_", "-"), saved.get(name), getattr(args, name)
-        if value in (None, False) or mine == value:  # an earlier train.py saved None for some
-            continue
         # --model may be given repeated or as a comma list, and only the names count.
-        if name == "model" and mine and models.model_names(args) == value:
+        same = mine == value or (name == "model" and mine and models.model_names(args) == value)
+        if value in (None, False) or same:  # an earlier train.py saved None for some
             continue
         shown = ",".join(value) if name == "model" else value
         if mine in (None, False):
@@ -600,8 +576,7 @@ def check_flags(args):
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
     # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    tiny = tiny_base and not args.agents
-    defaults = runs.run_defaults("eval", tiny)
+    defaults = runs.run_defaults("eval", tiny_base and not args.agents)
     if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
         defaults["max_new_tokens"] = saved["max_new_tokens"]
     runs.fill_defaults(args, defaults)
@@ -757,8 +732,7 @@ def main(argv=None):
         print(format_table(report["improvement"], f"turn {args.num_turns} - turn 1"))
     print(format_table(report["details"], "reward detail"))  # the last turn's, to show how each level fared
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        runs.write_atomic(args.out, json.dumps(report, indent=1))
         print(f"wrote {args.out}")
     return report
 

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,9 +207,9 @@ def lora_targets(model, targets):
                              f"(its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
-    owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    owners = [id(p) for m in model.modules() for p in m.parameters(recurse=False)]  # a tied one twice
     for name in chosen:
-        if owners[id(model.get_submodule(name).weight)] > 1:
+        if owners.count(id(model.get_submodule(name).weight)) > 1:
             raise ValueError(f"{name} shares its weight with another layer (tied embeddings): leave it out")
     return chosen
 
@@ -314,11 +313,10 @@ def merged_model(model):
     # Only the adapted weights are copied fresh, since the merge must not write into the shared base, which
     # every other agent still reads.
     merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
-    for name, m in list(merged.named_modules()):
-        if isinstance(m, LoRALinear):
-            m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
-            parent, _, child = name.rpartition(".")
-            setattr(merged.get_submodule(parent), child, m.base)
+    for name, m in [(name, m) for name, m in merged.named_modules() if isinstance(m, LoRALinear)]:
+        m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
+        parent, _, child = name.rpartition(".")
+        setattr(merged.get_submodule(parent), child, m.base)  # the adapted layer's base, merged
     del merged.lora_config
     return merged
 
@@ -377,8 +375,7 @@ def make_optimizer(model, learning_rate, weight_decay=0.0):
 def adamw(params, **kwargs):
     """torch's AdamW, fused into one kernel where the weights are on a GPU: the default (foreach)
     implementation allocates a temporary as large as the weights at every step."""
-    fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW(params, fused=fused or None, **kwargs)
+    return torch.optim.AdamW(params, fused=all(p.is_cuda for p in params) or None, **kwargs)
 
 # -----------------------------------------------------------------------------
 # Saving and loading an agent: what transformers or peft load without us (a checkpoint adds what only a
@@ -396,11 +393,9 @@ def save_agent(agent, path, merged=False):
         os.makedirs(path, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in adapter_state(model).items()},
                   os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
-            json.dump(model.lora_config, f, indent=1)
+        Path(path, ADAPTER_CONFIG).write_text(json.dumps(model.lora_config, indent=1))
         if getattr(model, "tiny_base_seed", None) is not None:
-            with open(os.path.join(path, TINY_BASE), "w") as f:
-                json.dump({"seed": model.tiny_base_seed}, f)
+            Path(path, TINY_BASE).write_text(json.dumps({"seed": model.tiny_base_seed}))
     else:
         (merged_model(model) if is_lora(model) else model).save_pretrained(path)
     agent.tokenizer.save_pretrained(path)

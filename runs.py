@@ -5,6 +5,7 @@ processes. magrpo.py knows nothing of these; train.py's loop calls them.
 
     python -m pytest tests/test_train.py -k "resume or signal or disk"   # what guards a run
 """
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -75,17 +76,27 @@ SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
              ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
 
 
+def flag_parser(doc):
+    """The parser of train.py or eval.py (`doc`: the script's docstring, its first paragraph the
+    description) with the flags both take: the env's and the model's."""
+    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_env_flags(p)
+    models.add_model_flags(p)
+    return p
+
+
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
     can tell a flag the user gave from one they fill in."""
-    for f in dataclasses.fields(magrpo.Config):
-        if names is None or f.name in names:
-            text = CONFIG_HELP[f.name].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
-            flag = f"--{f.name.replace('_', '-')}"
-            if f.type is bool:  # a switch, None when not given, like the others
-                parser.add_argument(flag, action="store_true", default=None, help=text)
-            else:
-                parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
+    for f in [f for f in dataclasses.fields(magrpo.Config) if names is None or f.name in names]:
+        text = CONFIG_HELP[f.name].replace("%", "%%")  # argparse formats %; show_defaults adds defaults
+        flag = f"--{f.name.replace('_', '-')}"
+        if f.type is bool:  # a switch, None when not given, like the others
+            parser.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            parser.add_argument(flag, type=f.type if f.type in (int, float) else str, help=text)
 
 
 def checked_config(**settings):
@@ -168,13 +179,10 @@ def show_defaults(parser, purpose, env_settings):
     ({name: settings}) where they differ, so that --help shows what a run will use."""
     config = dataclasses.asdict(magrpo.Config())
     tiny, real = {**config, **run_defaults(purpose, True)}, {**config, **run_defaults(purpose, False)}
-    for action in parser._actions:
+    for action in [action for action in parser._actions if action.dest in tiny]:  # the flags with defaults
         name = action.dest
-        if name not in tiny:
-            continue
-        text = f"default {real[name]}"
-        if tiny[name] != real[name]:
-            text = f"default: the tiny model {tiny[name]}, a real model {real[name]}"
+        text = (f"default: the tiny model {tiny[name]}, a real model {real[name]}" if tiny[name] != real[name]
+                else f"default {real[name]}")
         # The envs whose own value differs from a real model's default: "tldr 5e-06, arxiv 5e-06".
         per_env = [f"{env} {own[name]}" for env, own in env_settings.items()
                    if own.get(name, real[name]) != real[name]]
@@ -201,8 +209,7 @@ def add_env_flags(p):
     p.add_argument("--num-agents", type=int, help="number of agents (default: the env's)")
     p.add_argument("--authors-rewards", action="store_true", help="score with the authors' rewards, not ours")
     p.add_argument("--test-timeout", type=float,
-                   help=f"coding: seconds per sandbox test (default "
-                        f"{inspect.signature(envs.CodingEnv).parameters['timeout'].default:g})")
+                   help=f"coding: seconds per sandbox test (default {envs.TEST_TIMEOUT:g})")
     p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
                    help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
                         "else rlimits; a level named is required")
@@ -251,12 +258,9 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
 def prepare_out(args):
     """None (step 0) or the (step, path) of the checkpoint to resume. A new run refuses an --out that
     holds a run; --resume refuses flags that would change it."""
-    problem = out_problem(args.out)
-    if problem:
-        raise ValueError(f"--out: {problem}")
-    names = os.listdir(args.out) if os.path.isdir(args.out) else []
+    check_out(args.out)
     if not args.resume:
-        for name in names:
+        for name in os.listdir(args.out) if os.path.isdir(args.out) else []:
             ours = name in ("args.json", "metrics.jsonl", "final.json")
             if ours or name.startswith(("checkpoint-", "agent_")):  # writing over a run would lose it
                 raise ValueError(f"--out: {args.out!r} already holds a run: continue it with --resume, or "
@@ -268,34 +272,32 @@ def prepare_out(args):
         return None
     saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
-        # An earlier version saved None for the flags fill_resolved fills now: the same run.
-        if value is None and name in FILLED:
-            continue
-        if name == "dtype" and vars(args).get(name) == "auto":  # what auto resolved to, recorded
-            continue
-        if name not in RESUMABLE and value != vars(args).get(name):
+        mine = vars(args).get(name)
+        # The same run: an earlier version saved None for the flags fill_resolved fills now, and a dtype
+        # is recorded as what auto resolved to.
+        same = value == mine or (value is None and name in FILLED) or (name == "dtype" and mine == "auto")
+        if name not in RESUMABLE and not same:
             raise ValueError(f"--{name.replace('_', '-')}: the run in {args.out!r} used {value!r}, not "
-                             f"{vars(args).get(name)!r}; resume with the same flags (only --steps and the "
-                             "save/eval/device flags may change)")
+                             f"{mine!r}; resume with the same flags (only --steps and the save/eval/device "
+                             "flags may change)")
     if args.steps < checkpoint[0]:  # A larger --steps continues a finished run, which is allowed.
         raise ValueError(f"--steps: the run in {args.out!r} is already at step {checkpoint[0]}")
     return checkpoint
 
 
-def out_problem(out):
-    """Why --out cannot hold a run (a file in its place, a directory that cannot be written), or None.
-    Asked before any model loads: a typo costs a second, not a model load."""
+def check_out(out):
+    """A ValueError when --out cannot hold a run (a file in its place, a directory that cannot be
+    written). Asked before any model loads: a typo costs a second, not a model load."""
     path = os.path.abspath(out)
     if os.path.exists(path) and not os.path.isdir(path):
-        return f"{out!r} is a file, not a directory"
+        raise ValueError(f"--out: {out!r} is a file, not a directory")
     # The nearest directory that exists is the one the run writes in (or makes --out in).
     while not os.path.exists(path):
         path = os.path.dirname(path)
     if not os.path.isdir(path):
-        return f"{path!r} is a file, not a directory"
+        raise ValueError(f"--out: {path!r} is a file, not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
-        return f"cannot write in {path!r}"
-    return None
+        raise ValueError(f"--out: cannot write in {path!r}")
 
 
 def start_out(args, start):
@@ -364,9 +366,8 @@ def saving(out, what, *tmps):
         for tmp in tmps:
             shutil.rmtree(tmp, ignore_errors=True)
         latest = latest_checkpoint(out)
-        where = "there is no complete checkpoint (--resume starts at step 0)"
-        if latest:
-            where = f"{latest[1]} is the newest complete checkpoint (--resume continues from it)"
+        where = (f"{latest[1]} is the newest complete checkpoint (--resume continues from it)" if latest
+                 else "there is no complete checkpoint (--resume starts at step 0)")
         raise SaveFailed(f"could not save {what} ({type(e).__name__}: {e}; {free:.1f} MB left on the disk); "
                          + where) from None
 
@@ -411,12 +412,12 @@ def save_checkpoint(out, step, agents, args, logs=(), critic=None):
         fsync_tree(path)
     # Rotation comes only after the new checkpoint is complete, so a full disk never costs the old ones.
     complete = [old for _, old in checkpoints(out) if checkpoint_problem(old) is None]
-    for _, old in checkpoints(out):
-        if old not in complete[:args.save_total_limit]:  # the newest complete ones stay; broken ones go
-            # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(old, CHECKPOINT_STATE))
-            shutil.rmtree(old, ignore_errors=True)
+    # The newest complete ones stay; broken ones go.
+    for old in [old for _, old in checkpoints(out) if old not in complete[:args.save_total_limit]]:
+        # Its state file goes first: a kill during the delete leaves a checkpoint known to be broken.
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(old, CHECKPOINT_STATE))
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path, agents, critic=None):

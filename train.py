@@ -16,7 +16,6 @@ names: --num-generations, --temperature, --top-p, --top-k, --learning-rate, --we
 --seed and --save-total-limit. docs/flags.md lists them all, and TRL's fields beside ours;
 docs/runs.md, docs/scale.md.
 """
-import argparse
 import contextlib
 import dataclasses
 import importlib.util
@@ -46,40 +45,38 @@ def train(args):
         run = Run(args)
     except ValueError as e:  # Every bad input, from any layer, is one line and exit status 1.
         sys.exit(f"train.py: error: {e}")
-    env, cfg, agents = run.env, run.cfg, run.agents
-    signals = runs.Signals()
-    gate = StepGate(run, signals)
+    run.signals = runs.Signals()  # until the run's end (restore, below)
     try:
         for step in run.bar:  # range(run.start, args.steps), with a progress bar
             # The step's batch and a seed per example come from (seed, step) alone, so a resumed run
             # draws and samples exactly what the uninterrupted one would.
-            indices = runs.my_share(batch_at(len(env.examples), args.seed, step, args.batch_size))
+            indices = runs.my_share(batch_at(len(run.env.examples), args.seed, step, args.batch_size))
             seeds = runs.my_share([mix_seed(args.seed, step, j) for j in range(args.batch_size)])
-            batch = [env.examples[i] for i in indices]
+            batch = [run.env.examples[i] for i in indices]
             t0 = time.time()
             # A signal while the step samples drops the step (Stop). The weights are untouched, so the
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
-            gate.step, turns, update = step, None, None
-            with contextlib.suppress(runs.Stop), signals.abandon_on_signal():
-                turns, update = magrpo_step(run, batch, seeds, gate.may_update)
+            run.step, turns, update = step, None, None
+            with contextlib.suppress(runs.Stop), run.signals.abandon_on_signal():
+                turns, update = magrpo_step(run, batch, seeds)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
-                gate.agree(abandoned=True)
+                run.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
                 break
             if step == run.start and run.main and not args.chat_template:
-                note_raw_prompts(agents, turns, cfg.max_new_tokens)
-            scored, lengths = reward_metrics(step, turns, cfg.num_turns), length_metrics(turns, len(agents))
-            metrics = {**scored, **update, **lengths, "seconds": round(time.time() - t0, 4)}
+                note_raw_prompts(run.agents, turns, run.cfg.max_new_tokens)
+            metrics = step_metrics(step, turns, update, run.cfg.num_turns, len(run.agents))
+            metrics["seconds"] = round(time.time() - t0, 4)
             run.log_completions(step, indices, turns)
             run.done, last = step + 1, step == args.steps - 1
             if run.eval_env is not None and (step % args.eval_every == 0 or last):
                 run.evaluate(step, metrics)
             # A signal during the update waited for it to end; now every process hears of it.
-            gate.agree(abandoned=False)
+            run.agree(abandoned=False)
             # A periodic checkpoint. The last step's is finish()'s, which also writes the final agents.
             save = args.save_every and run.done % args.save_every == 0 and not last
             if save:
-                runs.check_ranks_agree(agents)  # This is a collective, so every process runs it.
+                runs.check_ranks_agree(run.agents)  # This is a collective, so every process runs it.
             if run.main:
                 run.record(step, metrics, turns, last, save)
             if run.signum is not None:
@@ -89,17 +86,18 @@ def train(args):
             runs.undo_start(args.out, run.made_out)
         raise
     finally:
-        signals.restore()  # A later ^C in the caller (a test, a notebook) behaves as usual again.
+        run.signals.restore()  # A later ^C in the caller (a test, a notebook) behaves as usual again.
     return run.finish()
 
 # -----------------------------------------------------------------------------
-# What the loop calls: the run's state and files, the MAGRPO step and its gate, the step's data and metrics
+# What the loop calls: the run (its state, files and step gate), the MAGRPO step, the step's data and metrics
 
 
 class Run:
     """A run's state: its flags, env, Config, agents, expert and files (process 0 alone writes them),
     the step it starts at and the steps its weights hold (done), and why it stopped early (signum,
-    error). Its methods log, evaluate, record and finish."""
+    error). Its methods gate a step's update (may_update, where torchrun's processes agree), log,
+    evaluate, record and finish."""
 
     def __init__(self, args):
         local_rank, local_world = runs.start_processes()
@@ -113,14 +111,12 @@ class Run:
         if self.cfg.advantage == "critic":
             # The critic reads the agents as they began, so a resumed run's (the checkpoint's) are loaded
             # again from --model for it; a LoRA team's frozen base is that already.
-            start = None
-            if checkpoint is not None and not models.is_lora(self.agents[0].model):
-                start = build(args, self.env, None, local_rank, local_world, optimize=False)
+            reread = checkpoint is not None and not models.is_lora(self.agents[0].model)
+            start = build(args, self.env, None, local_rank, local_world, optimize=False) if reread else None
             self.critic = critic.Critic(self.agents, args.critic, args.critic_learning_rate, start)
         # The in-training eval has its own split, never the training rows (a plain file has none).
-        self.eval_env = None
-        if args.eval_every:
-            self.eval_env = runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+        self.eval_env = (runs.env_from_flags(args, split=args.eval_split, flag="--eval-split")
+                         if args.eval_every else None)
         # start is the first step to run, and done counts the steps whose update the weights hold (what a
         # checkpoint records, and what finish() saves after a signal).
         self.start = self.done = 0 if checkpoint is None else checkpoint[0]
@@ -147,19 +143,49 @@ class Run:
         if self.main and self.log.size:
             with open(self.log.path) as f:
                 self.history = [json.loads(line) for line in f]
-        # recent holds the last rewards the progress bar averages; signum and error say why a run stopped.
-        self.recent, self.signum, self.error = [], None, None
+        # recent holds the last rewards the progress bar averages; signum and error say why a run stopped;
+        # step is the one running (for the messages), and signals are train()'s handlers (runs.Signals).
+        self.recent, self.signum, self.error, self.step, self.signals = [], None, None, None, None
         self.bar = tqdm(range(self.start, args.steps), desc=f"magrpo {self.env.name}", dynamic_ncols=True,
                         initial=self.start, total=args.steps, disable=not self.main)
 
+    def may_update(self, rewards):
+        """The word between a step's sampling and its update, the MAGRPO step's last check, on every
+        process: the processes agree to go on (a signal stops them all here, no agent holding half an
+        update), and the step has answers that could be scored (if none could, the sandbox or the env is
+        broken, not the agents, and the run stops)."""
+        self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
+        if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
+            return False
+        # Every process's rewards are counted, so that every process decides the same.
+        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
+        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
+        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
+        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
+        if bad == total:
+            self.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
+                          f"could be scored {why}")
+            return False
+        if bad:
+            tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
+                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
+                       file=sys.stderr)
+        return True
+
+    def agree(self, abandoned):
+        """The processes stop together or not at all: each tells whether a signal came and whether
+        it abandoned its sampling. -> True when no process abandoned its step."""
+        # Every process enters this collective once per step, whatever happened to it, so the step's
+        # other collectives (the gradients' sums) never wait for a process that left.
+        votes = runs.gather((self.signals.received, abandoned))
+        self.signum = next((signum for signum, _ in votes if signum is not None), None)
+        return not any(gave_up for _, gave_up in votes)
+
     def log_completions(self, step, indices, turns):
         """OUT/completions.jsonl: every process's joint actions of the step, written once, by process 0."""
-        every = self.args.log_completions_every
-        if not every or step % every:  # (a long run's every step and joint action is a large file)
-            return
-        rows = []
-        for process_rows in runs.gather(completion_rows(step, indices, turns)):
-            rows += process_rows
+        if not self.args.log_completions_every or step % self.args.log_completions_every:
+            return  # (a long run's every step and joint action is a large file)
+        rows = [row for share in runs.gather(completion_rows(step, indices, turns)) for row in share]
         if self.main:
             self.completions.append("".join(json.dumps(row) + "\n" for row in rows))
         if self.tracker is not None:  # the same rows as a table; lists and dicts as JSON text
@@ -176,15 +202,13 @@ class Run:
         examples = runs.my_share(self.eval_env.examples[:self.args.eval_limit])
         sums, judged = evaluation.team_reward_sums(self.agents, self.eval_env, examples, self.cfg,
                                                    self.expert)
-        counted = runs.all_sum(sums + judged)  # every process's sums, and its counts of answers judged
-        turns = len(sums)
-        rewards = [total / count if count else None for total, count in zip(counted[:turns], counted[turns:])]
+        counted = runs.all_sum(sums + judged)  # every process's sums, then its counts of answers judged
+        rewards = [total / count if count else None for total, count in zip(counted, counted[len(sums):])]
         metrics["eval_reward_mean"] = rewards[0]  # turn 1's, the single-turn number; each turn's below
         metrics.update({f"eval_reward_mean_turn{t}": reward for t, reward in enumerate(rewards, 1)})
         if self.main:
             shown = " -> ".join("no verdict" if r is None else f"{r:.3f}" for r in rewards)
-            tqdm.write(f"step {step:5d} eval reward {shown} "
-                       f"({self.eval_env.name}, {self.args.eval_split})")
+            tqdm.write(f"step {step:5d} eval reward {shown} ({self.eval_env.name}, {self.args.eval_split})")
 
     def record(self, step, metrics, turns, last, save):
         """Process 0: the step's row of metrics.jsonl, the curve every 10 steps, a checkpoint when
@@ -192,8 +216,7 @@ class Run:
         self.log.append(json.dumps(metrics) + "\n")
         self.history.append(metrics)
         if self.tracker is not None:  # W&B draws the numbers' curves; None is a turn not reached.
-            numbers = {key: value for key, value in metrics.items() if value is not None and key != "step"}
-            self.tracker.log(numbers, step=step)
+            self.tracker.log({k: v for k, v in metrics.items() if v is not None and k != "step"}, step=step)
         # The curve is redrawn every 10 steps, not every step, since a long run's SVG is a few hundred kB.
         if step % 10 == 9 or last or self.signum is not None:
             curve = evaluation.curve_svg(self.history, max_reward=self.env.max_reward)
@@ -245,71 +268,25 @@ class Run:
         return self.log.path
 
 
-def magrpo_step(run, batch, seeds, may_update):
+def magrpo_step(run, batch, seeds):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
-    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum; may_update is StepGate's."""
-    agents, env, cfg = run.agents, run.env, run.cfg
-    if cfg.on_the_tree():
-        return magrpo.train_step(agents, env, batch, cfg, seeds, run.expert, runs.all_sum, may_update,
-                                 run.critic)
-    rollouts, rewards, advantages, update = magrpo.single_turn_step(agents, env, batch, cfg, seeds,
-                                                                    runs.all_sum, may_update)
-    return [magrpo.turn_of_step(env, batch, cfg, seeds, rollouts, rewards, advantages)], update
+    cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum and ask run.may_update."""
+    if run.cfg.on_the_tree():
+        return magrpo.train_step(run.agents, run.env, batch, run.cfg, seeds, run.expert, runs.all_sum,
+                                 run.may_update, run.critic)
+    rollouts, rewards, advantages, update = magrpo.single_turn_step(run.agents, run.env, batch, run.cfg,
+                                                                    seeds, runs.all_sum, run.may_update)
+    return [magrpo.turn_of_step(run.env, batch, run.cfg, seeds, rollouts, rewards, advantages)], update
 
 
-class StepGate:
-    """The word between a step's sampling and its update (may_update), where torchrun's processes agree to
-    go on, and a step none of whose answers could be scored stops the run."""
-
-    def __init__(self, run, signals):
-        self.run, self.signals = run, signals
-        self.step = None  # the step's number, for the messages
-
-    def may_update(self, rewards):
-        """The MAGRPO step's last check before the update, on every process: the processes agree to go
-        on (a signal stops them all here, no agent holding half an update), and the step has answers
-        that could be scored (if none could, the sandbox or the env is broken, not the agents)."""
-        self.signals.abandonable = False  # The sampling is over, and a signal now waits for the step's end.
-        if not self.agree(abandoned=False):  # A signal stopped some process's sampling, so all stop.
-            return False
-        # Every process's rewards are counted, so that every process decides the same.
-        sandbox = sum(getattr(reward, "sandbox_error", None) is not None for reward in rewards)
-        scoring = sum(isinstance(reward, magrpo.ScoreError) for reward in rewards)
-        sandbox, scoring, total = (int(n) for n in runs.all_sum([sandbox, scoring, len(rewards)]))
-        bad, why = sandbox + scoring, f"({sandbox} sandbox failures, {scoring} scoring errors)"
-        if bad == total:
-            self.run.error = (f"train.py: error: step {self.step}: none of the {total} joint answers "
-                              f"could be scored {why}")
-            return False
-        if bad:
-            tqdm.write(f"warning: step {self.step}: {bad} of {total} joint answers could not be scored "
-                       f"{why}: no verdict, so no gradient and no part in their group's baseline",
-                       file=sys.stderr)
-        return True
-
-    def agree(self, abandoned):
-        """The processes stop together or not at all: each tells whether a signal came and whether
-        it abandoned its sampling. -> True when no process abandoned its step."""
-        # Every process enters this collective once per step, whatever happened to it, so the step's
-        # other collectives (the gradients' sums) never wait for a process that left.
-        votes = runs.gather((self.signals.received, abandoned))
-        self.run.signum = next((signum for signum, _ in votes if signum is not None), None)
-        return not any(gave_up for _, gave_up in votes)
-
-
-def reward_metrics(step, turns, num_turns):
-    """The step's reward metrics (eval.episode_metrics) over every process's nodes, the same everywhere."""
-    nodes = []
-    for process_nodes in runs.gather(evaluation.episode_summary(turns)):
-        nodes += process_nodes
-    return {"step": step, **evaluation.episode_metrics(nodes, num_turns)}
-
-
-def length_metrics(turns, num_agents):
-    """Each agent's mean completion length in tokens, EOS included, over every process's rows."""
-    metrics = {}
+def step_metrics(step, turns, update, num_turns, num_agents):
+    """The step's row of metrics.jsonl, the same on every process: the reward metrics of every process's
+    nodes (eval.episode_metrics), the update's, and each agent's mean completion length in tokens, EOS
+    included, over every process's rows."""
+    nodes = [node for share in runs.gather(evaluation.episode_summary(turns)) for node in share]
+    metrics = {"step": step, **evaluation.episode_metrics(nodes, num_turns), **update}
     for i in range(num_agents):
         lengths = completion_lengths(turns, i).float()
         total, count = runs.all_sum([lengths.sum().item(), len(lengths)])
@@ -368,11 +345,7 @@ def completion_rows(step, indices, turns):
 def parse_args(argv=None):
     """The flags: the env's, the model's, LoRA's, every Config field's (magrpo.py), and the run's.
     Flags left None are filled by resolve_flags, so a default can depend on the model and the env."""
-    # allow_abbrev off: argparse would take a typo such as --num-gen for --num-generations, silently.
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    runs.add_env_flags(p)
-    models.add_model_flags(p)
+    p = runs.flag_parser(__doc__)
     models.add_lora_flags(p)
     runs.add_config_flags(p)
     p.add_argument("--learning-rate", type=float, help="each agent's AdamW")
@@ -444,14 +417,12 @@ def fill_resolved(args, env, cfg):
     args.split = args.split or env.split  # the split trained on; None for an env that has none to name
     args.sandbox = env.isolation if env.runs_code else args.sandbox  # the level model code runs at
     args.test_timeout = args.test_timeout or envs.TEST_TIMEOUT  # the coding env's too; one for every env
-    if args.termination_threshold is None:  # the env's maximum, as magrpo.rollout_team takes it
-        args.termination_threshold = getattr(env, "max_reward", None)
-    # Every turn's loss weighs 1 unless --turn-weights says otherwise; written as the flag is given.
-    if args.turn_weights is None:
-        args.turn_weights = ",".join(["1"] * cfg.num_turns)
     lora = models.lora_from_flags(args)  # It checks the LoRA flags too, before any model loads.
-    if lora is not None:
-        args.lora_alpha = lora.alpha
+    # The threshold is the env's maximum, as magrpo.rollout_team takes it, every turn's loss weighs 1
+    # unless --turn-weights says otherwise (written as the flag is given), and LoRA's alpha is resolved.
+    runs.fill_defaults(args, {"termination_threshold": getattr(env, "max_reward", None),
+                              "turn_weights": ",".join(["1"] * cfg.num_turns),
+                              "lora_alpha": None if lora is None else lora.alpha})
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True):
@@ -460,15 +431,14 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True
     lora, bases = models.lora_from_flags(args), {}
     # The tiny model's steps are too small for a GPU, where launching their kernels costs more than
     # running them (docs/benchmarks.md), so --device auto keeps it on the CPU.
-    device = args.device
     tiny = set(models.model_names(args)) == {models.TINY} and not args.feedback_model
-    if device == "auto" and tiny and torch.cuda.is_available():
-        device = "cpu"
+    if args.device == "auto" and tiny and torch.cuda.is_available():
+        args.device = "cpu"
         print("device: cpu (--device auto keeps the tiny model on the CPU, where it runs faster)",
               file=sys.stderr)
     # LoRA agents share one frozen base, so with --device auto they all go where the base is.
-    n = 1 if lora and device == "auto" else env.num_agents
-    devices = models.agent_devices(device, n, local_rank, local_world) * (env.num_agents // n)
+    n = 1 if lora and args.device == "auto" else env.num_agents
+    devices = models.agent_devices(args.device, n, local_rank, local_world) * (env.num_agents // n)
     models.set_torch(args.cpu_threads, devices)
     names = models.per_agent(models.model_names(args), env.num_agents, "--model")
     # A resumed run loads its agents from the checkpoint, the weights it had reached, not --model's.
