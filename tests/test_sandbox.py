@@ -1026,7 +1026,8 @@ def test_run_tests_counts_each_test(level):
 
 
 def test_run_tests_hanging_test_costs_only_itself(level):
-    """(A loop's timeout is CPU time: on a loaded machine it takes longer, up to the wall's backstop.)"""
+    """A loop times out its own test alone (after `timeout` seconds of CPU time: on a loaded machine
+    that takes longer in wall clock, up to the backstop, BACKSTOP x `timeout`)."""
     program = "def f(x):\n    while x < 0:\n        pass\n    return x + 1\n"
     test = CHECK3.replace("candidate(2) == 4", "candidate(-1) == 0")
     rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=1.0, isolation=level)
