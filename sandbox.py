@@ -26,12 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import walls
 # walls' functions that ours call inside; sandbox.isolation_level, _PROBE, _encode, _decode as before
-from walls import (_PROBE, _answer, _call_text, _decode, _describe, _encode, _end, _exchange,  # noqa: F401
-                   _fork, _messages, _powerless, _raised, _reply, _say, _spawn, isolation_level)
+from walls import (_PROBE, _answer, _call_text, _clock, _decode, _describe, _encode, _end,  # noqa: F401
+                   _exchange, _fork, _messages, _powerless, _raised, _reply, _say, _spawn, isolation_level)
 
 MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
+BACKSTOP = 4            # a test's wall clock, in timeouts, for what the program's CPU time (_clock) misses
 _RESULT = "__helper_result__"  # what _altering makes each `return x` of the helper return: _RESULT(x)
 
 
@@ -101,8 +102,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
         why = e.args[0] if type(e) is NameError else f"the test does not parse: {_describe(e)}"
         return TestReport(0, 1, ["skipped"], None, 0, None, time.monotonic() - start, infra_error=why)
     level = isolation or isolation_level()
-    # The run's cap, fixed up front: `timeout` for loading, each test (and 2 more for a helper), GRACE.
-    cap = timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
+    # The run's cap, fixed up front: BACKSTOP x `timeout` for loading, each test (and 2 for a helper), GRACE.
+    cap = BACKSTOP * timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
     rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
     program = _altering(program, helper) if helper else program  # (the text where it has no helper)
     job = dict(mode="tests", program=program, result=_RESULT, entry_point=entry_point, isolation=level,
@@ -110,7 +111,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
                max_reply=MAX_REPLY, supervise="_serve_tests", serve="_serve",  # (our functions inside)
                fresh_scratch=bool(helper))  # (each round of the measure, a /tmp of its own)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
-                    max_timeouts=max_timeouts)
+                    max_timeouts=max_timeouts, backstop=BACKSTOP)
     reports, rep.stdout, rep.stderr, _, overdue = walls.execute(job, test_job, cap, env, max_output, _abort)
     # The reports come from the tester and the supervisor only, on a pipe no program process holds:
     # each test's (outcome, its statement where it stopped, why, its calls of the entry point, the last
@@ -268,37 +269,34 @@ def _own_returns(node):
 
 
 def _serve_tests(job):
-    """The supervisor's work for run_tests: the tester and the program processes, and the relay."""
+    """The supervisor's work for run_tests: the tester, and the relay of its calls to program processes."""
     # The tester (the test, the report pipe) and the program never share a process. Plain data
     # crosses between them, here, and nothing else.
     (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
     tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
-    _relay(job, open(ask_r, "rb"), answer_w)
-    # The tester has ended. If SIGPROF killed it, as a test's CPU time ran out (_check), say so.
-    if os.waitstatus_to_exitcode(os.waitpid(tester, 0)[1]) == -signal.SIGPROF:
-        _say(job["report_fd"], "stalled")
-
-
-def _relay(job, asks, answers):
-    """Make the tester's calls on a program process (a fresh one after a failure), answer each."""
     # One program process serves the calls until one times out or ends it; the next call meets a
     # freshly loaded one, so nothing of the broken call reaches the next test. Each round of the
     # helper's measure (_helper_use) gets a fresh one too, whose start ends the last.
     measure, proc = "", _spawn(job, "")  # the first loads while the tester reads the test
-    for seconds, call, asked in _messages(asks):
+    for seconds, deadline, call, asked in _messages(open(ask_r, "rb")):
         if asked != measure:  # a round of the helper's measure: a fresh process, and the last one ends
             if proc:
                 _end(proc, 0)
             measure, proc = asked, None
         proc = proc or _spawn(job, measure)
-        tag, data = _exchange(proc, call, time.monotonic() + seconds, job["max_reply"])
+        until = _clock(proc) + seconds  # the program process's CPU time when the test's time runs out
+        tag, data = _exchange(proc, call, until, deadline, job["max_reply"])
+        left = until - _clock(proc)  # the test's time left (read before _end reaps the process)
         if tag != "R":
             returncode, _ = _end(proc, 0)
             if tag == "D" and not data:
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
             proc = None
-        os.write(answers, marshal.dumps((tag, data)))
+        os.write(answer_w, marshal.dumps((tag, data, left)))
+    # The tester has ended. If SIGPROF killed it, as a test's CPU time ran out (_check), say so.
+    if os.waitstatus_to_exitcode(os.waitpid(tester, 0)[1]) == -signal.SIGPROF:
+        _say(job["report_fd"], "stalled")
 
 
 def _serve(job, call_r, reply_w, measure):
@@ -367,16 +365,16 @@ def _tester(job, ask_w, answer_r):
     # The test comes from a file that only this process opens, so no program process ever holds it.
     test = marshal.load(open(job["test_fd"], "rb"))
     answers = open(answer_r, "rb")
-    # The running test's deadline, calls of the entry point, and failure (tag, why) once a call failed
+    # The running test's time left (_allow), calls of the entry point, and failure (tag, why) once one failed
     running = {"entry": job["entry_point"]}
     answered = []  # with a helper: each call, its answer's hash and that of the answer a wrapper would give
 
-    def ask(seconds, call, measure):  # to the relay (_relay) and back, as marshal's plain data -> _answer's
-        if seconds <= 0:
+    def ask(call, measure):  # to the relay (_serve_tests) and back, as marshal's plain data -> _answer's
+        if min(running["seconds"], running["deadline"] - time.monotonic()) <= 0:
             return _answer("T", "", test["timeout"])
-        os.write(ask_w, marshal.dumps((seconds, call, measure)))
+        os.write(ask_w, marshal.dumps((running["seconds"], running["deadline"], call, measure)))
         try:
-            tag, data = marshal.load(answers)
+            tag, data, running["seconds"] = marshal.load(answers)
         except EOFError:  # exit by os._exit, so that no `finally` or handler of the test's runs on
             os._exit(_say(report, "infra", "the supervisor died"))
         return _answer(tag, data, test["timeout"])
@@ -392,7 +390,7 @@ def _tester(job, ask_w, answer_r):
                 call = marshal.dumps((args, kwargs))
             except ValueError as e:  # an argument that is a function or an object, so the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
-            tag, value = ask(running["deadline"] - time.monotonic(), call, "")
+            tag, value = ask(call, "")
             if job["helper"]:
                 answered.append((call, _fingerprint(tag, value, False), _fingerprint(tag, value, True)))
             if tag == "R":
@@ -414,32 +412,37 @@ def _tester(job, ask_w, answer_r):
     except BaseException as e:
         return _say(report, "infra", f"the test's own code failed: {_describe(e)}")
     # The program loaded in its process while the test's own code ran here. The first call, None,
-    # waits for that, `timeout` seconds at most (and `timeout` CPU seconds to read its reply, as in
-    # _check). A program that doesn't load is at fault.
-    signal.setitimer(signal.ITIMER_PROF, test["timeout"])
-    tag, why = ask(test["timeout"], marshal.dumps(None), "")
+    # waits for that, with a test's time (_allow). A program that doesn't load is at fault.
+    _allow(running, test["timeout"], test["backstop"])
+    tag, why = ask(marshal.dumps(None), "")
     if tag != "R":
         return _say(report, "error", f"the program failed to load: {why}")
     _say(report, "loaded")
     all_passed = _check(test, scope, running, report)
     _say(report, "done")
     if job["helper"] and all_passed:  # (after "done": what happens here changes no verdict)
-        _say(report, "helper", _helper_use(ask, answered, 2 * test["timeout"]))
+        _allow(running, 2 * test["timeout"], test["backstop"])  # (for all the rounds)
+        _say(report, "helper", _helper_use(ask, answered))
 
 
-def _helper_use(ask, answered, timeout):
+def _allow(running, seconds, backstop):
+    """Give the calls from now on `seconds` of their program process's CPU time (walls._clock) and
+    `backstop` x `seconds` of wall clock, and our own work `seconds` of CPU time (past them: SIGPROF)."""
+    running.update(seconds=seconds, deadline=time.monotonic() + backstop * seconds)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+
+
+def _helper_use(ask, answered):
     """The tests' calls made again, a round each on a fresh program process -> "unstable" (unaltered,
     an answer differs), "unused" (with a stand-in for the helper's results, no answer differs), else
     "used" (with them _altered, an answer becomes another value, not the helper's) or "wrapped" (only
     the helper's). The stand-ins: its first argument, its first result, None."""
-    # The count is ours: the program's processes hold no part of it. A fresh `timeout` of wall clock
-    # and of CPU time for all the rounds; a call that fails or times out differs, an exception is no value.
-    deadline = time.monotonic() + timeout
-    signal.setitimer(signal.ITIMER_PROF, timeout)
+    # The count is ours: the program's processes hold no part of it. A call that fails or times out
+    # differs, an exception is no value.
     for measure in ("again", "identity", "constant", "none", "altered"):
         changed = []
         for call, first, wrapped in answered:
-            tag, value = ask(deadline - time.monotonic(), call, measure)
+            tag, value = ask(call, measure)
             new = _fingerprint(tag, value, False)
             changed += [(tag, new, wrapped)] if new is None or new != first else []
         if measure == "again" and changed:
@@ -465,16 +468,13 @@ def _fingerprint(tag, value, altered):
 
 def _check(test, scope, running, report):
     """Run each test's statements in `scope` until one fails; report its verdict: where it stopped, why."""
-    # Each test has `timeout` seconds for its calls, from its start; after max_timeouts timeouts the
-    # rest are skipped (a program that hangs on every call must not take timeout x tests seconds).
-    # Its own work, decoding the program's replies included, has `timeout` seconds of our CPU time, as a
-    # set whose keys' hashes the program made collide takes quadratic time to build, in C, where no
-    # deadline can interrupt it. Past them the kernel ends us (SIGPROF), and the supervisor says so.
+    # Each test has `timeout` seconds (_allow) from its start; after max_timeouts timeouts the rest are
+    # skipped (a program that hangs on every call must not take timeout x tests seconds). Our own work
+    # has CPU time too: a set whose keys' hashes the program made collide is quadratic to build, in C.
     verdicts = []
     for index, group in enumerate(test["groups"]):
-        running.update(deadline=time.monotonic() + test["timeout"], failure=None, calls=0, call=None,
-                       raised=None)
-        signal.setitimer(signal.ITIMER_PROF, test["timeout"])
+        running.update(failure=None, calls=0, call=None, raised=None)
+        _allow(running, test["timeout"], test["backstop"])
         status, text, wrong = "passed", "", False
         for source in group:  # each compiles, as _split_check tried
             try:
@@ -496,5 +496,5 @@ def _check(test, scope, running, report):
     return len(verdicts) == len(test["groups"]) and all(status == "passed" for status, _ in verdicts)
 
 
-_INSIDE = (_serve_tests, _relay, _serve, _altered, _tester, _helper_use, _fingerprint, _check)
+_INSIDE = (_serve_tests, _serve, _altered, _tester, _allow, _helper_use, _fingerprint, _check)
 walls.ship(_INSIDE)

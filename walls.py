@@ -105,10 +105,10 @@ globals().update(_LINUX)  # the same names as globals here, where a reader (or a
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
-import builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
+import builtins, contextlib, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (builtins, ctypes, json, marshal, os, resource, select, signal, socket, sys,
-                                  time)}
+space |= {m.__name__: m for m in (builtins, contextlib, ctypes, json, marshal, os, resource, select, signal,
+                                  socket, sys, time)}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -318,8 +318,8 @@ def execute(job, test_job, cap, env, max_output, abort=None):
                         "OPENBLAS_NUM_THREADS": "1", **(env or {})})
         # The run's first process reads the lifeline until we close our end (or die), then kills the
         # whole run. The job and the test go in memory files, which the run reads at its pace.
-        pipes = [os.pipe() for _ in range(4)]  # made after the directory, so a failure there leaks none
-        (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = pipes
+        # (The pipes are made after the directory, so a failure there leaks none.)
+        (life_r, life_w), (out_r, out_w), (err_r, err_w), (report_r, report_w) = (os.pipe() for _ in range(4))
         theirs = [life_r, out_w, err_w, report_w, _memory_file(marshal.dumps(job)),
                   _memory_file(marshal.dumps(test_job))]
         try:
@@ -559,17 +559,14 @@ def _run_alone(job):
         with open(f"{path}/cgroup.procs", "w") as f:
             f.write("0")
     # The OOM killer takes the run's processes before any other (they can't lower it again).
-    try:
+    with contextlib.suppress(OSError):  # (in a sandbox, where it is 1000 already)
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
-    except OSError:  # (in a sandbox, where it is 1000 already)
-        pass
     # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
-    # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.)
-    try:
+    # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.) Where
+    # the call is refused (a container's seccomp, a sandbox's) or there is no table here, it keeps that.
+    with contextlib.suppress(OSError, TypeError):
         _libc("syscall", job["seccomp"][1]["keyctl"], KEYCTL_JOIN_SESSION_KEYRING, None)
-    except (OSError, TypeError):  # refused (a container's seccomp, a sandbox's), or no table here
-        pass
 
 
 def _supervisor(job):
@@ -675,15 +672,24 @@ def _spawn(job, measure):
     return dict(pid=pid, pidfd=os.pidfd_open(pid), call=call_w, reply=reply_r)
 
 
-def _exchange(proc, call, deadline, max_reply):
-    """Send `call` to the program process and read its next line by the deadline -> ("R", line),
-    ("T", "") past it, or ("D", why) when it ended, closed its pipe or sent over max_reply bytes."""
+def _clock(proc):
+    """The program process's CPU time (its threads' together, not its children's), so that no other
+    run's load moves it on, however many processes that run has: its POSIX CPU clock, which any
+    process may read (clock_getcpuclockid(3); ~pid << 3 | CPUCLOCK_SCHED), until it is reaped."""
+    return time.clock_gettime(~proc["pid"] << 3 | 2)
+
+
+def _exchange(proc, call, until, deadline, max_reply):
+    """Send `call` to the program process and read its next line before its CPU time (_clock) reaches
+    `until` and the wall clock `deadline` -> ("R", line), ("T", "") past either, or ("D", why) when it
+    ended, closed its pipe or sent over max_reply bytes."""
     # The call goes in pieces as the pipe takes them (non-blocking, so a program that reads no call
     # can't stall us past the deadline). The pidfd tells when the program process ended, even if
     # a process it started keeps the reply pipe open.
     call, data = memoryview(call), bytearray()
     while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
+        # A busy thread's CPU time grows as the wall clock does, so we look again after `left` seconds.
+        left = min(until - _clock(proc), deadline - time.monotonic())
         readable, writable, _ = select.select([proc["reply"], proc["pidfd"]],
                                               [proc["call"]] if call else [], [], max(0, left))
         # At the deadline, a process that has ended is told as ended, not as slow; a reply that
@@ -916,8 +922,7 @@ def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, i
         fd = os.memfd_create("sandbox")
     except PermissionError:  # in a sandbox (a program that runs one): a nameless file of its /tmp
         fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o600)
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
+    os.pwrite(fd, data, 0)  # (which leaves the offset at the start, for the reader)
     return fd
 
 
@@ -940,5 +945,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
-           _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
+           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
            _call_text, _answer, _encode, _decode, _messages, _memory_file, _describe, _say)

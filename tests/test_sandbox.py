@@ -116,7 +116,7 @@ def test_inside_functions_use_only_builtins_and_each_other():
     and the Linux constants _BOOT gives them, no defaults."""
     import builtins
     import dis
-    modules = {"builtins", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
+    modules = {"builtins", "contextlib", "ctypes", "json", "marshal", "os", "resource", "select", "signal",
                "socket", "sys", "time"}
     assert f"import {', '.join(sorted(modules))}\n" in walls._BOOT
     assert all(type(value) is int and getattr(walls, name) == value
@@ -1026,12 +1026,14 @@ def test_run_tests_counts_each_test(level):
 
 
 def test_run_tests_hanging_test_costs_only_itself(level):
+    """A loop times out its own test alone (after `timeout` seconds of CPU time: on a loaded machine
+    that takes longer in wall clock, up to the backstop, BACKSTOP x `timeout`)."""
     program = "def f(x):\n    while x < 0:\n        pass\n    return x + 1\n"
     test = CHECK3.replace("candidate(2) == 4", "candidate(-1) == 0")
     rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=1.0, isolation=level)
     assert (rep.passed, rep.total, rep.timed_out) == (2, 3, 1)
     assert rep.outcomes == ["passed", "timeout", "passed"] and "timed out" in rep.first_failure
-    assert wall < 1.0 + SLACK
+    assert wall < sandbox.BACKSTOP * 1.0 + SLACK
 
 
 def test_run_tests_gives_up_after_max_timeouts(level):
@@ -1039,7 +1041,78 @@ def test_run_tests_gives_up_after_max_timeouts(level):
     test = "def check(candidate):\n" + "    assert candidate(1)\n" * 5
     rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=0.5, isolation=level)
     assert rep.outcomes == ["timeout"] * 3 + ["skipped"] * 2 and rep.passed == 0
-    assert wall < 1.5 + SLACK
+    assert wall < sandbox.BACKSTOP * 1.5 + SLACK  # (the cap, for 5 tests, is BACKSTOP * 3 + GRACE)
+
+
+def test_run_tests_time_is_cpu_time_with_a_wall_backstop(level):
+    """A test's calls have `timeout` seconds of their program process's CPU time (walls._clock), and
+    BACKSTOP x `timeout` of wall clock: a loop ends at the first, a sleep at the second, and so does a
+    call that waits while a child of its computes (a child's CPU time is not counted), not at the
+    run's cap."""
+    program = code("""
+        import os, time
+        def f(x):
+            if x == 1:
+                time.sleep(60)
+            if x == 2 and os.fork() == 0:  # (the child stops after 10 s, if the run's end has not killed it)
+                until = time.time() + 10
+                while time.time() < until:
+                    pass
+                os._exit(0)
+            if x == 2:
+                os.wait()
+            while x < 3:
+                pass
+            return x + 1
+        """)
+    for x in range(3):
+        test = f"def check(candidate):\n    assert candidate({x})\n    assert candidate(3) == 4\n"
+        rep, wall = timed(sandbox.run_tests, program, test, "f", timeout=0.5, isolation=level)
+        assert rep.outcomes == ["timeout", "passed"], (x, rep)
+        assert wall < sandbox.BACKSTOP * 0.5 + SLACK, (x, wall)  # (the cap is BACKSTOP * 1.5 + GRACE)
+
+
+# Runs that flood the CPU as they load (6 busy children each, for 2.5 s at most), while their five
+# tests take half a second each, beside honest runs each of whose calls takes 0.5 s of CPU time.
+FLOOD = code("""
+    import os, time
+    until = time.time() + 2.5
+    for _ in range(6):
+        if os.fork() == 0:
+            while time.time() < until:
+                pass
+            os._exit(0)
+    def f(x):
+        time.sleep(0.5)
+        return x + 1
+    """)
+BUSY_HALF_A_SECOND = code("""
+    import time
+    def f(x):
+        end = time.thread_time() + 0.5
+        while time.thread_time() < end:
+            pass
+        return x + 1
+    """)
+FLOOD_JOBS = [(FLOOD, "def check(f):\n" + "    assert f(0) == 1\n" * 5, "f")] * 4 + [
+    (BUSY_HALF_A_SECOND, "def check(f):\n" + "    assert f(0) == 1\n" * 2, "f")] * 2
+
+
+def test_run_tests_a_flood_does_not_time_out_a_sibling(level):
+    """Runs that flood the CPU made an honest sibling, whose calls take half its timeout of CPU time,
+    time out: test time was wall clock. It is now the program process's CPU time (walls._clock),
+    which no other run's load moves on: the sibling passes."""
+    reports = sandbox.run_tests_many(FLOOD_JOBS, workers=len(FLOOD_JOBS), timeout=1.0, isolation=level)
+    assert [r.outcomes for r in reports] == [["passed"] * 5] * 4 + [["passed"] * 2] * 2, reports
+
+
+def test_run_tests_a_flood_does_not_time_out_a_sibling_as_a_normal_user():
+    """The same as a normal user, at both levels."""
+    r = as_a_normal_user(f"import sandbox\nfor level in ('namespaces', 'rlimits'):\n"
+                         f"    reports = sandbox.run_tests_many({FLOOD_JOBS!r}, workers=6, timeout=1.0,"
+                         f" isolation=level)\n    print([r.outcomes for r in reports])\n")
+    want = str([["passed"] * 5] * 4 + [["passed"] * 2] * 2)
+    assert r.stdout.splitlines() == [want, want], r.stdout + r.stderr
 
 
 def test_run_tests_setup_and_state(level):
