@@ -85,18 +85,19 @@ _LINUX = dict(
 # process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf); new namespaces
 # and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
 # API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
-# flock, fcntl's locks, leases and pipe sizes); setsid, so that all of a run's processes stay in one
-# session, one autogroup, whose share of the CPU the kernel's scheduler makes that of any other run.
+# flock, fcntl's locks, leases and pipe sizes); setsid and setpgid, so that all of a run's processes stay
+# in one session, one autogroup, whose share of the CPU the kernel's scheduler makes that of any other
+# run, and in one process group, which the run's final kill takes whole at every level.
 # clone3 reads as missing, so the C library falls back to clone, whose flags a filter can read.
 _GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
                 keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
-                umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157)
+                umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157, setpgid=154)
 _ALL = dict(memfd_secret=447, io_uring_setup=425, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
             fsmount=432, fspick=433, mount_setattr=442, clone3=435)  # the same on every machine
 SECCOMP = {"x86_64": (0xC000003E, dict(
     memfd_create=319, shmget=29, semget=64, msgget=68, bpf=321, add_key=248, request_key=249, keyctl=250,
     inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, unshare=272, setns=308, mount=165,
-    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, **_ALL)),
+    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, setpgid=109, **_ALL)),
     "aarch64": (0xC00000B7, _GENERIC | _ALL), "riscv64": (0xC00000F3, _GENERIC | _ALL),
 }.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them

@@ -234,9 +234,11 @@ def test_run_ignored_signals(level):
 SPAWN = {
     "popen": "import subprocess; subprocess.Popen(['sleep', '1000'])",
     "fork": "import os, time\nif os.fork() == 0:\n    time.sleep(1000)",
-    # (setsid is refused now: each then leaves the process group, which it may)
-    "setsid": "import subprocess; subprocess.Popen(['sleep', '1000'], process_group=0)",
-    "double_fork": ("import os, time\nif os.fork() == 0:\n    os.setpgid(0, 0)\n"
+    # Leaving the run's process group (setsid and setpgid are refused: each tries, and goes on if refused).
+    "process_group": ("import subprocess\ntry:\n    subprocess.Popen(['sleep', '1000'], process_group=0)\n"
+                      "except PermissionError:\n    subprocess.Popen(['sleep', '1000'])"),
+    "double_fork": ("import os, time\nif os.fork() == 0:\n    try:\n        os.setpgid(0, 0)\n"
+                    "    except PermissionError:\n        pass\n"
                     "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)"),
 }
 
@@ -244,14 +246,32 @@ SPAWN = {
 @pytest.mark.parametrize("how", list(SPAWN))
 @pytest.mark.parametrize("then", ["exit", "hang"])
 def test_run_kills_grandchildren(level, how, then, tagged):
-    if how in ("setsid", "double_fork"):
-        need_namespaces(level, "a descendant that leaves the process group escapes it")
+    """At both levels: a descendant that tries to leave the run's process group (at the rlimits level,
+    the group is what the run's kill takes) is refused, and dies with the run."""
     tag, env = tagged
     program = SPAWN[how] + ("\nprint('spawned')" if then == "exit" else "\nwhile True: pass")
     r, wall = timed(sandbox.run, program, timeout=1.0, isolation=level, env=env)
     assert (r.ok if then == "exit" else r.timed_out), r
     assert wall < 1.0 + SLACK
     assert_nothing_left(tag)
+
+
+def test_run_refuses_a_new_process_group_or_session(level):
+    """Bug (issue 49): at the rlimits level a descendant that called setpgid left the run's process group,
+    and so escaped the run's final kill. setsid and setpgid now fail with EPERM, in the program and in
+    all it starts."""
+    program = code("""
+        import os, subprocess
+        for name, call in (("setpgid", lambda: os.setpgid(0, 0)), ("setsid", os.setsid),
+                           ("popen", lambda: subprocess.Popen(["true"], process_group=0).wait())):
+            try:
+                call()
+                print(name, "allowed")
+            except PermissionError:
+                print(name, "refused")
+        """)
+    r = sandbox.run(program, timeout=5.0, isolation=level)
+    assert r.stdout.split("\n")[:3] == ["setpgid refused", "setsid refused", "popen refused"], r
 
 
 def test_run_leftover_scan_sees_sandboxed_processes(level, tagged):
@@ -1955,17 +1975,18 @@ def test_run_tests_measuring_the_helper_changes_nothing_else(level):
 @pytest.mark.parametrize("survivor", ["plain", "escapes"])
 def test_run_tests_nothing_outlives_a_killed_caller(level, survivor):
     """SIGKILL the caller (a process running run_tests on a sleeping program): every sandbox
-    process (its fork server too) dies with it, even one that left the group and cleared its
-    own death signal."""
-    if survivor == "escapes":
-        need_namespaces(level, "a process that leaves the group and clears its death signal")
+    process (its fork server too) dies with it, even one that tried to leave the group (refused) and
+    cleared its own death signal, at both levels."""
     tag = uuid.uuid4().hex
     env = {"MAGRPO_TEST_TAG": tag}
     program = code("""
         import ctypes, os, time
         def f(x):
             if os.fork() == 0:
-                os.setpgid(0, 0)  # (setsid is refused)
+                try:
+                    os.setpgid(0, 0)  # (refused, as setsid is)
+                except PermissionError:
+                    pass
                 ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG: none
                 time.sleep(1000)
             time.sleep(1000)
