@@ -507,20 +507,18 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
 
 
 def episode_returns(turns, gamma, num_turns):
-    """Per turn, each node's return, [groups, J], from the last turn back: node_return of a revised
-    node, solved_return of a solved one (over the turns it skips), else its reward."""
+    """Per turn, each node's return, [groups, J], from the last turn back: solved_return of a solved
+    node not revised (over the turns it skips), else node_return over its children (a leaf: its reward)."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
         for node, reward in enumerate(turn.rewards):
             group = turn.children.get(node)
-            if group is not None:
-                judged = [r for r in returns[t + 1][group].tolist() if not math.isnan(r)]  # (NaN: no verdict)
-                values.append(node_return(reward, judged, gamma))
-            elif turn.solved[node]:
+            if group is None and turn.solved[node]:
                 values.append(solved_return(reward, num_turns - 1 - t, gamma))
-            else:  # A leaf not solved is at the last turn, or (--expand best) was not revised.
-                values.append(float(reward))
+            else:  # Its children's returns with a verdict (not NaN) count; a leaf not solved has none.
+                children = [] if group is None else returns[t + 1][group].tolist()
+                values.append(node_return(reward, [r for r in children if not math.isnan(r)], gamma))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 
