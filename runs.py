@@ -321,8 +321,7 @@ def undo_start(out, made):
     if checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
         return
     for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, name))
+        Path(out, name).unlink(missing_ok=True)
     if made:
         with contextlib.suppress(OSError):  # A directory not empty (another program's files) stays.
             os.rmdir(out)
@@ -479,8 +478,7 @@ def save_final(out, step, agents, merged=False):
     # final.json is written last and removed first: it says that every OUT/agent_i is whole, which
     # eval.py --agents checks before it trusts them (else it takes the latest checkpoint).
     with saving(out, f"the trained agents in {out}", *tmps):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
+        Path(out, "final.json").unlink(missing_ok=True)  # an earlier end's, about to be replaced
         for i, (agent, tmp) in enumerate(zip(agents, tmps)):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)
