@@ -394,10 +394,9 @@ class Turn:
 def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
     """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3); a
     node whose reward reaches `threshold` is solved. greedy (remax): also each group's baseline."""
-    rollouts = []
-    for i, agent in enumerate(agents):
-        prompts = [group.prompts[i] for group in groups]
-        rollouts.append(sample_agent(agent, i, prompts, size, cfg, [group.seed for group in groups]))
+    prompts = list(zip(*[group.prompts for group in groups]))  # per agent, one per group
+    seeds = [group.seed for group in groups]
+    rollouts = [sample_agent(agent, i, prompts[i], size, cfg, seeds) for i, agent in enumerate(agents)]
     joint = joint_actions(len(agents), size, cfg.joint)
     outputs, node_examples = [], []
     for k, group in enumerate(groups):
@@ -579,10 +578,9 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, all_sum=lambda x:
         features = critic.features([group.prompts for turn in turns for group in turn.groups])
         sizes = [len(turn.groups) for turn in turns]
         values = list(zip(*[value.split(sizes) for value in critic.values(features)]))
-    zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg, values)):
         turn.advantages = advantages
-        zero_groups += turn.zero_advantage_groups()
+    zero_groups = sum(turn.zero_advantage_groups() for turn in turns)
     no_verdict = sum(int(turn.values().isnan().sum()) for turn in turns)  # joint answers given A = 0
     counts = all_sum([zero_groups, no_verdict])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
