@@ -393,8 +393,7 @@ class CodingEnv(Env):
         if aux_code:
             aux_code = "\n".join("# | " + line if line.lstrip().startswith("#") else line
                                  for line in aux_code.split("\n"))
-        code = [part for part in (context, aux_code) if part]
-        return text + "\n" + "".join(part + "\n\n\n" for part in code) + stub
+        return text + "\n" + "".join(part + "\n\n\n" for part in (context, aux_code) if part) + stub
 
     def prompts(self, ex):
         """Each agent's Python file; neither shows the partner's code (Sec. 1: its own prompt only)."""

@@ -417,9 +417,8 @@ def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
     """single_turn_step's results as the tree's one Turn: the record that a caller's logs read."""
     groups, outputs = [], []
     joint = joint_actions(len(rollouts), cfg.num_generations)
-    for b, example in enumerate(examples):
-        histories = [[] for _ in rollouts]  # none before turn 1
-        groups.append(Group(b, None, list(env.prompts(example)), histories, mix_seed(seeds[b], 1)))
+    for b, ex in enumerate(examples):  # Turn 1's groups, as rollout_team makes them.
+        groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in rollouts], mix_seed(seeds[b], 1)))
         outputs += zip(*[rollout.texts[b] for rollout in rollouts])  # aligned, as single_turn_step's
     solved = [float(r) >= solved_threshold(env, cfg) - 1e-9 for r in rewards]
     turn = Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved)

@@ -288,8 +288,7 @@ def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
     """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test;
     isolation: the sandbox's level (None: sandbox.isolation_level())."""
     # The sandbox measures whether main's answers depend on aux's results (helper_use), for the bonus.
-    options = dict(helper="aux", isolation=isolation, timeout=timeout)
-    return _score_code(items, _judge_text, options)
+    return _score_code(items, _judge_text, dict(helper="aux", isolation=isolation, timeout=timeout))
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS holds
