@@ -12,7 +12,6 @@ import functools
 import gzip
 import importlib
 import json
-import math
 import os
 import random
 import re
@@ -602,7 +601,7 @@ class WritingEnv(Env):
                 advice = f": make {whose} part {'longer' if more else 'shorter'}"
             else:
                 advice = f": use {'more' if more else 'fewer'} different words in {whose} part"
-            target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
+            target = f"at least {low:g}x" if high == float("inf") else f"{low:g}x to {high:g}x"
             lines.append(f"the {second} part has {ratio:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
             # The level that stopped the reward is the last one worth talking about.

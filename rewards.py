@@ -21,7 +21,6 @@ Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): 
     'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
-import math
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -188,7 +187,7 @@ class CodeReward:
         return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
     def __float__(self):  # NaN where the sandbox failed: no verdict, never 0 tests (magrpo.group_advantages)
-        return math.nan if self.sandbox_error is not None else float(self.total)
+        return float("nan") if self.sandbox_error is not None else float(self.total)
 
 
 def _has_return(func):
