@@ -258,9 +258,8 @@ def quoted(text, limit=160):
     # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
     # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
     # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
-    literal = repr(text[:limit])
     shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
-                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in repr(text[:limit]))
     return shown + (" (cut)" if len(text) > limit else "")
 
 
