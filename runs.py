@@ -34,7 +34,7 @@ import models
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
              "wandb", "compile", "cpu_threads"}
-# The flags that args.json holds resolved (train.fill_resolved); an earlier version saved them None.
+# The flags that args.json holds resolved (train.resolve_flags); an earlier version saved them None.
 FILLED = {"model", "num_agents", "dataset", "split", "termination_threshold", "turn_weights", "lora_alpha"}
 
 # Each Config field's flag help (magrpo.Config holds the defaults, with a word on each).
@@ -273,7 +273,7 @@ def prepare_out(args):
     saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
         mine = vars(args).get(name)
-        # The same run: an earlier version saved None for the flags fill_resolved fills now, and a dtype
+        # The same run: an earlier version saved None for the flags resolve_flags fills now, and a dtype
         # is recorded as what auto resolved to.
         same = value == mine or (value is None and name in FILLED) or (name == "dtype" and mine == "auto")
         if name not in RESUMABLE and not same:
