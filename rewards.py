@@ -278,9 +278,8 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
     raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
     header, for a body-only output; timeout: per test; test_setup: code the test needs (None: imports)."""
-    item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
-                signature=signature, test_setup=test_setup)
-    return code_reward_many([item], timeout=timeout)[0]
+    return code_reward_many([dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
+                                  signature=signature, test_setup=test_setup)], timeout=timeout)[0]
 
 
 def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
