@@ -421,9 +421,8 @@ def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
         groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in rollouts], mix_seed(seeds[b], 1)))
         outputs += zip(*[rollout.texts[b] for rollout in rollouts])  # aligned, as single_turn_step's
     solved = [float(r) >= solved_threshold(env, cfg) - 1e-9 for r in rewards]
-    turn = Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved)
-    turn.advantages = [advantages] * len(rollouts)
-    return turn
+    return Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved,
+                advantages=[advantages] * len(rollouts))
 
 
 def solved_threshold(env, cfg):

@@ -499,8 +499,7 @@ def bucket(n, smallest):
 def compiled(function, device_type):
     """`function` compiled by torch.compile, once per process; on a GPU as a CUDA graph (reduce-overhead),
     which replays the step's ~1,500 kernel launches as one."""
-    mode = "reduce-overhead" if device_type == "cuda" else None
-    return torch.compile(function, mode=mode, dynamic=False)
+    return torch.compile(function, mode="reduce-overhead" if device_type == "cuda" else None, dynamic=False)
 
 
 def compiled_graphs():
