@@ -575,11 +575,10 @@ def check_flags(args):
     # The agents' base decides the threads, since a tiny run's agents are as small as the tiny model.
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
-    # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    defaults = runs.run_defaults("eval", tiny_base and not args.agents)
-    if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
-        defaults["max_new_tokens"] = saved["max_new_tokens"]
-    runs.fill_defaults(args, defaults)
+    # The --agents run's length first, as its agents write as long as they learnt to; then the paper's
+    # evaluation sampling (Sec. 6) for real models, and the tiny model's short outputs for it.
+    runs.fill_defaults(args, {"max_new_tokens": saved.get("max_new_tokens") or None})
+    runs.fill_defaults(args, runs.run_defaults("eval", tiny_base and not args.agents))
     # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
