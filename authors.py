@@ -19,8 +19,6 @@ import re
 from collections import namedtuple
 
 import rewards
-from rewards import (TEST_TIMEOUT, CodeReward, _categories_in, _MARK, _PARA2, _raw, _score_code,
-                     _score_writing, _two_parts, jaccard)
 
 # The functions an env scores with, ours or the authors' (reward_functions, the one switch).
 RewardFunctions = namedtuple("RewardFunctions", "code_many writing split_single")
@@ -49,7 +47,7 @@ too us very was we were what when where which who why will with would you your
 def prompt_imports(prompt):
     """Their import lines: every line that is an import once stripped (HumanEval/115's, inside the
     function, too), deduplicated in order."""
-    stripped = (line.strip() for line in _raw(prompt).split("\n"))
+    stripped = (line.strip() for line in rewards._raw(prompt).split("\n"))
     return "\n".join(dict.fromkeys(line for line in stripped if IMPORT_RE.match(line)))
 
 
@@ -172,9 +170,9 @@ def check_program(test, entry_point):
 def judge_text(item):
     """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
     `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
-    reward = CodeReward(authors=True)
-    aux_fn = extract_function(_raw(item.get("aux")), "aux")
-    main_fn = extract_function(_raw(item["main"]), item["entry_point"])
+    reward = rewards.CodeReward(authors=True)
+    aux_fn = extract_function(rewards._raw(item.get("aux")), "aux")
+    main_fn = extract_function(rewards._raw(item["main"]), item["entry_point"])
     reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     # L1 looks in the text for `return` then whitespace, so `return(x)` is no return for them.
     aux_returns, main_returns = bool(re.search(r"return\s+", aux_fn)), bool(re.search(r"return\s+", main_fn))
@@ -197,15 +195,15 @@ def judge_text(item):
     return reward, check_program(item["test"], item["entry_point"])
 
 
-def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
+def code_reward_many(items, timeout=rewards.TEST_TIMEOUT, isolation=None):
     """Their code reward for a batch, as code_reward_many (item["prompt"]: the problem's prompt): no
     more tests after 3 timeouts, as theirs. A call of aux is theirs: its text (no count of aux's runs)."""
-    return _score_code(items, judge_text, dict(timeout=timeout, max_timeouts=3, isolation=isolation))
+    return rewards._score_code(items, judge_text, dict(timeout=timeout, max_timeouts=3, isolation=isolation))
 
 
 def transition_categories(text):
     """Theirs: a phrase counts anywhere in the lowercased text, even inside a word ("so" in "also")."""
-    return _categories_in(text.lower(), pad="")
+    return rewards._categories_in(text.lower(), pad="")
 
 
 def measures(first, second, connective_texts):
@@ -213,16 +211,16 @@ def measures(first, second, connective_texts):
     words1, words2 = (re.findall(r"\b\w+\b", text.lower()) for text in (first, second))
     # One string for both texts, so a phrase may span the seam ("qzth" + "enqz" makes "then").
     found = transition_categories("".join(connective_texts))
-    return words1, words2, found, jaccard(words1, words2, STOPWORDS, if_empty=1.0)
+    return words1, words2, found, rewards.jaccard(words1, words2, STOPWORDS, if_empty=1.0)
 
 
 def writing_reward(text1, text2, spec):
     """Their writing reward, as writing_reward: the raw texts, so lengths count surrounding whitespace."""
-    return _score_writing(_raw(text1), _raw(text2), spec, measures)
+    return rewards._score_writing(rewards._raw(text1), rewards._raw(text2), spec, measures)
 
 
 def split_single_output(text):
     """Their cut of one output: at [PARAGRAPH_SPLIT], else "Paragraph 2:", else a third of the way."""
-    text = _raw(text).strip()
+    text = rewards._raw(text).strip()
     # Without a marker, the first third of the characters (at least one) is the first part.
-    return _two_parts(text, (_MARK, _PARA2), cut=max(1, len(text) // 3))
+    return rewards._two_parts(text, (rewards._MARK, rewards._PARA2), cut=max(1, len(text) // 3))

@@ -12,7 +12,6 @@ import functools
 import gzip
 import importlib
 import json
-import math
 import os
 import random
 import re
@@ -259,9 +258,8 @@ def quoted(text, limit=160):
     # repr escapes what Python calls unprintable (controls, format characters such as U+200B, spaces but
     # " "); we escape too what it prints but draws blank or nothing (combining marks, the Hangul fillers
     # U+3164 ..., braille's blank), which would let words joined by them read as a sentence.
-    literal = repr(text[:limit])
     shown = "".join(c.encode("unicode_escape").decode() if c in "\u115f\u1160\u3164\uffa0\u2800"
-                    or unicodedata.category(c) in ("Mn", "Me") else c for c in literal)
+                    or unicodedata.category(c) in ("Mn", "Me") else c for c in repr(text[:limit]))
     return shown + (" (cut)" if len(text) > limit else "")
 
 
@@ -393,8 +391,7 @@ class CodingEnv(Env):
         if aux_code:
             aux_code = "\n".join("# | " + line if line.lstrip().startswith("#") else line
                                  for line in aux_code.split("\n"))
-        code = [part for part in (context, aux_code) if part]
-        return text + "\n" + "".join(part + "\n\n\n" for part in code) + stub
+        return text + "\n" + "".join(part + "\n\n\n" for part in (context, aux_code) if part) + stub
 
     def prompts(self, ex):
         """Each agent's Python file; neither shows the partner's code (Sec. 1: its own prompt only)."""
@@ -603,7 +600,7 @@ class WritingEnv(Env):
                 advice = f": make {whose} part {'longer' if more else 'shorter'}"
             else:
                 advice = f": use {'more' if more else 'fewer'} different words in {whose} part"
-            target = f"at least {low:g}x" if high == math.inf else f"{low:g}x to {high:g}x"
+            target = f"at least {low:g}x" if high == float("inf") else f"{low:g}x to {high:g}x"
             lines.append(f"the {second} part has {ratio:.2f}x the {what} of the {first} part; the target is "
                          f"{target}{advice}")
             # The level that stopped the reward is the last one worth talking about.

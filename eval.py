@@ -575,11 +575,10 @@ def check_flags(args):
     # The agents' base decides the threads, since a tiny run's agents are as small as the tiny model.
     tiny_base = all(m == models.TINY for m in models.model_names(args))
     args.cpu_threads = models.cpu_threads(args.cpu_threads, tiny_base)
-    # The paper's evaluation sampling (Sec. 6) for real models; the tiny model's short outputs for it.
-    defaults = runs.run_defaults("eval", tiny_base and not args.agents)
-    if args.agents and saved.get("max_new_tokens"):  # as long as the agents learnt to write
-        defaults["max_new_tokens"] = saved["max_new_tokens"]
-    runs.fill_defaults(args, defaults)
+    # The --agents run's length first, as its agents write as long as they learnt to; then the paper's
+    # evaluation sampling (Sec. 6) for real models, and the tiny model's short outputs for it.
+    runs.fill_defaults(args, {"max_new_tokens": saved.get("max_new_tokens") or None})
+    runs.fill_defaults(args, runs.run_defaults("eval", tiny_base and not args.agents))
     # --latency-problems 0 skips the timing; every other count must be at least 1.
     for flag, value, least in (("--num-samples", args.num_samples, 1), ("--batch-size", args.batch_size, 1),
                                ("--limit", args.limit, 1), ("--latency-problems", args.latency_problems, 0)):
@@ -678,10 +677,9 @@ def setup(args):
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if unsupported(env, examples, m) is None]
-    for method in args.methods:
-        why = unsupported(env, examples, method)
-        if why:  # a method the user asked for that this env cannot run
-            raise ValueError(f"--methods: {why}")
+    why = next(filter(None, (unsupported(env, examples, method) for method in args.methods)), None)
+    if why:  # a method the user asked for that this env cannot run
+        raise ValueError(f"--methods: {why}")
     # Baselines of another model than the agents' base compare apples with pears, so we say so.
     if args.agents and not args.model and not os.path.isfile(os.path.join(args.agents, "args.json")) and \
             set(args.methods) - {"magrpo", "oracle"}:

@@ -394,10 +394,9 @@ class Turn:
 def sample_turn(agents, env, examples, groups, size, cfg, threshold, greedy=False):
     """Sample every group of a turn (a generate call per agent), join and score (Sec. 2 steps 1-3); a
     node whose reward reaches `threshold` is solved. greedy (remax): also each group's baseline."""
-    rollouts = []
-    for i, agent in enumerate(agents):
-        prompts = [group.prompts[i] for group in groups]
-        rollouts.append(sample_agent(agent, i, prompts, size, cfg, [group.seed for group in groups]))
+    prompts = list(zip(*[group.prompts for group in groups]))  # per agent, one per group
+    seeds = [group.seed for group in groups]
+    rollouts = [sample_agent(agent, i, prompts[i], size, cfg, seeds) for i, agent in enumerate(agents)]
     joint = joint_actions(len(agents), size, cfg.joint)
     outputs, node_examples = [], []
     for k, group in enumerate(groups):
@@ -418,14 +417,12 @@ def turn_of_step(env, examples, cfg, seeds, rollouts, rewards, advantages):
     """single_turn_step's results as the tree's one Turn: the record that a caller's logs read."""
     groups, outputs = [], []
     joint = joint_actions(len(rollouts), cfg.num_generations)
-    for b, example in enumerate(examples):
-        histories = [[] for _ in rollouts]  # none before turn 1
-        groups.append(Group(b, None, list(env.prompts(example)), histories, mix_seed(seeds[b], 1)))
+    for b, ex in enumerate(examples):  # Turn 1's groups, as rollout_team makes them.
+        groups.append(Group(b, None, list(env.prompts(ex)), [[] for _ in rollouts], mix_seed(seeds[b], 1)))
         outputs += zip(*[rollout.texts[b] for rollout in rollouts])  # aligned, as single_turn_step's
     solved = [float(r) >= solved_threshold(env, cfg) - 1e-9 for r in rewards]
-    turn = Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved)
-    turn.advantages = [advantages] * len(rollouts)
-    return turn
+    return Turn(groups, cfg.num_generations, rollouts, joint, outputs, rewards, solved,
+                advantages=[advantages] * len(rollouts))
 
 
 def solved_threshold(env, cfg):
@@ -507,20 +504,18 @@ def rollout_team(agents, env, examples, cfg, seeds, expert=None, children=None):
 
 
 def episode_returns(turns, gamma, num_turns):
-    """Per turn, each node's return, [groups, J], from the last turn back: node_return of a revised
-    node, solved_return of a solved one (over the turns it skips), else its reward."""
+    """Per turn, each node's return, [groups, J], from the last turn back: solved_return of a solved
+    node not revised (over the turns it skips), else node_return over its children (a leaf: its reward)."""
     returns = [None] * len(turns)
     for t in reversed(range(len(turns))):
         turn, values = turns[t], []
         for node, reward in enumerate(turn.rewards):
             group = turn.children.get(node)
-            if group is not None:
-                judged = [r for r in returns[t + 1][group].tolist() if not math.isnan(r)]  # (NaN: no verdict)
-                values.append(node_return(reward, judged, gamma))
-            elif turn.solved[node]:
+            if group is None and turn.solved[node]:
                 values.append(solved_return(reward, num_turns - 1 - t, gamma))
-            else:  # A leaf not solved is at the last turn, or (--expand best) was not revised.
-                values.append(float(reward))
+            else:  # Its children's returns with a verdict (not NaN) count; a leaf not solved has none.
+                children = [] if group is None else returns[t + 1][group].tolist()
+                values.append(node_return(reward, [r for r in children if not math.isnan(r)], gamma))
         returns[t] = torch.tensor(values).view(len(turn.groups), len(turn.joint))
     return returns
 
@@ -581,10 +576,9 @@ def train_step(agents, env, examples, cfg, seeds, expert=None, all_sum=lambda x:
         features = critic.features([group.prompts for turn in turns for group in turn.groups])
         sizes = [len(turn.groups) for turn in turns]
         values = list(zip(*[value.split(sizes) for value in critic.values(features)]))
-    zero_groups = 0
     for turn, advantages in zip(turns, episode_advantages(turns, cfg, values)):
         turn.advantages = advantages
-        zero_groups += turn.zero_advantage_groups()
+    zero_groups = sum(turn.zero_advantage_groups() for turn in turns)
     no_verdict = sum(int(turn.values().isnan().sum()) for turn in turns)  # joint answers given A = 0
     counts = all_sum([zero_groups, no_verdict])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}

@@ -21,7 +21,6 @@ Try it: python -c "import rewards; print(float(rewards.code_reward('def aux(x): 
     'def f(x): return aux(x) + 1', 'f', 'def check(candidate): assert candidate(1) == 3')))"
 """
 import ast
-import math
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -188,7 +187,7 @@ class CodeReward:
         return dict(structure=self.structure, syntax=self.syntax, tests=self.tests, cooperation=self.coop)
 
     def __float__(self):  # NaN where the sandbox failed: no verdict, never 0 tests (magrpo.group_advantages)
-        return math.nan if self.sandbox_error is not None else float(self.total)
+        return float("nan") if self.sandbox_error is not None else float(self.total)
 
 
 def _has_return(func):
@@ -279,17 +278,15 @@ def code_reward(aux, main, entry_point, test, imports="", signature=None, timeou
     """The shared code reward of one joint action (Sec. 4): max 4.0, 2.1 with an empty aux. aux, main:
     raw outputs; test: `def check(candidate): ...`; imports: code before aux; signature: main's
     header, for a body-only output; timeout: per test; test_setup: code the test needs (None: imports)."""
-    item = dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
-                signature=signature, test_setup=test_setup)
-    return code_reward_many([item], timeout=timeout)[0]
+    return code_reward_many([dict(aux=aux, main=main, entry_point=entry_point, test=test, imports=imports,
+                                  signature=signature, test_setup=test_setup)], timeout=timeout)[0]
 
 
 def code_reward_many(items, timeout=TEST_TIMEOUT, isolation=None):
     """code_reward for a batch; items: dicts of code_reward's arguments. timeout: seconds per test;
     isolation: the sandbox's level (None: sandbox.isolation_level())."""
     # The sandbox measures whether main's answers depend on aux's results (helper_use), for the bonus.
-    options = dict(helper="aux", isolation=isolation, timeout=timeout)
-    return _score_code(items, _judge_text, options)
+    return _score_code(items, _judge_text, dict(helper="aux", isolation=isolation, timeout=timeout))
 
 # -----------------------------------------------------------------------------
 # The writing rewards (Sec. 5): tokens -> length ratio -> vocabulary -> style. TRANSITIONS holds

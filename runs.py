@@ -34,7 +34,7 @@ import models
 RESUMABLE = {"steps", "resume", "out", "device", "micro_batch_size", "save_every", "save_total_limit",
              "eval_every", "eval_split", "eval_limit", "world_size", "save_merged", "log_completions_every",
              "wandb", "compile", "cpu_threads"}
-# The flags that args.json holds resolved (train.fill_resolved); an earlier version saved them None.
+# The flags that args.json holds resolved (train.resolve_flags); an earlier version saved them None.
 FILLED = {"model", "num_agents", "dataset", "split", "termination_threshold", "turn_weights", "lora_alpha"}
 
 # Each Config field's flag help (magrpo.Config holds the defaults, with a word on each).
@@ -273,7 +273,7 @@ def prepare_out(args):
     saved = json.loads(Path(checkpoint[1], CHECKPOINT_STATE).read_text())["args"]  # the run's flags
     for name, value in saved.items():
         mine = vars(args).get(name)
-        # The same run: an earlier version saved None for the flags fill_resolved fills now, and a dtype
+        # The same run: an earlier version saved None for the flags resolve_flags fills now, and a dtype
         # is recorded as what auto resolved to.
         same = value == mine or (value is None and name in FILLED) or (name == "dtype" and mine == "auto")
         if name not in RESUMABLE and not same:
@@ -321,8 +321,7 @@ def undo_start(out, made):
     if checkpoints(out):  # A checkpoint-0 of an earlier, stopped start is its run, kept whole.
         return
     for name in ("args.json", "metrics.jsonl", "completions.jsonl", "curve.svg"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, name))
+        Path(out, name).unlink(missing_ok=True)
     if made:
         with contextlib.suppress(OSError):  # A directory not empty (another program's files) stays.
             os.rmdir(out)
@@ -479,8 +478,7 @@ def save_final(out, step, agents, merged=False):
     # final.json is written last and removed first: it says that every OUT/agent_i is whole, which
     # eval.py --agents checks before it trusts them (else it takes the latest checkpoint).
     with saving(out, f"the trained agents in {out}", *tmps):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out, "final.json"))  # an earlier end's, about to be replaced
+        Path(out, "final.json").unlink(missing_ok=True)  # an earlier end's, about to be replaced
         for i, (agent, tmp) in enumerate(zip(agents, tmps)):
             dest = os.path.join(out, f"agent_{i}")
             shutil.rmtree(tmp, ignore_errors=True)

@@ -364,7 +364,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     floors = torch.full((rows, max_new_tokens), -math.inf, device=device) if cut else None
     alive = torch.arange(rows, device=device)  # the original row of each row in the batch
     done = torch.zeros(rows, dtype=torch.bool, device=device)  # whether each row of the batch is done
-    step = compiled(decode_step, device) if compile else decode_step
+    step = compiled(decode_step, torch.device(device).type) if compile else decode_step
     with attention(model, CACHED):
         for t in range(max_new_tokens):
             uniform = None if uniforms is None else uniforms[:, t]
@@ -495,17 +495,11 @@ def bucket(n, smallest):
     return max(smallest, 1 << (n - 1).bit_length())
 
 
-_COMPILED = {}  # (function, device type) -> the function, compiled
-
-
-def compiled(function, device):
+@functools.lru_cache(maxsize=None)  # one compiled function per (function, device type) in a process
+def compiled(function, device_type):
     """`function` compiled by torch.compile, once per process; on a GPU as a CUDA graph (reduce-overhead),
     which replays the step's ~1,500 kernel launches as one."""
-    key = (function, torch.device(device).type)
-    if key not in _COMPILED:
-        mode = "reduce-overhead" if key[1] == "cuda" else None
-        _COMPILED[key] = torch.compile(function, mode=mode, dynamic=False)
-    return _COMPILED[key]
+    return torch.compile(function, mode="reduce-overhead" if device_type == "cuda" else None, dynamic=False)
 
 
 def compiled_graphs():

@@ -371,8 +371,9 @@ def parse_args(argv=None):
 
 
 def resolve_flags(args):
-    """The env built, the defaults filled (runs.run_defaults), every flag that needs no model checked
-    -> (env, Config). Nothing is loaded or written yet: a bad flag costs a second, not a model load."""
+    """The env built, the defaults filled (runs.run_defaults), every flag that needs no model checked, and
+    what the run resolved for flags left None recorded in args -> (env, Config). Nothing is loaded or
+    written yet: a bad flag costs a second, not a model load."""
     # The tiny model learns from scratch, so its defaults differ from a real model's.
     tiny = all(name == models.TINY for name in models.model_names(args))
     env = runs.env_from_flags(args)
@@ -403,14 +404,9 @@ def resolve_flags(args):
             raise ValueError(f"--{flag.replace('_', '-')}: must be > 0, got {getattr(args, flag)}")
     if args.wandb and importlib.util.find_spec("wandb") is None:  # wandb is optional, never required.
         raise ValueError("--wandb: the wandb package is not installed: pip install wandb")
-    fill_resolved(args, env, cfg)
-    return env, cfg
-
-
-def fill_resolved(args, env, cfg):
-    """The values the run resolved for flags left None, into args: args.json then records them, and
-    the run can be read, and repeated, from it. None stays only where a flag is off or its value
-    comes from each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb)."""
+    # The values the run resolved for flags left None go into args: args.json then records them, and the
+    # run can be read, and repeated, from it. None stays only where a flag is off or its value comes from
+    # each row or model (--text-field, --lora-target-modules, --feedback-model, --wandb).
     args.model = models.model_names(args)  # ["tiny"], or one name per agent: ["a", "b"]
     args.num_agents = env.num_agents
     args.dataset = args.dataset or env.dataset  # coding: humaneval; tldr, arxiv: builtin; demo: None
@@ -423,6 +419,7 @@ def fill_resolved(args, env, cfg):
     runs.fill_defaults(args, {"termination_threshold": getattr(env, "max_reward", None),
                               "turn_weights": ",".join(["1"] * cfg.num_turns),
                               "lora_alpha": None if lora is None else lora.alpha})
+    return env, cfg
 
 
 def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True):

@@ -605,8 +605,7 @@ def _libc(name, *args):
     # one handle that the fork server makes and its runs inherit (a new one costs some 20 us a call).
     space = globals()
     space["libc"] = space.get("libc") or ctypes.CDLL(None, use_errno=True)
-    function = getattr(space["libc"], name)
-    if function(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) < 0:
+    if getattr(space["libc"], name)(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args]) < 0:
         raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
 
 

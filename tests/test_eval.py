@@ -473,7 +473,7 @@ def test_compile_is_compiled_in_the_warm_up_not_in_the_timed_samples(monkeypatch
     so that seconds_per_sample measures sampling alone."""
     calls = []
 
-    def compiled(function, device):  # a spy: the step stays eager, so the test needs no compiler
+    def compiled(function, device_type):  # a spy: the step stays eager, so the test needs no compiler
         calls.append(function.__name__)
         return function
     monkeypatch.setattr(sampler, "compiled", compiled)

@@ -2,6 +2,7 @@
 softmax by hand and by counting, attention by hand, transformers' own generate, a plain forward pass.
 `pytest -k NAME` runs a function's tests (sample_token, decode_step, cached_attention, generate,
 row_uniforms, mix_seed). CPU, tiny random models."""
+import functools
 import math
 
 import pytest
@@ -707,7 +708,7 @@ def test_generate_compiled_step_keeps_few_graphs_and_the_eager_greedy_tokens(tok
     compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda function, **options: compile(function, backend=counter,
                                                                               dynamic=False))
-    monkeypatch.setattr(sampler, "_COMPILED", {})
+    monkeypatch.setattr(sampler, "compiled", functools.lru_cache(sampler.compiled.__wrapped__))  # none cached
     for prompts in varied_calls():
         eager = generate(model, tok, prompts, 1, 8, temperature=0)
         fast = generate(model, tok, prompts, 1, 8, temperature=0, compile=True)
