@@ -329,7 +329,7 @@ class CodingEnv(Env):
         except (RuntimeError, ValueError) as e:
             raise ValueError(f"{e} (the level --sandbox or MAGRPO_SANDBOX asks for)") from None
         self.score_many = reward_functions(authors).code_many  # --authors-rewards: the authors' exact reward
-        self.agent_names = self.mine("aux", "main")
+        self.agent_names = self.by_role("aux", "main")
         # Alone, main earns neither aux's 0.4 nor the bonus, so at most 0.6 + 0.5 + 1.0 = 2.1.
         self.max_reward = 4.0 if num_agents == 2 else 2.1
         self.heads = (AUX_HEAD, MAIN_HEAD) if num_agents == 2 else (SINGLE_HEAD,)
@@ -368,7 +368,7 @@ class CodingEnv(Env):
             raise ValueError(f"entry_point {row['entry_point']!r} is not a function name")
         return row
 
-    def mine(self, aux, main):
+    def by_role(self, aux, main):
         """(aux's, main's) value, or main's alone for the one agent of num_agents=1."""
         return (aux, main) if self.num_agents == 2 else (main,)
 
@@ -400,10 +400,10 @@ class CodingEnv(Env):
     def diagnose(self, ex, outputs, reward, i):
         """Level feedback (Sec. 3) from the reward's findings: definitions, syntax, tests, use of aux."""
         entry = ex["entry_point"]
-        names = self.mine("aux", entry)
+        names = self.by_role("aux", entry)
         lines = ["Feedback:"]
         # Each agent hears about both functions (the program is joint) and which of them is its own.
-        for name, found in zip(names, self.mine(reward.has_aux, reward.has_main)):
+        for name, found in zip(names, self.by_role(reward.has_aux, reward.has_main)):
             who = "your" if name == names[i] else "your partner's"
             lines.append(f"{who} `{name}` is {'defined' if found else 'missing'}")
         if reward.has_main:
@@ -446,7 +446,7 @@ class CodingEnv(Env):
 
     def revision_prompt(self, ex, i, history):
         """Its own file again, with its earlier answers and their feedback as comments."""
-        own = self.mine("aux", ex["entry_point"])[i]
+        own = self.by_role("aux", ex["entry_point"])[i]
         # As comments, so that the file stays a valid Python file that ends on the stub to complete.
         notes = "".join(f"#\n# Your earlier `{own}`:\n{as_comment(shown_code(ex, answer, own))}\n"
                         f"#\n{as_comment(feedback)}\n" for answer, feedback in history)
@@ -454,7 +454,7 @@ class CodingEnv(Env):
 
     def expert_prompt(self, ex, outputs, i):
         """The problem, both functions and a request to review agent i's: a bug may lie in how they fit."""
-        names = self.mine("aux", ex["entry_point"])
+        names = self.by_role("aux", ex["entry_point"])
         # Each fence is longer than any run of backticks inside it, so no docstring ends it early.
         code = "".join(f"The `{name}` function:\n{fenced(shown_code(ex, out, name))}\n\n"
                        for name, out in zip(names, outputs))
@@ -509,7 +509,7 @@ class CodingEnv(Env):
         solution = ex.get("canonical_solution")
         if not solution:
             raise ValueError(f"{ex['task_id']}: the problem has no canonical_solution")
-        return self.mine("", solution)
+        return self.by_role("", solution)
 
 
 # -----------------------------------------------------------------------------

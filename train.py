@@ -58,7 +58,7 @@ def train(args):
             # checkpoint that finish() saves is the state before it, and --resume runs it again.
             run.step, turns, update = step, None, None
             with contextlib.suppress(runs.Stop), run.signals.abandon_on_signal():
-                turns, update = magrpo_step(run, batch, seeds)
+                turns, update = single_turn_or_tree_step(run, batch, seeds)
             if turns is None:  # This process's sampling was dropped, and the others hear of it here.
                 run.agree(abandoned=True)
             if update is None:  # A signal, or a step none of whose answers could be scored.
@@ -268,7 +268,7 @@ class Run:
         return self.log.path
 
 
-def magrpo_step(run, batch, seeds):
+def single_turn_or_tree_step(run, batch, seeds):
     """One MAGRPO step -> (turns, metrics): magrpo.single_turn_step, Sec. 2 top to bottom, for one turn
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
