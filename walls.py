@@ -399,7 +399,7 @@ def _start_run(fds):
                         dict(sock=theirs.fileno(), preload=PRELOAD, site_packages=_SITE))
                 proc = subprocess.Popen([sys.executable, "-I", "-S", "-u", "-c", _BOOT], cwd="/",
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=_SERVER_ENV,
-                                        pass_fds=[theirs.fileno()], process_group=0)
+                                        pass_fds=[theirs.fileno()])
                 with theirs, proc.stdin:
                     proc.stdin.write(marshal.dumps(boot))
                 _FORK_SERVER.update(proc=proc, sock=ours)
@@ -448,6 +448,9 @@ def _fork_server(job):
     # Not dumpable, so that a process of our uid (a run's program at the rlimits level) can't ptrace
     # us or open our /proc/<pid>/mem or fd/, where every later run's pipes pass.
     _libc("prctl", PR_SET_DUMPABLE, 0)
+    # A process group of its own (_start_run), where it may make one: a sandbox, ours too, refuses it.
+    with contextlib.suppress(PermissionError):
+        os.setpgid(0, 0)
     sys.path += job["site_packages"]  # without -S's `site`, so no .pth file of them runs
     for name in job["preload"]:
         __import__(name)
@@ -499,11 +502,13 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    # A session of ours, so the final killpg takes every process of the run (in a sandbox: a group)
+    # A session of ours, so the final killpg takes every process of the run (in a sandbox: a group; in
+    # ours, which refuses both, none: the run's processes then die with their parents' death signals).
     try:
         os.setsid()
     except PermissionError:
-        os.setpgid(0, 0)
+        with contextlib.suppress(PermissionError):
+            os.setpgid(0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # undo the server's SIG_IGN, since the supervisor waits
     try:
         job = dict(marshal.load(open(job_fd, "rb")), report_fd=report, test_fd=test_fd)
@@ -549,7 +554,8 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
     # However we get here (the lifeline closed, an error, the parent died first), the run's session
     # ends, us included, and so (with pid 1 gone) does its pid namespace.
     finally:
-        os.killpg(0, signal.SIGKILL)
+        if os.getpgid(0) == os.getpid():  # (never the caller's group)
+            os.killpg(0, signal.SIGKILL)
 
 
 def _run_alone(job):
