@@ -346,8 +346,8 @@ def own_expression(names):
 
 
 def check(out, names, suite=("tests/",)):
-    """The copy's tests: each blanked function's must all fail (else stop). -> (their count per
-    function, {blanked function: the other tests of the fast suite (its files `suite`) that fail
+    """The copy's tests in the files `suite`: each blanked function's must all fail (else stop).
+    -> (their count per function, {blanked function: the other tests of the fast suite that fail
     calling it}, the tests that fail for another reason, the number that pass)."""
     # The rest of the suite runs beside the blanked functions' own tests (2 cores), and is stopped
     # at once if those refuse the copy.
@@ -355,7 +355,7 @@ def check(out, names, suite=("tests/",)):
     pool = ThreadPoolExecutor(max_workers=1)
     others = pool.submit(run_tests, out, "-m", "not slow", "-k", f"not ({own_expression(names)})",
                          paths=suite, stop=refused)
-    own = run_tests(out, "-k", own_expression(names))
+    own = run_tests(out, "-k", own_expression(names), paths=suite)
     counts = {}
     for name in names:
         tests = {test: why for test, why in own.items() if selects(TEACHABLE[name][2], test)}

@@ -515,6 +515,7 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     suite's files that name the two, what the copy removes, or the recording's readers: only those
     can miss what was removed, and the waiting tests asked for below are among them (the whole fast
     suite took minutes)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two pytest runs at a time on 2 cores: a thread each
     out = tmp_path / "hw"
     files, helpers = make_assignment.ANSWERS["completion_logprobs"]
     removed = [Path(f).stem for f in files] + [helper for _, helper in helpers]
@@ -543,7 +544,6 @@ def test_the_students_copy_holds_no_answer_and_grades_an_answer_written_another_
     forgot = wrong_answer("completion_logprobs", "the logits not divided by the temperature")
     shutil.copytree(out, tmp_path / "forgot")  # the three runs below, two at a time: each its own copy
     put(tmp_path / "forgot", {"completion_logprobs": forgot})
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two pytest runs at a time on 2 cores: a thread each
     with ThreadPoolExecutor(max_workers=2) as pool:
         right = pool.submit(failures, out, ["completion_logprobs", "node_return"])
         wrong = pool.submit(failures, tmp_path / "forgot", ["completion_logprobs"], LONG)
