@@ -91,7 +91,8 @@ class Critic:
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
         step's rows and the values before the fit, those of the advantages; all_sum sums over processes. A
         NaN return (no verdict) is no target."""
-        gaps = self.errors(features, returns).detach()  # the values that gave the advantages, no gradient
+        with torch.no_grad():  # the values that gave the advantages, no graph to build
+            gaps = self.errors(features, returns)
         heads = len(gaps) // returns.numel()
         count, r, r2, e, e2 = all_sum([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
                                      float((returns ** 2).nansum()) * heads, float(gaps.nansum()),

@@ -677,9 +677,10 @@ def setup(args):
         raise ValueError(f"--dataset/--split: the {env.name} env has no problems to evaluate")
     if args.methods is None:  # every method this env can run
         args.methods = [m for m in METHODS if unsupported(env, examples, m) is None]
-    why = next(filter(None, (unsupported(env, examples, method) for method in args.methods)), None)
-    if why:  # a method the user asked for that this env cannot run
-        raise ValueError(f"--methods: {why}")
+    for method in args.methods:
+        why = unsupported(env, examples, method)
+        if why:  # a method the user asked for that this env cannot run
+            raise ValueError(f"--methods: {why}")
     # Baselines of another model than the agents' base compare apples with pears, so we say so.
     if args.agents and not args.model and not os.path.isfile(os.path.join(args.agents, "args.json")) and \
             set(args.methods) - {"magrpo", "oracle"}:

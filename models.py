@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,9 +208,9 @@ def lora_targets(model, targets):
                              f"(its linear layers: {', '.join(names)})")
     # A weight owned by two modules is tied (GPT-2's lm_head is its embedding), and merging an adapter
     # into it would change the other module too.
-    owners = [id(p) for m in model.modules() for p in m.parameters(recurse=False)]  # a tied one twice
+    owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     for name in chosen:
-        if owners.count(id(model.get_submodule(name).weight)) > 1:
+        if owners[id(model.get_submodule(name).weight)] > 1:
             raise ValueError(f"{name} shares its weight with another layer (tied embeddings): leave it out")
     return chosen
 
