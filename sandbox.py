@@ -33,7 +33,6 @@ MAX_OUTPUT = 64 * 1024  # bytes kept of stdout and of stderr each
 MAX_REPLY = 16 << 20    # bytes of one reply line of the program
 GRACE = 3.0             # seconds for start-up and reporting, on top of the timeouts
 BACKSTOP = 4            # a test's wall clock, in timeouts, for what the program's CPU time (_clock) misses
-_RESULT = "__helper_result__"  # what _altering makes each `return x` of the helper return: _RESULT(x)
 
 
 @dataclasses.dataclass
@@ -105,9 +104,8 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # The run's cap, fixed up front: BACKSTOP x `timeout` for loading, each test (and 2 for a helper), GRACE.
     cap = BACKSTOP * timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
     rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
-    program = _altering(program, helper) if helper else program  # (the text where it has no helper)
-    job = dict(mode="tests", program=program, result=_RESULT, entry_point=entry_point, isolation=level,
-               memory_mb=memory_mb, helper=helper if type(program) is not str else None,
+    job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level,
+               memory_mb=memory_mb, helper=helper if helper and _defines(program, helper) else None,
                max_reply=MAX_REPLY, supervise="_serve_tests", serve="_serve",  # (our functions inside)
                fresh_scratch=bool(helper))  # (each round of the measure, a /tmp of its own)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
@@ -117,7 +115,9 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # each test's (outcome, its statement where it stopped, why, its calls of the entry point, the last
     # one's text, whether its answer was wrong), "loaded", "helper", "done", "stalled", "error", "infra".
     try:  # trusted reports, but a fault there must not raise
-        rep.infra_error = reports.get("infra", [None])[0]
+        # Past "done" every verdict is in: a failure then (the helper's measure, which the program's
+        # processes can wreck: a flood left running at the rlimits level) leaves helper_use "" only.
+        rep.infra_error = reports.get("infra", [None])[0] if "done" not in reports else None
         rep.error = reports.get("error", [None])[0]
         rep.helper_use = reports.get("helper", [""])[0]
         for index in range(len(groups)):  # a test without a verdict stays "skipped"
@@ -238,31 +238,14 @@ def _unbound(tree):
     return read - bound
 
 
-def _altering(program, helper):
-    """`program` compiled with each `return x` of its top-level `def helper` made `return _RESULT(x)`
-    (line numbers and recursion depth stay the program's); the text where it has no such def or does
-    not compile (its program process then says why)."""
+def _defines(program, name):
+    """Whether `program` parses and defines `name` at its top level, by a def."""
     try:
         tree = ast.parse(program)
-        defs = [node for node in tree.body
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == helper]
-        for statement in (statement for node in defs for statement in _own_returns(node)):
-            value = statement.value or ast.Constant(None)
-            statement.value = ast.Call(ast.Name(_RESULT, ast.Load()), [value], [])
-        if not defs:
-            return program
-        return compile(ast.fix_missing_locations(tree), "<program>", "exec", dont_inherit=True)
     except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
-        return program
-
-
-def _own_returns(node):
-    """The return statements of a def's body, not those of a def, lambda or class inside it."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.Return):
-            yield child
-        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            yield from _own_returns(child)
+        return False
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
+               for node in tree.body)
 
 # ------------------------------------------------------------------------------------------
 # Inside (walls ships these to its fork server: their globals are walls._BOOT's modules, walls' and ours)
@@ -275,67 +258,62 @@ def _serve_tests(job):
     (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
     tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
     # One program process serves the calls until one times out or ends it; the next call meets a
-    # freshly loaded one, so nothing of the broken call reaches the next test. Each round of the
-    # helper's measure (_helper_use) gets a fresh one too, whose start ends the last.
-    measure, proc = "", _spawn(job, "")  # the first loads while the tester reads the test
-    for seconds, deadline, call, asked in _messages(open(ask_r, "rb")):
-        if asked != measure:  # a round of the helper's measure: a fresh process, and the last one ends
-            if proc:
+    # freshly loaded one, so nothing of the broken call reaches the next test. Each call of the
+    # helper's measure (_helper_use) has two fresh ones: the program, whose calls of its helper come
+    # to the tester, and the helper's own, which the tester calls. We never learn the call's round.
+    role, procs = "", {"": _spawn(job, "")}  # the first loads while the tester reads the test
+    for seconds, deadline, call, to in _messages(open(ask_r, "rb")):
+        if to == "fresh":  # a round of the helper's measure: the last one's processes end
+            for proc in procs.values():
                 _end(proc, 0)
-            measure, proc = asked, None
-        proc = proc or _spawn(job, measure)
+            role, procs, to = "measured", {}, ""
+        proc = procs.get(to) or procs.setdefault(to, _spawn(job, to or role))  # to: "" or "helper"
         until = _clock(proc) + seconds  # the program process's CPU time when the test's time runs out
         tag, data = _exchange(proc, call, until, deadline, job["max_reply"])
         left = until - _clock(proc)  # the test's time left (read before _end reaps the process)
         if tag != "R":
-            returncode, _ = _end(proc, 0)
+            returncode, _ = _end(procs.pop(to), 0)
             if tag == "D" and not data:
                 how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
                 data = f"the program process ended during the call ({how})"
-            proc = None
         os.write(answer_w, marshal.dumps((tag, data, left)))
     # The tester has ended. If SIGPROF killed it, as a test's CPU time ran out (_check), say so.
     if os.waitstatus_to_exitcode(os.waitpid(tester, 0)[1]) == -signal.SIGPROF:
         _say(job["report_fd"], "stalled")
 
 
-def _serve(job, call_r, reply_w, measure):
+def _serve(job, call_r, reply_w, role):
     """A program process's work for run_tests (walls._program walled it in): load the program, answer
-    each call (None: "loaded?"); `measure`: the round of the helper's measure ("": the tests).
+    each call (None: "loaded?") of its entry point, or of its helper where `role` is "helper". Where it
+    is "measured" (a round of the helper's measure), the helper's calls go to the tester (_stood_in).
     Nothing here can be trusted once the program runs."""
-    # The helper's `return x` returns _RESULT(x) (_altering): x itself in the tests' round and the
-    # "again" one, else a stand-in (its first argument, its first result in this process, None) or x
-    # _altered. Only in a call of the test (never while the program loads: a default argument or a
-    # probe at load time sees the same helper in every round), where a def of the helper returns to
-    # another function than itself (a recursive helper's own calls keep theirs); called from anywhere
-    # else, it gives back what it is given.
-    program = job["program"]  # (a code object where run_tests measures a helper; __name__: no demo runs)
-    own = [c for c in getattr(program, "co_consts", ())
-           if type(c) is type(program) and c.co_name == job["helper"]]  # the helper's top-level defs
-    state = {}
-
-    def result(value):
-        helper = sys._getframe(1)
-        code = helper.f_code
-        if "serving" not in state or not any(code is c for c in own) or helper.f_back.f_code is code:
-            return value
-        stand_ins = {"identity": lambda: helper.f_locals[code.co_varnames[0]] if code.co_argcount else None,
-                     "constant": lambda: state.setdefault("first", value), "none": lambda: None,
-                     "altered": lambda: _altered(value)}
-        return stand_ins[measure]() if measure in stand_ins else value
-    namespace = {"__name__": "solution", job["result"]: result}
+    namespace = {"__name__": "solution"}  # (no demo runs)
+    entry, calls = job["helper"] if role == "helper" else job["entry_point"], open(call_r, "rb")
     try:
-        exec(compile(program, "<program>", "exec") if type(program) is str else program, namespace)
-        if job["entry_point"] not in namespace:
-            raise NameError(f"name {job['entry_point']!r} is not defined")
-        function = namespace[job["entry_point"]]
+        exec(compile(job["program"], "<program>", "exec"), namespace)
+        if entry not in namespace:
+            raise NameError(f"name {entry!r} is not defined")
+        function, helper = namespace[entry], namespace.get(job["helper"])
     except BaseException as e:
         return _reply(reply_w, "F", _describe(e))
+
+    # Measured, the helper is a stand-in of ours from here on (at load time it was the program's own,
+    # as in every round), the same in every round: its call goes out as data, and what the tester
+    # answers comes back. A thread of the program's own calls the helper itself.
+    def stand_in(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return helper(*args, **kwargs)
+        os.write(reply_w, json.dumps(_encode(("H", args, kwargs), 0)).encode() + b"\n")
+        tag, value = marshal.load(calls)
+        if tag == "R":
+            return value
+        raise getattr(builtins, value[0])(value[1])
+    if role == "measured":
+        namespace[job["helper"]] = stand_in
     # Each call is (args, kwargs) of plain data, from the tester's marshal; None asks "loaded?".
     # Marshal only ever carries what trusted code wrote (marshal.load is not safe on hostile bytes),
     # so what the program sends back is JSON.
-    state["serving"] = True
-    for call in _messages(open(call_r, "rb")):
+    for call in _messages(calls):
         try:
             reply = "R", function(*call[0], **call[1]) if call else None
         except BaseException as e:
@@ -346,16 +324,16 @@ def _serve(job, call_r, reply_w, measure):
 def _altered(value):
     """The helper's result changed: a number negated, a text one NUL longer, a container's last item
     (a set's least) altered or dropped; a bool becomes an int (2, -1), since its one other value is
-    what any bool answer that changes becomes; a new object where it is no plain data."""
+    what any bool answer that changes becomes; None becomes 0."""
     kind = type(value)
     last = next(reversed(value)) if kind is dict and value else None  # (a dict's last key)
-    changes = {bool: lambda v: 2 if v else -1, int: lambda v: ~v, float: lambda v: -v - 1.5,
+    changes = {type(None): lambda v: 0, bool: lambda v: 2 if v else -1, int: lambda v: ~v, float: lambda v: -v - 1.5,
                complex: lambda v: -v - 1.5, str: lambda v: v + "\0", bytes: lambda v: v + b"\0",
                list: lambda v: [*v[:-1], _altered(v[-1])] if v else [None],
                tuple: lambda v: (*v[:-1], _altered(v[-1])) if v else (None,),
                set: lambda v: v - {min(v, key=repr)} if v else {None},
                dict: lambda v: {**v, last: _altered(v[last])} if v else {None: 0}}
-    return changes[kind](value) if kind in changes else object()
+    return changes[kind](value)
 
 
 def _tester(job, ask_w, answer_r):
@@ -391,6 +369,7 @@ def _tester(job, ask_w, answer_r):
             except ValueError as e:  # an argument that is a function or an object, so the test can't run
                 os._exit(_say(report, "infra", f"an argument can't go to the program: {e}"))
             tag, value = ask(call, "")
+            tag, value = ("failed", "a malformed reply") if tag == "H" else (tag, value)  # (unmeasured)
             if job["helper"]:
                 answered.append((call, _fingerprint(tag, value, False), _fingerprint(tag, value, True)))
             if tag == "R":
@@ -433,26 +412,46 @@ def _allow(running, seconds, backstop):
 
 
 def _helper_use(ask, answered):
-    """The tests' calls made again, a round each on a fresh program process -> "unstable" (unaltered,
-    an answer differs), "unused" (with a stand-in for the helper's results, no answer differs), else
-    "used" (with them _altered, an answer becomes another value, not the helper's) or "wrapped" (only
-    the helper's). The stand-ins: its first argument, its first result, None."""
+    """The tests' calls made again in five rounds, the helper's results as it answers them or stood in
+    for (_stood_in), each call of each round on fresh processes, all in an order of chance -> "unstable" (as it answers, an answer differs), "unused" (with a stand-in for them:
+    its first argument, its first result, None, no answer differs), else "used" (with them _altered,
+    an answer becomes another value, not the helper's) or "wrapped" (only the helper's)."""
     # The count is ours: the program's processes hold no part of it. A call that fails or times out
-    # differs, an exception is no value.
-    for measure in ("again", "identity", "constant", "none", "altered"):
-        changed = []
-        for call, first, wrapped in answered:
-            tag, value = ask(call, measure)
-            new = _fingerprint(tag, value, False)
-            changed += [(tag, new, wrapped)] if new is None or new != first else []
-        if measure == "again" and changed:
-            return "unstable"
-        if measure in ("identity", "constant", "none") and not changed:
-            return "unused"
-    values = [(new, wrapped) for tag, new, wrapped in changed if tag == "R"]
+    # differs, an exception is no value. A program that counts its processes (by files it leaves)
+    # and answers right in the first only must guess where each call's "again" is: 1 in 5 a call.
+    changed = {measure: [] for measure in ("again", "identity", "constant", "none", "altered")}
+    first_results = {measure: [] for measure in changed}
+    for measure, (call, first, wrapped) in sorted([(m, a) for m in changed for a in answered],
+                                                  key=lambda _: os.urandom(8)):
+        tag, value = _stood_in(ask, call, "fresh", measure, first_results[measure])
+        new = _fingerprint(tag, value, False)
+        changed[measure] += [(tag, new, wrapped)] if new is None or new != first else []
+    if changed["again"]:
+        return "unstable"
+    if not all(changed[measure] for measure in ("identity", "constant", "none")):
+        return "unused"
+    values = [(new, wrapped) for tag, new, wrapped in changed["altered"] if tag == "R"]
     if any(new != wrapped for new, wrapped in values):
         return "used"
     return "wrapped" if values else "unused"
+
+
+def _stood_in(ask, call, to, measure, first_result):
+    """A call of the entry point in a round of the helper's measure -> its answer (tag, value). Each of
+    its calls of the helper is made in the helper's own process; the round's stand-in for the result
+    (or the result, in "again") goes back to the program. `first_result`: the round's first, once seen."""
+    tag, value = ask(call, to)
+    while tag == "H":  # (args, kwargs) of a call of the helper
+        (args, kwargs), (tag, value) = value, ask(marshal.dumps(value), "helper")
+        if tag == "R":
+            if not first_result:
+                first_result.append(value)
+            stand_ins = {"identity": args[0] if args else None, "constant": first_result[0], "none": None}
+            reply = "R", stand_ins.get(measure, _altered(value) if measure == "altered" else value)
+        else:  # it raised, or failed (an exit, then), rebuilt there as its builtin class
+            reply = "E", ((type(value).__name__, str(value)) if tag == "E" else ("SystemExit", value))
+        tag, value = ask(marshal.dumps(reply), "")
+    return tag, value
 
 
 def _fingerprint(tag, value, altered):
@@ -462,7 +461,7 @@ def _fingerprint(tag, value, altered):
         if tag == "R":
             return hash(json.dumps(_encode(_altered(value) if altered else value, 0)))
         return hash((type(value).__name__, str(value))) if tag == "E" and not altered else None
-    except Exception:  # (TypeError: _altered's object; MemoryError)
+    except Exception:  # (ValueError: nested past 100 once _altered; MemoryError)
         return None
 
 
@@ -496,5 +495,5 @@ def _check(test, scope, running, report):
     return len(verdicts) == len(test["groups"]) and all(status == "passed" for status, _ in verdicts)
 
 
-_INSIDE = (_serve_tests, _serve, _altered, _tester, _allow, _helper_use, _fingerprint, _check)
+_INSIDE = (_serve_tests, _serve, _altered, _tester, _allow, _helper_use, _stood_in, _fingerprint, _check)
 walls.ship(_INSIDE)

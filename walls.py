@@ -82,7 +82,8 @@ _LINUX = dict(
         os.uname().machine, -1))
 # For _seccomp, (AUDIT_ARCH_..., {call: its number}) where we know them (asm/unistd.h, linux/audit.h);
 # elsewhere no filter, which docs/sandbox.md says. The calls it refuses, and why: memory outside any
-# process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf); new namespaces
+# process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf; socket and
+# socketpair, whose buffers pin it too, where only a cgroup v2 counts them); new namespaces
 # and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
 # API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
 # flock, fcntl's locks, leases and pipe sizes); setsid and setpgid, so that all of a run's processes stay
@@ -91,13 +92,14 @@ _LINUX = dict(
 # clone3 reads as missing, so the C library falls back to clone, whose flags a filter can read.
 _GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
                 keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
-                umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157, setpgid=154)
+                umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157, setpgid=154, socket=198,
+                socketpair=199)
 _ALL = dict(memfd_secret=447, io_uring_setup=425, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
             fsmount=432, fspick=433, mount_setattr=442, clone3=435)  # the same on every machine
-SECCOMP = {"x86_64": (0xC000003E, dict(
+SECCOMP = {"x86_64": (0xC000003E, _ALL | dict(
     memfd_create=319, shmget=29, semget=64, msgget=68, bpf=321, add_key=248, request_key=249, keyctl=250,
     inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, unshare=272, setns=308, mount=165,
-    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, setpgid=109, **_ALL)),
+    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, setpgid=109, socket=41, socketpair=53)),
     "aarch64": (0xC00000B7, _GENERIC | _ALL), "riscv64": (0xC00000F3, _GENERIC | _ALL),
 }.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
@@ -106,10 +108,10 @@ globals().update(_LINUX)  # the same names as globals here, where a reader (or a
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
-import builtins, contextlib, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
+import builtins, contextlib, ctypes, json, marshal, os, resource, select, signal, socket, sys, threading, time
 codes, space, job = marshal.load(sys.stdin.buffer)
 space |= {m.__name__: m for m in (builtins, contextlib, ctypes, json, marshal, os, resource, select, signal,
-                                  socket, sys, time)}
+                                  socket, sys, threading, time)} | {"__builtins__": builtins}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
@@ -663,15 +665,16 @@ def _mount_setattr(path, flags, attr_set, attr_clr):
     _libc("syscall", SYS_mount_setattr, AT_FDCWD, path, flags, attr, len(attr))
 
 
-def _spawn(job, measure):
-    """Fork a program process (at the namespaces level, pid 1 of its own pid namespace)."""
+def _spawn(job, role):
+    """Fork a program process (at the namespaces level, pid 1 of its own pid namespace); `role`: what
+    it serves (sandbox._serve)."""
     (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
     # Each program process gets a pid namespace, where it sees and signals its own processes only
     # (kill -1 too), and _end's kill of its pid 1 kills them all. unshare moves only our next child
     # there; setns makes our later children ours again.
     if job["isolation"] == "namespaces":
         _libc("unshare", CLONE_NEWPID)
-    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w, measure)
+    pid = _fork(_program, (call_r, reply_w), (), job, call_r, reply_w, role)
     if job["isolation"] == "namespaces":
         _libc("setns", job["pidns"], CLONE_NEWPID)
     os.set_blocking(call_w, False)
@@ -730,7 +733,7 @@ def _end(proc, timeout):
     return os.waitstatus_to_exitcode(status), late
 
 
-def _program(job, call_r, reply_w, measure):
+def _program(job, call_r, reply_w, role):
     """A program process, walled in: run(): exec Python on the program; run_tests: the caller's
     service of calls (sandbox._serve). Nothing here can be trusted once the program runs."""
     if job["isolation"] == "namespaces":
@@ -757,7 +760,7 @@ def _program(job, call_r, reply_w, measure):
     _seccomp(job["seccomp"])
     if job["mode"] == "run":
         os.execv(sys.executable, [sys.executable, "-I", "-u", "-"])
-    return globals()[job["serve"]](job, call_r, reply_w, measure)
+    return globals()[job["serve"]](job, call_r, reply_w, role)
 
 
 def _powerless(job):
@@ -893,10 +896,13 @@ def _answer(tag, data, timeout):
         reply = _decode(json.loads(data), 0)
     except Exception as e:  # ValueError, TypeError, RecursionError, MemoryError
         return "failed", f"the program's reply is not data ({_describe(e)})"
-    # The reply's shape is checked here: ("R", value), ("E", base class name, message) or ("F", why).
+    # The reply's shape is checked here: ("R", value), ("E", base class name, message), ("F", why), or
+    # ("H", args, kwargs): a call of the helper in a round of its measure (sandbox._stood_in).
     match reply:
         case "R", value:
             return "R", value
+        case "H", tuple(args), dict(kwargs):
+            return "H", (args, kwargs)
         case "E", str(base), str(message):
             # Rebuilt as its builtin class, for the test's `except` and pytest.raises. An exit
             # (SystemExit, other BaseExceptions) is not, and fails the call whatever the test does.
