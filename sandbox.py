@@ -19,6 +19,7 @@ import functools
 import json
 import marshal
 import os
+import re
 import signal
 import sys
 import time
@@ -104,8 +105,10 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # The run's cap, fixed up front: BACKSTOP x `timeout` for loading, each test (and 2 for a helper), GRACE.
     cap = BACKSTOP * timeout * (len(groups) + 1 + 2 * bool(helper)) + GRACE
     rep = TestReport(0, 0, [], None, 0, None, 0.0, isolation=level)
+    # A helper is measured where the program has a def of it at the top level (at a line's start).
+    defined = helper and re.search(rf"^(async\s+)?def\s+{re.escape(helper)}\b", program, re.MULTILINE)
     job = dict(mode="tests", program=program, entry_point=entry_point, isolation=level,
-               memory_mb=memory_mb, helper=helper if helper and _defines(program, helper) else None,
+               memory_mb=memory_mb, helper=helper if defined else None,
                max_reply=MAX_REPLY, supervise="_serve_tests", serve="_serve",  # (our functions inside)
                fresh_scratch=bool(helper))  # (each round of the measure, a /tmp of its own)
     test_job = dict(preamble=preamble, arg=arg, groups=groups, timeout=float(timeout),
@@ -115,8 +118,7 @@ def run_tests(program, test, entry_point, timeout=3.0, *, setup="", max_timeouts
     # each test's (outcome, its statement where it stopped, why, its calls of the entry point, the last
     # one's text, whether its answer was wrong), "loaded", "helper", "done", "stalled", "error", "infra".
     try:  # trusted reports, but a fault there must not raise
-        # Past "done" every verdict is in: a failure then (the helper's measure, which the program's
-        # processes can wreck: a flood left running at the rlimits level) leaves helper_use "" only.
+        # Past "done" every verdict is in: a failure then (the helper's measure's) leaves helper_use "".
         rep.infra_error = reports.get("infra", [None])[0] if "done" not in reports else None
         rep.error = reports.get("error", [None])[0]
         rep.helper_use = reports.get("helper", [""])[0]
@@ -165,7 +167,13 @@ def run_tests_many(jobs, workers=None, **kwargs):
         return run_tests(*job[:3], setup=job[3] if len(job) > 3 else "", _abort=abort_r, **kwargs)
     pool = ThreadPoolExecutor(workers or 2 * (os.cpu_count() or 1))  # a run mostly waits
     try:
-        return list(pool.map(one, jobs))
+        reports = list(pool.map(one, jobs))
+        # A run that failed to start or finish while another held the tasks that runs share (a
+        # normal user without a pids cgroup: docs/sandbox.md) goes again, once the batch has ended.
+        again = [i for i, report in enumerate(reports) if report.infra_error]
+        for i, report in zip(again, pool.map(one, [jobs[i] for i in again])):
+            reports[i] = report
+        return reports
     finally:
         os.close(abort_w)
         pool.shutdown(cancel_futures=True)  # (the queued jobs cancelled; it waits for the running)
@@ -237,15 +245,6 @@ def _unbound(tree):
             bound |= {getattr(n, "name", None), getattr(n, "arg", None), getattr(n, "rest", None)}
     return read - bound
 
-
-def _defines(program, name):
-    """Whether `program` parses and defines `name` at its top level, by a def."""
-    try:
-        tree = ast.parse(program)
-    except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError
-        return False
-    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name
-               for node in tree.body)
 
 # ------------------------------------------------------------------------------------------
 # Inside (walls ships these to its fork server: their globals are walls._BOOT's modules, walls' and ours)
@@ -327,8 +326,9 @@ def _altered(value):
     what any bool answer that changes becomes; None becomes 0."""
     kind = type(value)
     last = next(reversed(value)) if kind is dict and value else None  # (a dict's last key)
-    changes = {type(None): lambda v: 0, bool: lambda v: 2 if v else -1, int: lambda v: ~v, float: lambda v: -v - 1.5,
-               complex: lambda v: -v - 1.5, str: lambda v: v + "\0", bytes: lambda v: v + b"\0",
+    changes = {type(None): lambda v: 0, bool: lambda v: 2 if v else -1, int: lambda v: ~v,
+               float: lambda v: -v - 1.5, complex: lambda v: -v - 1.5,
+               str: lambda v: v + "\0", bytes: lambda v: v + b"\0",
                list: lambda v: [*v[:-1], _altered(v[-1])] if v else [None],
                tuple: lambda v: (*v[:-1], _altered(v[-1])) if v else (None,),
                set: lambda v: v - {min(v, key=repr)} if v else {None},
@@ -413,9 +413,10 @@ def _allow(running, seconds, backstop):
 
 def _helper_use(ask, answered):
     """The tests' calls made again in five rounds, the helper's results as it answers them or stood in
-    for (_stood_in), each call of each round on fresh processes, all in an order of chance -> "unstable" (as it answers, an answer differs), "unused" (with a stand-in for them:
-    its first argument, its first result, None, no answer differs), else "used" (with them _altered,
-    an answer becomes another value, not the helper's) or "wrapped" (only the helper's)."""
+    for (_stood_in), each call of each round on fresh processes, all in an order of chance ->
+    "unstable" (as it answers, an answer differs), "unused" (with a stand-in for them: its first
+    argument, its first result, None, no answer differs), else "used" (with them _altered, an answer
+    becomes another value, not the helper's) or "wrapped" (only the helper's)."""
     # The count is ours: the program's processes hold no part of it. A call that fails or times out
     # differs, an exception is no value. A program that counts its processes (by files it leaves)
     # and answers right in the first only must guess where each call's "again" is: 1 in 5 a call.

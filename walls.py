@@ -82,8 +82,9 @@ _LINUX = dict(
         os.uname().machine, -1))
 # For _seccomp, (AUDIT_ARCH_..., {call: its number}) where we know them (asm/unistd.h, linux/audit.h);
 # elsewhere no filter, which docs/sandbox.md says. The calls it refuses, and why: memory outside any
-# process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf; socket and
-# socketpair, whose buffers pin it too, where only a cgroup v2 counts them); new namespaces
+# process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf; the buffers of
+# sockets and pipes, which pin it too, where only a cgroup v2 counts them, and pipes the user's
+# quota of them); new namespaces
 # and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
 # API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
 # flock, fcntl's locks, leases and pipe sizes); setsid and setpgid, so that all of a run's processes stay
@@ -93,13 +94,14 @@ _LINUX = dict(
 _GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
                 keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
                 umount2=39, pivot_root=41, clone=220, fcntl=25, setsid=157, setpgid=154, socket=198,
-                socketpair=199)
+                socketpair=199, pipe2=59)
 _ALL = dict(memfd_secret=447, io_uring_setup=425, open_tree=428, move_mount=429, fsopen=430, fsconfig=431,
             fsmount=432, fspick=433, mount_setattr=442, clone3=435)  # the same on every machine
 SECCOMP = {"x86_64": (0xC000003E, _ALL | dict(
     memfd_create=319, shmget=29, semget=64, msgget=68, bpf=321, add_key=248, request_key=249, keyctl=250,
     inotify_init=253, inotify_init1=294, fanotify_init=300, flock=73, unshare=272, setns=308, mount=165,
-    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, setpgid=109, socket=41, socketpair=53)),
+    umount2=166, pivot_root=155, clone=56, fcntl=72, setsid=112, setpgid=109, socket=41, socketpair=53,
+    pipe=22, pipe2=293)),
     "aarch64": (0xC00000B7, _GENERIC | _ALL), "riscv64": (0xC00000F3, _GENERIC | _ALL),
 }.get(os.uname().machine)
 globals().update(_LINUX)  # the same names as globals here, where a reader (or a test) finds them
@@ -144,7 +146,7 @@ def _namespaces_work():
     if SECCOMP is None:  # (docs/sandbox.md: what each level holds)
         print(f"sandbox: no seccomp filter for {os.uname().machine}: no call is refused", file=sys.stderr)
     if not any(kind in ("v2", "memory") for kind, _ in _cgroup_parents()):
-        print("sandbox: no cgroup here: memory_mb bounds each process, not a run", file=sys.stderr)
+        print("sandbox: no cgroup: memory_mb bounds a process, not a run; runs share tasks", file=sys.stderr)
     job = dict(mode="run", program="print('ok')", timeout=10.0, isolation="namespaces", memory_mb=2048)
     reports, out, err, _, _ = execute(job, None, 10.0 + 3.0, None, 4096)
     if reports.get("exit", (None,))[0] == 0 and out == "ok\n":
