@@ -229,11 +229,11 @@ def test_run_ignored_signals(level):
 
 
 SPAWN = {
-    "spawn": "import os; os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})",  # (a Popen needs a pipe)
+    "spawn": "import os; os.posix_spawn('/bin/sleep', ['sleep', '1000'], os.environ)",  # (a Popen needs a pipe)
     "fork": "import os, time\nif os.fork() == 0:\n    time.sleep(1000)",
     # Leaving the run's process group (setsid and setpgid are refused: each tries, and goes on if refused).
-    "process_group": ("import os\ntry:\n    os.posix_spawn('/bin/sleep', ['sleep', '1000'], {}, setpgroup=0)\n"
-                      "except PermissionError:\n    os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})"),
+    "process_group": ("import os\ntry:\n    os.posix_spawn('/bin/sleep', ['sleep', '1000'], os.environ, setpgroup=0)\n"
+                      "except PermissionError:\n    os.posix_spawn('/bin/sleep', ['sleep', '1000'], os.environ)"),
     "double_fork": ("import os, time\nif os.fork() == 0:\n    try:\n        os.setpgid(0, 0)\n"
                     "    except PermissionError:\n        pass\n"
                     "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)"),
@@ -260,7 +260,7 @@ def test_run_refuses_a_new_process_group_or_session(level):
     program = code("""
         import os
         for name, call in (("setpgid", lambda: os.setpgid(0, 0)), ("setsid", os.setsid),
-                           ("spawn", lambda: os.posix_spawn("/bin/true", ["true"], {}, setpgroup=0))):
+                           ("spawn", lambda: os.posix_spawn("/bin/true", ["true"], os.environ, setpgroup=0))):
             try:
                 call()
                 print(name, "allowed")
@@ -274,7 +274,7 @@ def test_run_refuses_a_new_process_group_or_session(level):
 def test_run_leftover_scan_sees_sandboxed_processes(level, tagged):
     """Positive control for assert_nothing_left: the scan does see a live sandbox's processes."""
     tag, env = tagged
-    program = SPAWN["popen"] + "\nimport time\ntime.sleep(2)"
+    program = SPAWN["spawn"] + "\nimport time\ntime.sleep(2)"
     thread = threading.Thread(target=sandbox.run, args=(program,),
                               kwargs=dict(timeout=2.0, isolation=level, env=env))
     thread.start()
@@ -343,7 +343,7 @@ def test_run_file_size_limit(level):
     "os.kill(-1, 9)",
     "os.kill(CALLER, 9)",
     "os.killpg(os.getpgid(CALLER), 9)",
-    "os.waitpid(os.posix_spawn('/bin/kill', ['kill', '-9', '-1'], {}), 0)",
+    "os.waitpid(os.posix_spawn('/bin/kill', ['kill', '-9', '-1'], os.environ), 0)",
 ])
 def test_run_caller_survives(level, attack):
     need_namespaces(level, "code runs as your user and can signal your processes")
@@ -1742,7 +1742,7 @@ def test_run_tests_tests_leave_nothing_running(level, tagged):
     program = code("""
         import os, time
         def f(x):
-            os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})
+            os.posix_spawn('/bin/sleep', ['sleep', '1000'], os.environ)
             if os.fork() == 0:
                 time.sleep(1000)
             return x + 1
