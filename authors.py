@@ -111,11 +111,9 @@ def is_wrapper(func):
         # holds quotes without starting with them closes it, so `"""` alone skips the rest.
         if stripped.startswith(_QUOTES):
             in_doc = in_doc or not (stripped.endswith(stripped[:3]) and len(stripped) > 3)
-            continue
-        if in_doc:
+        elif in_doc:
             in_doc = not any(quotes in stripped for quotes in _QUOTES)
-            continue
-        if stripped and not stripped.startswith(("#", "def ")):
+        elif stripped and not stripped.startswith(("#", "def ")):
             body.append(stripped)
     if not body:
         return True

@@ -197,9 +197,8 @@ def run_discussion(env, agents, batch, cfg, seeds, expert=None):
     for i, agent in enumerate(agents):
         prompts = [env.discussion_prompt(batch[n // N], i, s.outputs) for n, s in enumerate(first)]
         second.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
-    texts, tokens, seconds = zip(*second)  # per agent
-    wait = mean(seconds)  # the agents revise side by side
-    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + wait)
+    texts, tokens, seconds = zip(*second)  # per agent; they revise side by side, so the wait is their mean
+    return [[Sample(outputs, sample.tokens + sum(toks), sample.seconds + mean(seconds))
              for sample, outputs, toks in zip(first, zip(*texts), zip(*tokens))]]
 
 
@@ -470,17 +469,15 @@ def curve_svg(rows, width=760, height=400, pad=50, legend=190, max_reward=None):
              f'<path d="M{pad},{pad}V{bottom}H{right}" stroke="black" fill="none"/>']
     # A tick is a short mark and its label; round values let a reader place a point between them.
     for value in ticks(0.0, top):
-        y = y_of(value)
-        parts.append(f'<path d="M{pad - 4},{y:.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
-                     f'y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+        parts.append(f'<path d="M{pad - 4},{y_of(value):.1f}H{pad}" stroke="black"/><text x="{pad - 6}" '
+                     f'y="{y_of(value) + 4:.1f}" text-anchor="end">{value:g}</text>')
     for value in reach:  # the maximum, labelled unless a round tick is it already
         label = "" if any(abs(value - tick) < 1e-9 for tick in ticks(0.0, top)) else f"{value:g}"
         parts.append(f'<path d="M{pad - 4},{y_of(value):.1f}H{right}" stroke="gray" stroke-dasharray="4,4"/>'
                      f'<text x="{pad - 6}" y="{y_of(value) + 4:.1f}" text-anchor="end">{label}</text>')
     for step in ticks(x0, x1, least=1):
-        x = x_of(step)
-        parts.append(f'<path d="M{x:.1f},{bottom}V{bottom + 4}" stroke="black"/><text x="{x:.1f}" '
-                     f'y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
+        parts.append(f'<path d="M{x_of(step):.1f},{bottom}V{bottom + 4}" stroke="black"/>'
+                     f'<text x="{x_of(step):.1f}" y="{bottom + 16}" text-anchor="middle">{step:g}</text>')
     smoothed = f" (each point the mean of {window} steps)" if window > 1 else ""
     parts += [f'<text x="{(pad + right) / 2}" y="{height - 12}" text-anchor="middle">step</text>',
               f'<text transform="translate(14,{height / 2}) rotate(-90)" text-anchor="middle">'

@@ -368,9 +368,9 @@ def make_optimizer(model, learning_rate, weight_decay=0.0):
     """Each agent's own AdamW (Sec. 2 step 6) over its trainable parameters; fp32 master weights if
     they are low-precision (bf16)."""
     params = [p for p in model.parameters() if p.requires_grad]  # A LoRA agent trains its adapters only.
-    if all(p.dtype == torch.float32 for p in params):  # LoRA adapters are fp32 on any base.
-        return adamw(params, lr=learning_rate, weight_decay=weight_decay)
-    return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    # LoRA adapters are fp32 on any base, and fp32 weights need no master copies.
+    make = adamw if all(p.dtype == torch.float32 for p in params) else MasterWeightAdamW
+    return make(params, lr=learning_rate, weight_decay=weight_decay)
 
 
 def adamw(params, **kwargs):

@@ -113,12 +113,11 @@ def checked_config(**settings):
     # TRL's names and --advantage std become ours first, so that the checks below see only our values,
     # and a setting that a spelling makes must not contradict one given beside it.
     for (name, spelling), resolved in SPELLINGS.items():
-        if given(name) != spelling:
-            continue
-        for key, value in resolved.items():  # another setting it makes must be left alone, or agree
-            free = key == name or given(key) in (value, getattr(defaults, key))
-            check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
-            settings[key] = value
+        if given(name) == spelling:
+            for key, value in resolved.items():  # another setting it makes must be left alone, or agree
+                free = key == name or given(key) in (value, getattr(defaults, key))
+                check(key, free, f"--{name.replace('_', '-')} {spelling} sets it to {value}")
+                settings[key] = value
     for name, choices in magrpo.Config.CHOICES.items():
         names = choices + tuple(spelling for owner, spelling in SPELLINGS if owner == name)
         check(name, given(name) in choices, f"use one of {', '.join(names)}")
