@@ -110,10 +110,10 @@ globals().update(_LINUX)  # the same names as globals here, where a reader (or a
 # _LINUX, the modules named here and each other. So nothing of the caller's process reaches inside
 # (its imports, its state, a test's monkeypatch), only what marshal carries.
 _BOOT = """\
-import builtins, contextlib, ctypes, json, marshal, os, resource, select, signal, socket, sys, threading, time
+import _thread, builtins, contextlib, ctypes, json, marshal, os, resource, select, signal, socket, sys, time
 codes, space, job = marshal.load(sys.stdin.buffer)
-space |= {m.__name__: m for m in (builtins, contextlib, ctypes, json, marshal, os, resource, select, signal,
-                                  socket, sys, threading, time)} | {"__builtins__": builtins}
+space |= {m.__name__: m for m in (_thread, builtins, contextlib, ctypes, json, marshal, os, resource, select,
+                                  signal, socket, sys, time)} | {"__builtins__": builtins}
 for name, code in codes.items():
     space[name] = type(lambda: 0)(code, space)
 space["_fork_server"](job)
