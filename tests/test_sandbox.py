@@ -644,15 +644,15 @@ def test_run_tests_many_a_sibling_gets_its_verdict_though_a_flood_took_the_tasks
         resource.setrlimit(resource.RLIMIT_NPROC, (300, 300))
         flood = ("import os, time\\ntry:\\n    while True:\\n        if os.fork() == 0:\\n"
                  "            time.sleep(60)\\n            os._exit(0)\\nexcept OSError:\\n    pass\\n"
-                 "def f(x):\\n    time.sleep(2)\\n    return x + 1\\n")
-        honest = "def f(x):\\n    return x + 1\\n"
+                 "def f(x):\\n    time.sleep(3)\\n    return x + 1\\n")
+        honest = "import time\\ntime.sleep(0.3)\\ndef f(x):\\n    return x + 1\\n"  # (some start during the flood)
         test = "def check(f):\\n    assert f(1) == 2\\n"
         for level in ('namespaces', 'rlimits'):
-            reports = sandbox.run_tests_many([(flood, test, 'f')] + [(honest, test, 'f')] * 6, workers=2,
+            reports = sandbox.run_tests_many([(flood, test, 'f')] + [(honest, test, 'f')] * 10, workers=2,
                                              isolation=level, timeout=1.0)
             print(level, sum(rep.all_passed and rep.infra_error is None for rep in reports[1:]))
         """), timeout=180)
-    assert r.stdout.split() == ["namespaces", "6", "rlimits", "6"], r.stdout + r.stderr
+    assert r.stdout.split() == ["namespaces", "10", "rlimits", "10"], r.stdout + r.stderr
 
 
 def test_run_secrets_not_inherited(level, monkeypatch):
@@ -2001,6 +2001,19 @@ def test_run_tests_no_bonus_for_help_that_is_not_help(level, shape):
     test = {"unstable_float": close, "shuffled_dict_order": dictionary}.get(shape, INT_TEST)
     rep = sandbox.run_tests(program + header + main + "\n", test, "f", helper="aux", isolation=level)
     assert rep.all_passed and rep.helper_use == use, rep
+
+
+def test_run_tests_no_bonus_for_help_that_is_not_help_as_a_normal_user():
+    """As a normal user, at both levels: the round's name is in no frame of main's process, and an
+    honest pair is still "used"."""
+    prelude = FAKE_PRELUDE[FAKE_PRELUDE.index("def round_named"):]  # (not its file in the host's /tmp)
+    programs = {shape: f"import sys\n{prelude}def aux(x):\n{FAKE_HELP[shape][0]}\n\n\ndef f(x):\n{FAKE_HELP[shape][1]}\n"
+                for shape in ("round_read_from_frames", "honest")}
+    r = as_a_normal_user(f"import sandbox\nfor level in ('namespaces', 'rlimits'):\n"
+                         f"    for program in {list(programs.values())!r}:\n"
+                         f"        rep = sandbox.run_tests(program, {INT_TEST!r}, 'f', helper='aux', isolation=level)\n"
+                         f"        print(rep.all_passed, rep.helper_use)\n")
+    assert r.stdout.split() == ["True", "wrapped", "True", "used"] * 2, r.stdout + r.stderr
 
 
 def test_run_tests_no_bonus_for_counting_the_rounds(level):
