@@ -258,14 +258,14 @@ def _serve_tests(job):
     tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
     # One program process serves the calls until one times out or ends it; the next call meets a
     # freshly loaded one, so nothing of the broken call reaches the next test. Each call of the
-    # helper's measure (_helper_use) has two fresh ones: the program, whose calls of its helper come
-    # to the tester, and the helper's own, which the tester calls. We never learn the call's round.
+    # helper's measure (_helper_use) has a fresh one, whose calls of its helper come to the tester,
+    # which makes them in the helper's own process (one for the measure). We never learn the round.
     role, procs = "", {"": _spawn(job, "")}  # the first loads while the tester reads the test
     for seconds, deadline, call, to in _messages(open(ask_r, "rb")):
-        if to == "fresh":  # a round of the helper's measure: the last one's processes end
-            for proc in procs.values():
-                _end(proc, 0)
-            role, procs, to = "measured", {}, ""
+        if to == "fresh":  # a call of the helper's measure: the last call's program process ends
+            if "" in procs:
+                _end(procs.pop(""), 0)
+            role, to = "measured", ""
         proc = procs.get(to) or procs.setdefault(to, _spawn(job, to or role))  # to: "" or "helper"
         until = _clock(proc) + seconds  # the program process's CPU time when the test's time runs out
         tag, data = _exchange(proc, call, until, deadline, job["max_reply"])
@@ -413,7 +413,7 @@ def _allow(running, seconds, backstop):
 
 def _helper_use(ask, answered):
     """The tests' calls made again in five rounds, the helper's results as it answers them or stood in
-    for (_stood_in), each call of each round on fresh processes, all in an order of chance ->
+    for (_stood_in), each call of each round on a fresh process, all in an order of chance ->
     "unstable" (as it answers, an answer differs), "unused" (with a stand-in for them: its first
     argument, its first result, None, no answer differs), else "used" (with them _altered, an answer
     becomes another value, not the helper's) or "wrapped" (only the helper's)."""

@@ -66,8 +66,10 @@ _LINUX = dict(
     CLONE_NEWIPC=0x8000000,
     # mount(2)'s flags
     MS_RDONLY=1, MS_NOSUID=2, MS_NODEV=4, MS_NOEXEC=8, MS_BIND=0x1000, MS_REC=0x4000, MS_PRIVATE=0x40000,
-    # for prctl(2), the signal a child gets when its parent dies and whether others may ptrace it
+    # for prctl(2), the signal a child gets when its parent dies, whether others may ptrace it, and
+    # who reaps the orphans of one's descendants
     PR_SET_PDEATHSIG=1, PR_SET_DUMPABLE=4, PR_SET_NO_NEW_PRIVS=38, PR_SET_SECCOMP=22, SECCOMP_MODE_FILTER=2,
+    PR_SET_CHILD_SUBREAPER=36,
     # ... and the capabilities a process keeps (linux/capability.h: the version of capset's header)
     PR_CAPBSET_DROP=24, PR_CAP_AMBIENT=47, PR_CAP_AMBIENT_CLEAR_ALL=4, CAPABILITY_VERSION_3=0x20080522,
     # namespaces that clone(2) makes; fcntl(2)'s commands that take the user's share of host state
@@ -458,7 +460,11 @@ def _fork_server(job):
     sys.path += job["site_packages"]  # without -S's `site`, so no .pth file of them runs
     for name in job["preload"]:
         __import__(name)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps ended runs
+    # The kernel reaps ended runs, and (as their subreaper) the processes they leave: else a killed
+    # run's processes wait as zombies for the machine's pid 1, which may reap them late (here, 2 s
+    # later), and hold the user's tasks meanwhile.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _libc("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     sock = socket.socket(fileno=job["sock"])
     # Each message carries a run's six descriptors (_execute's `theirs`). At EOF the caller is gone,
     # and we end. Its runs end with us, as each process dies with its parent.
