@@ -256,17 +256,16 @@ def _serve_tests(job):
     # crosses between them, here, and nothing else.
     (ask_r, ask_w), (answer_r, answer_w) = os.pipe(), os.pipe()
     tester = _fork(_tester, (job["test_fd"], ask_w, answer_r), (job["report_fd"],), job, ask_w, answer_r)
-    # One program process serves the calls until one times out or ends it; the next call meets a
-    # freshly loaded one, so nothing of the broken call reaches the next test. Each call of the
-    # helper's measure (_helper_use) has a fresh one, whose calls of its helper come to the tester,
-    # which makes them in the helper's own process (one for the measure). We never learn the round.
+    # One program process serves the calls until one times out or ends it; the next call meets a fresh
+    # one, so nothing of a broken call reaches the next test. Each call of the helper's measure has its
+    # own too, whose calls of the helper the tester makes in the helper's process. We never learn the round.
     role, procs = "", {"": _spawn(job, "")}  # the first loads while the tester reads the test
     for seconds, deadline, call, to in _messages(open(ask_r, "rb")):
         if to == "fresh":  # a call of the helper's measure: the last call's program process ends
             if "" in procs:
                 _end(procs.pop(""), 0)
             role, to = "measured", ""
-        proc = procs.get(to) or procs.setdefault(to, _spawn(job, to or role))  # to: "" or "helper"
+        proc = procs[to] = procs.get(to) or _spawn(job, to or role)  # to: "" (the entry point's) or "helper"
         until = _clock(proc) + seconds  # the program process's CPU time when the test's time runs out
         tag, data = _exchange(proc, call, until, deadline, job["max_reply"])
         left = until - _clock(proc)  # the test's time left (read before _end reaps the process)
@@ -302,6 +301,7 @@ def _serve(job, call_r, reply_w, role):
     def stand_in(*args, **kwargs):
         if _thread.get_ident() != main_thread:
             return helper(*args, **kwargs)
+        # (Not _reply: its "F" for arguments that are no data would leave us waiting; they raise.)
         os.write(reply_w, json.dumps(_encode(("H", args, kwargs), 0)).encode() + b"\n")
         tag, value = marshal.load(calls)
         if tag == "R":
@@ -424,7 +424,7 @@ def _helper_use(ask, answered):
     first_results = {measure: [] for measure in changed}
     for measure, (call, first, wrapped) in sorted([(m, a) for m in changed for a in answered],
                                                   key=lambda _: os.urandom(8)):
-        tag, value = _stood_in(ask, call, "fresh", measure, first_results[measure])
+        tag, value = _stood_in(ask, call, measure, first_results[measure])
         new = _fingerprint(tag, value, False)
         changed[measure] += [(tag, new, wrapped)] if new is None or new != first else []
     if changed["again"]:
@@ -437,11 +437,11 @@ def _helper_use(ask, answered):
     return "wrapped" if values else "unused"
 
 
-def _stood_in(ask, call, to, measure, first_result):
+def _stood_in(ask, call, measure, first_result):
     """A call of the entry point in a round of the helper's measure -> its answer (tag, value). Each of
     its calls of the helper is made in the helper's own process; the round's stand-in for the result
     (or the result, in "again") goes back to the program. `first_result`: the round's first, once seen."""
-    tag, value = ask(call, to)
+    tag, value = ask(call, "fresh")  # (a fresh program process for each call)
     while tag == "H":  # (args, kwargs) of a call of the helper
         (args, kwargs), (tag, value) = value, ask(marshal.dumps(value), "helper")
         if tag == "R":

@@ -86,12 +86,12 @@ _LINUX = dict(
 # elsewhere no filter, which docs/sandbox.md says. The calls it refuses, and why: memory outside any
 # process (memfd_create, memfd_secret, shmget, semget, msgget, io_uring_setup, bpf; the buffers of
 # sockets and pipes, which pin it too, where only a cgroup v2 counts them, and pipes the user's
-# quota of them); new namespaces
-# and mounts (unshare, setns, clone's CLONE_NEW* flags, mount, umount2, pivot_root, the new mount
-# API); keyrings (add_key, request_key, keyctl); the user's share of host state (inotify, fanotify,
-# flock, fcntl's locks, leases and pipe sizes); setsid and setpgid, so that all of a run's processes stay
-# in one session, one autogroup, whose share of the CPU the kernel's scheduler makes that of any other
-# run, and in one process group, which the run's final kill takes whole at every level.
+# quota of them); new namespaces and mounts (unshare, setns, clone's CLONE_NEW* flags, mount,
+# umount2, pivot_root, the new mount API); keyrings (add_key, request_key, keyctl); the user's share
+# of host state (inotify, fanotify, flock, fcntl's locks, leases and pipe sizes); setsid and setpgid,
+# so that all of a run's processes stay in one session, one autogroup, whose share of the CPU the
+# kernel's scheduler makes that of any other run, and in one process group, which the run's final
+# kill takes whole at every level.
 # clone3 reads as missing, so the C library falls back to clone, whose flags a filter can read.
 _GENERIC = dict(memfd_create=279, shmget=194, semget=190, msgget=186, bpf=280, add_key=217, request_key=218,
                 keyctl=219, inotify_init1=26, fanotify_init=262, flock=32, unshare=97, setns=268, mount=40,
