@@ -172,17 +172,16 @@ def team_reward_sums(agents, env, examples, cfg, expert=None, batch_size=8):
 def run_sequential(env, agents, batch, cfg, seeds, expert=None):
     """Agent i writes after reading agents 0..i-1's outputs in its sample (env.sequential_prompt);
     their times add up."""
-    N, rows = cfg.num_generations, []
-    for i, agent in enumerate(agents):
-        # The first agent samples N answers per problem; each later one, one answer per sample, after
-        # reading that sample's earlier answers, so that each sample is its own pipeline.
-        if i == 0:
-            prompts, size, seeds_i = [env.sequential_prompt(ex, 0, []) for ex in batch], N, seeds
-        else:  # one prompt per sample, showing that sample's earlier outputs
-            seen = zip(*[texts for texts, _, _ in rows])
-            prompts = [env.sequential_prompt(batch[n // N], i, earlier) for n, earlier in enumerate(seen)]
-            size, seeds_i = 1, [sampler.mix_seed(s, g) for s in seeds for g in range(N)]
-        rows.append(per_row(magrpo.sample_agent(agent, i, prompts, size, cfg, seeds_i)))
+    # The first agent samples N answers per problem; each later one, one answer per sample, after
+    # reading that sample's earlier answers, so that each sample is its own pipeline.
+    N = cfg.num_generations
+    first = [env.sequential_prompt(ex, 0, []) for ex in batch]
+    rows = [per_row(magrpo.sample_agent(agents[0], 0, first, N, cfg, seeds))]
+    seeds = [sampler.mix_seed(s, g) for s in seeds for g in range(N)]  # one per sample
+    for i, agent in enumerate(agents[1:], 1):  # one prompt per sample, showing that sample's earlier outputs
+        seen = zip(*[texts for texts, _, _ in rows])
+        prompts = [env.sequential_prompt(batch[n // N], i, earlier) for n, earlier in enumerate(seen)]
+        rows.append(per_row(magrpo.sample_agent(agent, i, prompts, 1, cfg, seeds)))
     texts, tokens, seconds = zip(*rows)  # per agent; their times add up
     return [[Sample(outputs, sum(toks), sum(seconds)) for outputs, toks in zip(zip(*texts), zip(*tokens))]]
 
