@@ -297,17 +297,17 @@ def test_metrics(problems, ks):
     # Each problem's samples stay in sampling order, since the authors' pass@k reads the first k and the
     # unbiased estimator all n (Chen et al. 2021). Both are reported, under different names. A sample
     # without a verdict (an error) is no failure: it is left out, and a problem with none left too.
-    passed, rates = [], []
+    rates = []  # per problem, its judged samples' test pass rates
     for records in problems:
         judged = [tests_rate(r) for r in records if r["error"] is None]
         if judged:
             rates.append(judged)
-            passed.append([rate == 1 for rate in judged])  # pass@k counts it correct if all tests pass
     unbiased, authors, acc = {}, {}, {}  # each k's, so that the report lists pass@k, then pass_any@k, acc@k
+    # A sample passes when its rate is 1 (every test passed), so a problem's c is p.count(1).
     for k in ks:
-        unbiased[f"pass@{k}"] = mean(pass_at_k(len(ok), sum(ok), k) if any(ok) else 0.0 for ok in passed)
-        authors[f"pass_any@{k}"] = mean(any(ok[:k]) for ok in passed)
-        acc[f"acc@{k}"] = mean(max(rate[:k]) for rate in rates)
+        unbiased[f"pass@{k}"] = mean(pass_at_k(len(p), p.count(1), k) if 1 in p else 0.0 for p in rates)
+        authors[f"pass_any@{k}"] = mean(1 in p[:k] for p in rates)
+        acc[f"acc@{k}"] = mean(max(p[:k]) for p in rates)
     return {**unbiased, **authors, **acc}
 
 
