@@ -315,9 +315,8 @@ def aggregate(problems, ks):
     """One method's (metrics, details) from its problems' sample records: test metrics are means over
     problems, the rest over samples; a level a sample lacks counts 0 (it was gated). A sample without a
     verdict is counted under errors and left out of everything else."""
-    samples = [r for recs in problems for r in recs]
-    errors = sum(r["error"] is not None for r in samples)
-    samples = [r for r in samples if r["error"] is None]
+    errors = sum(r["error"] is not None for recs in problems for r in recs)
+    samples = [r for recs in problems for r in recs if r["error"] is None]
     # pass@k and the cooperation rate exist only where the reward says so (coding), so that no
     # metric means nothing for the env (a writing task has no tests).
     metrics = test_metrics(problems, ks) if any("tests" in r for r in samples) else {}
