@@ -36,7 +36,6 @@ import sampler
 METHODS = ("magrpo", "single", "concat", "sequential", "discussion", "oracle")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "compile", "num_turns", "feedback",
                    "feedback_max_new_tokens", "termination_threshold")  # the Config fields eval.py takes
-PAPER_K = (1, 3, 5, 10)
 
 # -----------------------------------------------------------------------------
 # Every method on every problem, the same seeds for each (Sec. 6)
@@ -583,7 +582,7 @@ def check_flags(args):
     runs.fill_defaults(args, dataclasses.asdict(sample_cfg(args)))
     # The paper's k (1, 3, 5, 10) are kept where --num-samples allows, as pass@10 of 5 samples means nothing.
     try:
-        args.ks = ([k for k in PAPER_K if k <= args.num_samples] if args.k is None
+        args.ks = ([k for k in (1, 3, 5, 10) if k <= args.num_samples] if args.k is None
                    else sorted({int(k) for k in comma_list(args.k)}))
     except ValueError:
         raise ValueError(f"--k: want a comma list of integers, got {args.k!r}") from None
