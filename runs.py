@@ -241,7 +241,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     try:
         return cls(**options)
     except (ValueError, OSError) as e:
-        where = flag or "/".join(dict.fromkeys(flags[key] for key in given)) or f"--env {args.env}"
+        where = flag or "/".join(flags[key] for key in given) or f"--env {args.env}"
         raise ValueError(f"{where}: {e}") from None
 
 
@@ -655,10 +655,10 @@ def data_parallel():
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def all_sum(values, device="cpu"):
+def all_sum(values):
     """The element-wise sum over the processes of a tensor (in place: a gradient), or of a list of
     numbers -> a list (in float64, so that a count or a sum of losses loses nothing on the way)."""
-    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64, device=device)
+    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64)
     if data_parallel():
         torch.distributed.all_reduce(t)
     return t if torch.is_tensor(values) else t.tolist()
