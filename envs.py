@@ -136,14 +136,12 @@ class Env(abc.ABC):
         if len(first) < 2:
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
         # Its prompt and first answer, the others' (a partner's, or each under its name), its prompt again.
-        if len(first) == 2:
-            shown, fit = "[your partner wrote]\n" + marked(first[1 - i]), "the two fit together"
-        else:
-            shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
-                                in enumerate(zip(self.agent_names, first)) if agent != i)
-            fit = f"all {len(first)} fit together"
-        return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
-                + self.prompts(ex)[i])
+        names = self.agent_names if len(first) > 2 else ("your partner", "your partner")
+        shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
+                            in enumerate(zip(names, first)) if agent != i)
+        fit = "the two fit together" if len(first) == 2 else f"all {len(first)} fit together"
+        prompt = self.prompts(ex)[i]
+        return f"{prompt}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n{prompt}"
 
     def single_prompt(self, ex):
         """-> the prompt of one model that does the whole task alone (the single-model baseline); by
