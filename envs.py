@@ -411,21 +411,21 @@ class CodingEnv(Env):
             lines.append(f"the tests could not be run: {quoted(reward.sandbox_error)}")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
-            report = reward.report
-            statement = getattr(report, "failed_statement", None)
-            why = getattr(report, "failure_reason", None)
+            # Once every test passed there is no failure to report, and no report to read one from.
+            failed = reward.report if reward.passed < reward.n_tests else None
+            why = getattr(failed, "failure_reason", None)
             # Ours names the failure, not the answer: the failing call and "wrong answer" where the test's
             # own check failed (its statement and message hold the expected value, which a lookup would
             # learn: docs/rewards.md), else the program's error. The authors' (--authors-rewards) show
             # the test's statement. The error, which the program may have written (an exception's
             # message, a value it returned), is data only, quoted on one line and cut.
-            if not self.authors and reward.passed < reward.n_tests and getattr(report, "failing_call", None):
-                lines.append(f"the first failing test calls {quoted(report.failing_call)}")
-                lines += ["its answer is wrong"] if report.wrong_answer else []
-                statement, why = None, None if report.wrong_answer else why
-            if reward.passed < reward.n_tests and statement:
-                lines.append(f"the first failing test:\n{statement.strip()}")
-            if reward.passed < reward.n_tests and why:
+            if not self.authors and getattr(failed, "failing_call", None):
+                lines.append(f"the first failing test calls {quoted(failed.failing_call)}")
+                lines += ["its answer is wrong"] if failed.wrong_answer else []
+                why = None if failed.wrong_answer else why
+            elif getattr(failed, "failed_statement", None):
+                lines.append(f"the first failing test:\n{failed.failed_statement.strip()}")
+            if why:
                 lines.append(f"its error, the program's output quoted: {quoted(why)}")
         # The cooperation bonus is explained in words, since a wrapper earns less than a main that calls aux.
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
