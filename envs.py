@@ -542,10 +542,9 @@ class WritingEnv(Env):
 
     def parse(self, row):
         """A writing row, checked, its passage (--text-field, else the first of text_fields) as "text"."""
-        field = self.text_field
-        key = field or next((name for name in self.text_fields if name in row), None)
-        if key not in row:
-            wanted = repr(field) if field else f"any of {', '.join(self.text_fields)} (or set --text-field)"
+        key = self.text_field or next((name for name in self.text_fields if name in row), None)
+        if key not in row:  # the field --text-field names, or None: no field of text_fields
+            wanted = repr(key) if key else f"any of {', '.join(self.text_fields)} (or set --text-field)"
             raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
         # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
         if not isinstance(row[key], str) or not row[key].strip():
