@@ -173,21 +173,27 @@ class LoRALinear(torch.nn.Module):
         return self.base(x) + (x @ a.T) @ b.T * self.scaling
 
     def adapter(self, dtype):
-        """A and B in `dtype`. Without gradients (sampling) one cast serves until the optimizer changes
-        them: a cast at every decoded token would be two more kernels in each adapted layer."""
-        if torch.is_grad_enabled() or self.lora_A.dtype == dtype or torch.compiler.is_compiling():
-            return self.lora_A.to(dtype), self.lora_B.to(dtype)
-        # A parameter's version counts its in-place changes (an optimizer step, a loaded checkpoint),
-        # and its storage says whether it was replaced (moved to another device).
-        source = [(p.data_ptr(), p._version) for p in (self.lora_A, self.lora_B)] + [dtype]
-        if self.cast_of != source:
-            self.cast, self.cast_of = (self.lora_A.detach().to(dtype), self.lora_B.detach().to(dtype)), source
-        return self.cast
+        """A and B in `dtype`; without gradients (sampling), one cast per optimizer step (cast_once)."""
+        a, b = self.lora_A, self.lora_B
+        if a.dtype == dtype or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return a.to(dtype), b.to(dtype)
+        return cast_once(self, [a, b], dtype, lambda: (a.detach().to(dtype), b.detach().to(dtype)))
 
     def delta_weight(self):
         """(alpha / r) B A in the base weight's layout (transposed for GPT-2's Conv1D): what merging adds."""
         delta = (self.lora_B @ self.lora_A) * self.scaling
         return delta.T if self.fan_in_fan_out else delta
+
+
+def cast_once(layer, params, dtype, make):
+    """make(), a layer's adapter made from `params` in `dtype`, made again only once an optimizer has
+    changed them: a cast at every decoded token would be more kernels in each adapted layer."""
+    # A parameter's version counts its in-place changes (an optimizer step, a loaded checkpoint),
+    # and its storage says whether it was replaced (moved to another device).
+    source = [(p.data_ptr(), p._version) for p in params] + [dtype]
+    if layer.cast_of != source:
+        layer.cast, layer.cast_of = make(), source
+    return layer.cast
 
 
 def is_lora(model):  # a model with adapters saves as an adapter, and trains them alone
@@ -320,6 +326,96 @@ def merged_model(model):
         setattr(merged.get_submodule(parent), child, m.base)  # the adapted layer's base, merged
     del merged.lora_config
     return merged
+
+# -----------------------------------------------------------------------------
+# A team of LoRA agents on one base runs as one batch (docs/scale.md): the base's matmuls once for every
+# row, each row through its own agent's adapter, as serving systems batch adapters (Punica, S-LoRA).
+# magrpo samples and takes Eq. 2's pass with Team.model; each agent keeps its adapter and optimizer.
+
+
+def lora_layers(model):
+    """{name: LoRALinear} of a model's adapted layers."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def team_of(agents, bases):
+    """A Team of `agents` where they are two or more LoRA adapters of one base (the one in `bases`, a
+    load_agent's) in the same layers; else `agents` as they are, each to run alone."""
+    names = {tuple(lora_layers(agent.model)) for agent in agents}
+    return Team(agents) if len(agents) > 1 and len(bases) == 1 and len(names) == 1 and () not in names else agents
+
+
+class Team(list):
+    """The agents (a list), LoRA adapters of one base, and `model`: all of them in one module, a row of a
+    batch through the adapter of the agent that select names for it (TeamLoRALinear)."""
+
+    def __init__(self, agents):
+        super().__init__(agents)
+        layers = [lora_layers(agent.model) for agent in agents]
+        self.model = shared_copy(agents[0].model)  # agent 0's modules on the base's tensors; its layers go
+        self.model.team = self  # (generate and the log-prob pass name each row's agent: select)
+        self.layers = []
+        for name in layers[0]:
+            parent, _, child = name.rpartition(".")
+            self.layers.append(TeamLoRALinear([agent_layers[name] for agent_layers in layers], self))
+            setattr(self.model.get_submodule(parent), child, self.layers[-1])
+        # Row i: 1 on agent i's r columns of the stacked A, 0 on the others' (an agent has one r).
+        ones = [torch.ones(1, layer.lora_A.shape[0]) for layer in self.layers[0].layers]
+        self.columns = torch.block_diag(*ones).to(self.model.device, self.model.dtype)
+        self.scaling = torch.tensor([layer.scaling for layer in self.layers[0].layers], device=self.model.device)
+        self.mask, self.scale = None, None
+
+    def select(self, adapters):
+        """adapters [rows] (long): the agent of each row of the passes that follow: the columns of the
+        stacked adapters it takes and its alpha / r (TeamLoRALinear); the stacked adapters are made again
+        if an optimizer changed them."""
+        self.mask, self.scale = self.columns[adapters][:, None, :], self.scaling[adapters][:, None, None]
+        for layer in self.layers:
+            layer.stack()
+
+    def take_gradients(self, receivers):
+        """Each agent i in `receivers` takes its block of the gradients of the stacked adapters as its own
+        adapters' .grad, the others none; the stacked ones are dropped."""
+        for layer in [layer for layer in self.layers if layer.cast is not None]:
+            a, b = layer.cast
+            start = 0
+            for i, agent_layer in enumerate(layer.layers):
+                stop = start + agent_layer.lora_A.shape[0]
+                if i in receivers and a.grad is not None:
+                    agent_layer.lora_A.grad = a.grad[start:stop].to(agent_layer.lora_A.dtype)
+                    agent_layer.lora_B.grad = b.grad[:, start:stop].to(agent_layer.lora_B.dtype).contiguous()
+                start = stop
+            a.grad, b.grad = None, None
+
+
+class TeamLoRALinear(torch.nn.Module):
+    """One adapted layer of a Team: its agents' LoRALinear layers on their one base layer, for a batch whose
+    rows belong to different agents. With A the agents' A stacked [sum of r, in] and B their B side by side
+    [out, sum of r],    y = base(x) + ((x A^T) * mask) B^T * alpha / r   (Team.select: the row's own),
+    so the base's matmul runs once for every row, and a row's output, and the gradient it sends to its
+    agent's block of A and B, are those of its agent's LoRALinear (0 to the others' blocks)."""
+
+    def __init__(self, layers, team):
+        super().__init__()
+        self.base, self.team = layers[0].base, team
+        self.layers = layers  # a plain list: the agents own their adapters (their optimizers, their files)
+        self.cast, self.cast_of = None, None
+
+    def forward(self, x):
+        a, b = self.cast
+        return self.base(x) + ((x @ a.T) * self.team.mask) @ b.T * self.team.scale
+
+    def stack(self):
+        """The agents' A stacked and B side by side in the base's dtype: leaves of their own that take the
+        pass's gradients (Team.take_gradients), made again once an optimizer has changed one (cast_once)."""
+        params = [p for layer in self.layers for p in (layer.lora_A, layer.lora_B)]
+        dtype = self.base.weight.dtype
+
+        def stacked():
+            a = torch.cat([p.detach().to(dtype) for p in params[0::2]])
+            b = torch.cat([p.detach().to(dtype) for p in params[1::2]], dim=1)
+            return a.requires_grad_(), b.requires_grad_()
+        cast_once(self, params, dtype, stacked)
 
 # -----------------------------------------------------------------------------
 # Each agent's own optimizer (Sec. 2 step 6).

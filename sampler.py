@@ -111,6 +111,7 @@ class Rollout:
     num_generations: int
     seconds: float = 0.0  # wall time of the generate call
     floors: torch.Tensor = None  # [B*G, T] top-k/top-p's cut: logits / T above it were kept (kept_floor)
+    adapters: torch.Tensor = None  # [B*G] a Team's rows (models.Team): the agent whose adapter each takes
 
     def __len__(self):
         return self.completion_ids.shape[0]
@@ -126,6 +127,37 @@ class Rollout:
         return Rollout(self.prompt_ids[start:stop, first:], prompt_mask[:, first:],
                        self.completion_ids[start:stop, :end], completion_mask[:, :end],
                        self.logprobs[start:stop, :end], [], self.num_generations, floors=floors)
+
+    def split(self):
+        """A Team's rollout (generate with adapters) as one Rollout per agent, each as its own call gives it
+        but for the width of its completions, cut to its longest."""
+        rollouts, start, G = [], 0, self.num_generations
+        for count in torch.bincount(self.adapters).tolist():
+            rollouts.append(self.rows(start, start + count))
+            rollouts[-1].texts, rollouts[-1].seconds = self.texts[start // G:(start + count) // G], self.seconds
+            start += count
+        return rollouts
+
+
+def joined(rollouts, adapters):
+    """Agents' rows as one Rollout for a Team's pass, rollout k's rows tagged adapters[k]: prompts padded
+    on the left, completions on the right, to the widest (the padding masked)."""
+    def cat(name, left=False, value=0):
+        tensors = [getattr(rollout, name) for rollout in rollouts]
+        width = max(tensor.shape[1] for tensor in tensors)
+        return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)
+                          for t in tensors])
+    tags = [torch.full((len(rollout),), k) for rollout, k in zip(rollouts, adapters)]
+    floors = None if rollouts[0].floors is None else cat("floors", value=-math.inf)
+    return Rollout(cat("prompt_ids", True), cat("prompt_mask", True), cat("completion_ids"), cat("completion_mask"),
+                   cat("logprobs"), [], rollouts[0].num_generations, floors=floors,
+                   adapters=torch.cat(tags).to(rollouts[0].prompt_ids.device))
+
+
+def micro_batches(num_rows, group_size, micro_batch_size):
+    """Ranges [start, stop) of <= micro_batch_size rows, whole groups where they fit (a prompt runs once)."""
+    step = micro_batch_size // group_size * group_size or micro_batch_size
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def eos_token_ids(model, tokenizer):
@@ -246,8 +278,11 @@ def shared_prompt_rows(model, rollout):
     -> (ids [S, L], mask [S, 1, L, L], position ids [S, L], [rows, T]: the flat index in [S * L] of
     the position whose hidden state predicts each completion token)"""
     P, T, H = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1], model.config.hidden_size
-    prompts, prompt_of_row = torch.unique(torch.cat([rollout.prompt_ids, rollout.prompt_mask], dim=1), dim=0,
-                                          return_inverse=True)
+    keys = [rollout.prompt_ids, rollout.prompt_mask]
+    if rollout.adapters is not None:  # A Team's: a sequence holds one agent's rows, through its adapter.
+        keys.insert(0, rollout.adapters[:, None])
+    prompts, prompt_of_row = torch.unique(torch.cat(keys, dim=1), dim=0, return_inverse=True)
+    adapter_of_prompt, prompts = prompts[:, 0], prompts[:, -2 * P:]
     k = max(1, int(torch.bincount(prompt_of_row).max()))
     while k > 1 and 12 * H * (P + k * T) + (P + k * T) ** 2 > k * (12 * H * (P + T) + (P + T) ** 2):
         k -= 1
@@ -259,6 +294,8 @@ def shared_prompt_rows(model, rollout):
         block_of_row.append(rank % k)
     device = rollout.prompt_ids.device
     prompt_of_sequence = torch.tensor([p for p, _ in sequences], device=device)
+    if rollout.adapters is not None:
+        model.team.select(adapter_of_prompt[prompt_of_sequence])
     sequence, block = torch.tensor(sequence_of_row, device=device), torch.tensor(block_of_row, device=device)
     S, L = len(sequences), P + k * T
     at = sequence * k + block  # each row's block among the S * k blocks of all sequences
@@ -334,11 +371,12 @@ def completion_texts(tokenizer, completion, lengths, eos_ids, num_generations):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, temperature=1.0,
-             top_p=1.0, top_k=0, seed=None, compile=False):
+             top_p=1.0, top_k=0, seed=None, compile=False, adapters=None):
     """G = num_generations completions of each prompt (Sec. 2 step 1): each prompt is prefilled once into
     a cache preallocated for its G rows, then decode_step runs a token at a time. seed: None (torch's
     RNG), an int, or one int per prompt (row_keys). compile: torch.compile the decode step (a CUDA graph
-    on a GPU), on rows and a cache padded to a few sizes (bucket), every row kept to the end."""
+    on a GPU), on rows and a cache padded to a few sizes (bucket), every row kept to the end. adapters:
+    a models.Team's model, one agent per prompt, whose adapter its rows take (Rollout.split)."""
     t_start = time.perf_counter()
     device, G = model.device, num_generations
     eos = torch.tensor(eos_token_ids(model, tokenizer), device=device)
@@ -356,7 +394,12 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     keys = row_keys(seed, len(ids), G, device)
     steps = torch.arange(max_new_tokens, device=device)
     uniforms = row_uniforms(keys[source, None], steps) if keys is not None and temperature > 0 else None
+    if adapters is not None:  # a Team's model (models.Team.select): the prefill's rows are the prompts
+        adapters = torch.tensor(adapters, device=device)
+        model.team.select(adapters)
     logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
+    if adapters is not None:  # and the decode steps' rows each of the prompts' G
+        model.team.select(adapters[source // G])
     mask, positions, slot = decode_inputs(prompt_mask[source // G], length, model.dtype)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
@@ -389,6 +432,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
                     cache = [(layer_keys[keep], layer_values[keep]) for layer_keys, layer_values in cache]
                     alive, token, mask, done = alive[keep], token[keep], mask[keep], done[keep]
                     positions, uniforms = positions[keep], None if uniforms is None else uniforms[keep]
+                    if adapters is not None:
+                        model.team.select(adapters[source // G][alive])
             mask[..., P + t] = 0.0  # the token's own position, where the step writes its keys and values
             logits = step(model, cache, token, mask, positions, slot)
             positions, slot = positions + 1, slot + 1
@@ -401,7 +446,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start,
-                   floors[:N] if cut else None)
+                   floors[:N] if cut else None, None if adapters is None else adapters.repeat_interleave(G))
 
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):

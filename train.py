@@ -106,6 +106,10 @@ class Run:
         self.env, self.cfg = resolve_flags(args)
         checkpoint = runs.prepare_out(args)
         self.agents = build(args, self.env, checkpoint, local_rank, local_world)
+        if self.main and len(self.agents) > 1:  # which path the steps take (docs/scale.md)
+            batched = isinstance(self.agents, models.Team)
+            print(f"team: {len(self.agents)} agents sample and learn " + ("in one batch (LoRA adapters of one "
+                  "base)" if batched else "one at a time (no LoRA base shared by all)"), file=sys.stderr)
         self.expert = models.load_expert(args, str(self.agents[0].model.device))  # --feedback expert's
         self.critic = None  # the learned V(s) of --advantage critic (critic.py)
         if self.cfg.advantage == "critic":
@@ -451,7 +455,7 @@ def build(args, env, checkpoint=None, local_rank=0, local_world=1, optimize=True
     # args.json records the device(s) and the dtype the run used, not "auto".
     args.device = ",".join(dict.fromkeys(str(agent.model.device) for agent in agents))
     args.dtype = str(agents[0].model.dtype).removeprefix("torch.")
-    return agents
+    return models.team_of(agents, bases)  # LoRA agents of one base: a Team, which samples and learns as one
 
 
 def main(argv=None):

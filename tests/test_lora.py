@@ -354,3 +354,137 @@ def test_lora_final_agents_and_merged_models_load_in_eval(tmp_path):
         assert torch.allclose(logits(merged.model, tok), logits(agent.model, tok), rtol=1e-4, atol=1e-4)
     report = ev.main(["--agents", out, "--limit", "2", "--num-samples", "2", "--methods", "magrpo"])
     assert "magrpo" in report["turns"][0]["methods"]
+
+# -----------------------------------------------------------------------------
+# A Team: LoRA agents of one base sample and learn as one batch (models.Team), against one agent at a
+# time, the reference (magrpo.sample_team and update_team on a plain list of the same agents)
+
+
+def lora_team(n, seed=0):
+    """n LoRA agents of one tiny fp32 base, their adapters made different (B != 0), each with AdamW."""
+    bases = {}
+    agents = [models.load_agent("tiny", "cpu", "float32", seed + i, lora=models.LoRAConfig(4), bases=bases,
+                                base_seed=seed) for i in range(n)]
+    for i, agent in enumerate(agents):
+        randomize_adapters(agent.model, seed=i)
+        agent.optimizer = models.make_optimizer(agent.model, 1e-2)
+    return agents
+
+
+def team_prompts(n):
+    """Agent i's prompts: of lengths that differ between the agents, and one the same for all (its
+    rows must still go through their own agents' adapters, in sequences of their own)."""
+    return [[PROMPTS[0], PROMPTS[1 + i % 2] * (i + 1)] for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_team_samples_the_tokens_of_each_agent_alone(n, monkeypatch):
+    agents = lora_team(n)
+    # Many ends of text, so that rows finish at different steps and leave the batch (generate's drops).
+    monkeypatch.setattr(sampler, "eos_token_ids", lambda model, tokenizer: list(range(0, 258, 9)))
+    cfg = magrpo.Config(num_generations=3, max_new_tokens=30, top_p=0.9)
+    alone = magrpo.sample_team(agents, team_prompts(n), 3, cfg, [5, 6])
+    together = magrpo.sample_team(models.Team(agents), team_prompts(n), 3, cfg, [5, 6])
+    assert len(set(alone[0].completion_mask.sum(-1).tolist())) > 2  # rows of many lengths
+    for a, t in zip(alone, together):
+        width = t.completion_ids.shape[1]  # cut to the agent's longest row
+        assert t.texts == a.texts
+        assert torch.equal(t.completion_ids, a.completion_ids[:, :width]) and not a.completion_mask[:, width:].any()
+        assert torch.equal(t.prompt_ids, a.prompt_ids) and torch.equal(t.completion_mask, a.completion_mask[:, :width])
+        assert torch.allclose(t.logprobs, a.logprobs[:, :width], atol=1e-5)
+        assert torch.allclose(t.floors, a.floors[:, :width], atol=1e-5)
+    assert [r.texts for r in alone] != [alone[0].texts] * n  # the agents' adapters do differ
+
+
+class Recorder:
+    """An optimizer that keeps the gradients it is given, and changes nothing."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, None
+
+    def step(self):
+        self.grads = [None if p.grad is None else p.grad.clone() for p in self.model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("loss_type", ["seq_sum", "token_mean"])
+def test_team_gives_each_adapter_the_gradient_of_its_own_pass(loss_type):
+    """One pass for the team: each adapter's gradient is that of its agent's pass alone (relative
+    difference <= 1e-5 in fp32); an agent whose advantages are all 0 gets none, as alone; an agent out
+    of one micro-batch (its advantages 0 there) takes its gradient from the others."""
+    agents = lora_team(3)
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=12, micro_batch_size=4, loss_type=loss_type, top_k=40)
+    rollouts = magrpo.sample_team(agents, team_prompts(3), 4, cfg, [1, 2])
+    g = torch.Generator().manual_seed(0)
+    advantages = [torch.randn(8, generator=g) for _ in agents]
+    advantages[1][4:] = 0.0
+    advantages[2][:] = 0.0
+    parts = [[(rollout, rollout.completion_mask, adv, 1.0)] for rollout, adv in zip(rollouts, advantages)]
+    grads, metrics = {}, {}
+    for name, who in (("alone", agents), ("team", models.Team(agents))):
+        for agent in agents:
+            agent.optimizer = Recorder(agent.model)
+        metrics[name] = magrpo.update_team(who, parts, cfg)
+        grads[name] = [agent.optimizer.grads for agent in agents]
+    for i in range(2):
+        alone, team = torch.cat([x.flatten() for x in grads["alone"][i]]), torch.cat([x.flatten() for x in grads["team"][i]])
+        assert (team - alone).norm() <= 1e-5 * alone.norm(), i
+        assert metrics["team"][f"loss_{i}"] == pytest.approx(metrics["alone"][f"loss_{i}"], rel=1e-5)
+        assert metrics["team"][f"logprob_drift_{i}"] == pytest.approx(metrics["alone"][f"logprob_drift_{i}"], abs=1e-6)
+    assert all(x is None for x in grads["team"][2] + grads["alone"][2])
+
+
+def test_team_decode_step_and_logprob_pass_dispatch_the_ops_of_one_agent():
+    """Counted on the CPU, which predicts a GPU's kernel launches: a decode step of a team of 2 or 4
+    agents (8 rows each) dispatches at most 1.2x the operations of one agent's step (8 rows), and the
+    log-prob pass of Eq. 2 (forward and backward) of the team's rows, at most 1.2x one agent's."""
+    from test_sampler import DispatchCount
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=8)
+
+    def decode_ops(model, rows, team=None):
+        prompt_ids = torch.randint(0, 200, (rows, 5))
+        prompt_mask = torch.ones_like(prompt_ids)
+        if team is not None:
+            team.select(torch.arange(len(team)).repeat_interleave(rows // len(team)))
+        logits, cache = sampler.prefill(model, prompt_ids, prompt_mask, torch.arange(rows), 16)
+        mask, positions, slot = sampler.decode_inputs(prompt_mask, 16, model.dtype)
+        with torch.no_grad(), sampler.attention(model, sampler.CACHED):
+            with DispatchCount() as count:
+                sampler.decode_step(model, cache, logits.argmax(-1), mask, positions, slot)
+        return count.ops
+
+    def pass_ops(agents):
+        rollouts = magrpo.sample_team(agents, team_prompts(len(agents)), 4, cfg, [1, 2])
+        alone = len(agents) == 1
+        model, rows = (agents[0].model, rollouts[0]) if alone else (agents.model, sampler.joined(rollouts, range(len(agents))))
+        with DispatchCount() as count:
+            magrpo.completion_logprobs(model, rows).sum().backward()
+        return count.ops
+    one = lora_team(1)
+    for n in (2, 4):
+        team = models.Team(lora_team(n))
+        assert decode_ops(team.model, 8 * n, team) <= 1.2 * decode_ops(one[0].model, 8), n
+        assert pass_ops(team) <= 1.2 * pass_ops(one), n
+
+
+@pytest.mark.integration
+def test_lora_team_trains_as_one_agent_at_a_time_and_says_so(tmp_path, monkeypatch, capsys):
+    """train.py builds a Team of LoRA agents on one base and says so at the start; its run is the run
+    of one agent at a time (the same rewards, losses within float error), and peft loads every agent it
+    saves with our logits."""
+    import train
+    batched, alone = str(tmp_path / "batched"), str(tmp_path / "alone")
+    steps = QUICK[:3] + ["3"] + QUICK[4:]
+    train.train(train.parse_args(steps + ["--out", batched]))
+    assert "team: 2 agents sample and learn in one batch" in capsys.readouterr().err
+    monkeypatch.setattr(models, "team_of", lambda agents, bases: agents)
+    train.train(train.parse_args(steps + ["--out", alone]))
+    assert "one at a time" in capsys.readouterr().err
+    for a, b in zip(rows_of(batched), rows_of(alone)):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["loss_0"] == pytest.approx(b["loss_0"], rel=1e-4) and a["loss_1"] == pytest.approx(b["loss_1"], rel=1e-4)
+    peft = pytest.importorskip("peft")
+    tok = models.tiny_tokenizer()
+    for i in range(2):
+        ours = models.load_agent(os.path.join(batched, f"agent_{i}"), "cpu", "float32", 0).model
+        theirs = peft.PeftModel.from_pretrained(models.tiny_model(tok, seed=0), os.path.join(batched, f"agent_{i}"))
+        assert torch.equal(logits(theirs.eval(), tok), logits(ours, tok))
