@@ -168,13 +168,12 @@ def check_program(test, entry_point):
 def judge_text(item):
     """Their levels before the tests, as _judge_text. L1: 0.4 aux + 0.6 main, each if its text has
     `return` + whitespace (without main's, stop); L2: 0.5 if imports + aux + main pass ast.parse."""
-    reward = rewards.CodeReward(authors=True)
     aux_fn = extract_function(rewards._raw(item.get("aux")), "aux")
     main_fn = extract_function(rewards._raw(item["main"]), item["entry_point"])
-    reward.has_aux, reward.has_main = bool(aux_fn), bool(main_fn)
     # L1 looks in the text for `return` then whitespace, so `return(x)` is no return for them.
     aux_returns, main_returns = bool(re.search(r"return\s+", aux_fn)), bool(re.search(r"return\s+", main_fn))
-    reward.structure = 0.4 * aux_returns + 0.6 * main_returns
+    reward = rewards.CodeReward(structure=0.4 * aux_returns + 0.6 * main_returns, has_aux=bool(aux_fn),
+                                has_main=bool(main_fn), authors=True)
     if not main_returns:
         return reward, None
     # Their program is the prompt's import lines (envs pass the problem's prompt), aux, then main.

@@ -74,15 +74,15 @@ class Critic:
             return [self.heads[0](torch.cat(features, dim=-1)).squeeze(-1)] * len(self.agents)
         return [head(x).squeeze(-1) for head, x in zip(self.heads, features)]
 
+    @torch.no_grad()
     def values(self, features):
         """V of each state, per agent, [states], as the advantages take it (no gradient)."""
-        with torch.no_grad():
-            return self.predict(features)
+        return self.predict(features)
 
-    def errors(self, features, returns):
-        """R - V of every row of every head, flat: returns [states, J], the central head's one value of
-        each state or each per-agent head's."""
-        heads = self.predict(features)[:len(self.heads)]  # the central head's one value counted once
+    def errors(self, values, returns):
+        """R - V of every row of every head, flat: returns [states, J], values the heads' predict (the
+        central head's one value of each state, or each per-agent head's)."""
+        heads = values[:len(self.heads)]  # the central head's one value counted once
         return torch.cat([(returns - value[:, None]).reshape(-1) for value in heads])
 
     def fit(self, features, returns, all_sum=lambda x: x):
@@ -91,8 +91,7 @@ class Critic:
         mean squared error. -> critic_loss and critic_explained_variance, 1 - Var(R - V) / Var(R), of this
         step's rows and the values before the fit, those of the advantages; all_sum sums over processes. A
         NaN return (no verdict) is no target."""
-        with torch.no_grad():  # the values that gave the advantages, no graph to build
-            gaps = self.errors(features, returns)
+        gaps = self.errors(self.values(features), returns)  # with the values that gave the advantages
         heads = len(gaps) // returns.numel()
         count, r, r2, e, e2 = all_sum([int((~gaps.isnan()).sum()), float(returns.nansum()) * heads,
                                      float((returns ** 2).nansum()) * heads, float(gaps.nansum()),
@@ -108,7 +107,8 @@ class Critic:
         (rows,) = all_sum([heads * int((~targets.isnan()).sum())])
         for _ in range(FIT_STEPS):
             self.optimizer.zero_grad(set_to_none=True)
-            squares = self.errors(states, targets).nan_to_num(0.0).pow(2)  # (a NaN target: no gradient)
+            # A NaN target gives no gradient.
+            squares = self.errors(self.predict(states), targets).nan_to_num(0.0).pow(2)
             (squares.sum() / rows).backward()  # this process's share of the mean
             for p in self.heads.parameters():
                 p.grad = all_sum(p.grad)

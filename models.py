@@ -77,12 +77,11 @@ def tiny_model(tokenizer, arch="qwen2", hidden=64, layers=2, heads=4, init_std=0
     common = dict(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
                   initializer_range=init_std, tie_word_embeddings=True)
-    if arch == "gpt2":
-        config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=1024, **common)
-    else:  # qwen2 or llama
-        config = tf.AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=2 * hidden,
-                                         num_hidden_layers=layers, num_attention_heads=heads, **common,
-                                         num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024)
+    # GPT-2's config takes these names through its attribute_map (hidden_size is its n_embd, ...), and has no
+    # use for intermediate_size (its MLP is 4 * hidden wide) or num_key_value_heads.
+    config = tf.AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=2 * hidden,
+                                     num_hidden_layers=layers, num_attention_heads=heads, **common,
+                                     num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024)
     torch.manual_seed(seed)
     return tf.AutoModelForCausalLM.from_config(config).eval()  # eval(), so no dropout in sampling or update
 
