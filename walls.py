@@ -632,10 +632,9 @@ def _lock_down(plan):
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
     # What the binds show, opened before the new root hides it (a descriptor still reaches it).
     sources = {path: os.open(path, os.O_PATH) for kind, path, *_ in plan if kind in ("dir", "file")}
-    # The new root, an empty tmpfs, is built at /tmp (our own, so the host's stays as it is). Its
-    # /proc, of the new pid namespace, shows none of the host's processes.
-    _libc("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755")
-    for kind, path, *target in (*plan, ("proc", b"/proc")):
+    # The new root, an empty tmpfs, is built at /tmp (our own, so the host's stays as it is): its first
+    # step, at path b"". Its /proc, of the new pid namespace, shows none of the host's processes.
+    for kind, path, *target in (("tmpfs", b""), *plan, ("proc", b"/proc")):
         where = b"/tmp" + path
         os.makedirs(os.path.dirname(where) if kind in ("file", "link") else where, 0o755, exist_ok=True)
         if kind == "link":
@@ -646,7 +645,7 @@ def _lock_down(plan):
             _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), where, None, MS_BIND | MS_REC, None)
         elif kind == "proc":
             _libc("mount", b"proc", where, b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        else:  # the scratch space gets 64 MiB at most
+        else:  # an empty tmpfs; the scratch space gets 64 MiB at most
             options = b"size=64m,mode=1777" if kind == "scratch" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, options)
     for fd in sources.values():  # (a descriptor of a host directory would lead out of the new root)
