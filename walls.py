@@ -270,8 +270,7 @@ def _run_cgroups(memory_mb):
                       "memory": {"memory.limit_in_bytes": memory_mb << 20}, "pids": {"pids.max": RUN_TASKS}}
             for name, value in limits[kind].items():
                 if os.path.exists(f"{path}/{name}"):
-                    with open(f"{path}/{name}", "w") as f:
-                        f.write(str(value))
+                    _write(f"{path}/{name}", str(value))
     try:
         yield [path for path, _ in made]
     finally:
@@ -549,8 +548,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             # the host's abstract Unix sockets, the IPC one none of its System V IPC or POSIX message queues.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
+                _write(f"/proc/self/{name}", text)
             _libc("prctl", PR_SET_DUMPABLE, 0)
             # The new credentials cleared the parent-death signal, so ask again, and check the race.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -573,12 +571,10 @@ def _run_alone(job):
     killer's first pick, a fresh session keyring."""
     # The run's cgroups (_run_cgroups): memory_mb and the tasks are the run's together, kernel memory too.
     for path in job["cgroups"]:
-        with open(f"{path}/cgroup.procs", "w") as f:
-            f.write("0")
+        _write(f"{path}/cgroup.procs", "0")
     # The OOM killer takes the run's processes before any other (they can't lower it again).
     with contextlib.suppress(OSError):  # (in a sandbox, where it is 1000 already)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+        _write("/proc/self/oom_score_adj", "1000")
     # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
     # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.) Where
     # the call is refused (a container's seccomp, a sandbox's) or there is no table here, it keeps that.
@@ -936,6 +932,11 @@ def _messages(file):  # -> marshal's values from `file`, one by one, until its e
             return
 
 
+def _write(path, text):  # (a file of /proc or of a cgroup)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     try:
         fd = os.memfd_create("sandbox")
@@ -965,4 +966,4 @@ def _say(fd, *message):
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
            _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
-           _call_text, _answer, _encode, _decode, _messages, _memory_file, _describe, _say)
+           _call_text, _answer, _encode, _decode, _messages, _write, _memory_file, _describe, _say)
