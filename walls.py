@@ -875,10 +875,7 @@ def _raised(e):
     """An exception of the program's as a reply: ("E", its nearest builtin class's name, a message),
     never as an object of the program's; the tester rebuilds it (_answer)."""
     base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
-    try:
-        text = str(e)[:500]
-    except BaseException:
-        text = "(unprintable)"
+    text = _text(e)[:500]
     return "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
 
 
@@ -947,11 +944,14 @@ def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, i
 
 
 def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"; it never raises
+    return f"{type(e).__name__}: {_text(e)}".removesuffix(": ")[:500]
+
+
+def _text(e):  # -> str(e), or why it can't be shown; it never raises
     try:
-        text = str(e)
+        return str(e)
     except BaseException as why:  # str() of an int over 4300 digits raises, in a message or a KeyError
-        text = f"(a message that can't be shown: {type(why).__name__})"
-    return f"{type(e).__name__}: {text}".removesuffix(": ")[:500]
+        return f"(a message that can't be shown: {type(why).__name__})"
 
 
 # One report line to the caller, a tuple's repr, read back by ast.literal_eval, which runs nothing.
@@ -966,4 +966,4 @@ def _say(fd, *message):
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
            _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
-           _call_text, _answer, _encode, _decode, _messages, _write, _memory_file, _describe, _say)
+           _call_text, _answer, _encode, _decode, _messages, _write, _memory_file, _describe, _text, _say)
