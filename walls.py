@@ -333,8 +333,7 @@ def execute(job, test_job, cap, env, max_output, abort=None):
         except OSError as e:
             _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
         finally:
-            for fd in theirs:  # the run has its own copies
-                os.close(fd)
+            _close(theirs)  # the run has its own copies
         data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
     # One report a line, a tuple's repr (_say). Its first item names it, and the first of each wins.
     reports = {}
@@ -383,8 +382,7 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
     if abort is not None:
         poller.unregister(abort)
     pump({out_r, err_r}, 2.0)
-    for fd in bufs:
-        os.close(fd)
+    _close(bufs)
     return {fd: bytes(buf) for fd, buf in bufs.items()}, overdue
 
 
@@ -498,8 +496,7 @@ def _fork(body, give, share, *args):
         finally:
             os._exit(status)
     # `give` leaves us, so the supervisor never holds the test and the report pipe ends once its writers have.
-    for fd in (parent, *give):
-        os.close(fd)
+    _close((parent, *give))
     return pid
 
 
@@ -644,8 +641,7 @@ def _lock_down(plan):
         else:  # an empty tmpfs; the scratch space gets 64 MiB at most
             options = b"size=64m,mode=1777" if kind == "scratch" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    for fd in sources.values():  # (a descriptor of a host directory would lead out of the new root)
-        os.close(fd)
+    _close(sources.values())  # (a descriptor of a host directory would lead out of the new root)
     # To enter it, pivot_root(".", ".") stacks the old root on the new one, and detaching it takes
     # the whole of the host's tree away from this mount namespace (man 2 pivot_root).
     os.chdir(b"/tmp")
@@ -731,8 +727,7 @@ def _end(proc, timeout):
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     os.kill(proc["pid"], signal.SIGKILL)  # not reaped yet, so it exists, if as a zombie
     _, status = os.waitpid(proc["pid"], 0)
-    for fd in (proc["pidfd"], proc["call"], proc["reply"]):
-        os.close(fd)
+    _close((proc["pidfd"], proc["call"], proc["reply"]))
     return os.waitstatus_to_exitcode(status), late
 
 
@@ -929,6 +924,11 @@ def _messages(file):  # -> marshal's values from `file`, one by one, until its e
             return
 
 
+def _close(fds):  # (each of the descriptors `fds`)
+    for fd in fds:
+        os.close(fd)
+
+
 def _write(path, text):  # (a file of /proc or of a cgroup)
     with open(path, "w") as f:
         f.write(text)
@@ -965,5 +965,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
-           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
-           _call_text, _answer, _encode, _decode, _messages, _write, _memory_file, _describe, _text, _say)
+           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _say,
+           _call_text, _answer, _encode, _decode, _messages, _close, _write, _memory_file, _describe, _text)
