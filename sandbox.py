@@ -489,11 +489,10 @@ def _check(test, scope, running, report):
         signal.setitimer(signal.ITIMER_PROF, 0)
         call = _call_text(running["entry"], running["call"])
         _say(report, index, status, source[:300], text, running["calls"], call, wrong)
-        verdicts.append((status, running["calls"]))
-        if [status for status, _ in verdicts].count("timeout") >= test["max_timeouts"]:
+        verdicts.append(status)
+        if verdicts.count("timeout") >= test["max_timeouts"]:
             break
-    # -> every test ran, and each that called the entry point passed
-    return len(verdicts) == len(test["groups"]) and all(status == "passed" for status, _ in verdicts)
+    return verdicts.count("passed") == len(test["groups"])  # -> every test ran, and passed
 
 
 _INSIDE = (_serve_tests, _serve, _altered, _tester, _allow, _helper_use, _stood_in, _fingerprint, _check)

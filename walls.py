@@ -270,8 +270,7 @@ def _run_cgroups(memory_mb):
                       "memory": {"memory.limit_in_bytes": memory_mb << 20}, "pids": {"pids.max": RUN_TASKS}}
             for name, value in limits[kind].items():
                 if os.path.exists(f"{path}/{name}"):
-                    with open(f"{path}/{name}", "w") as f:
-                        f.write(str(value))
+                    _write(f"{path}/{name}", str(value))
     try:
         yield [path for path, _ in made]
     finally:
@@ -334,8 +333,7 @@ def execute(job, test_job, cap, env, max_output, abort=None):
         except OSError as e:
             _say(report_w, "infra", f"the sandbox could not start: {_describe(e)}")
         finally:
-            for fd in theirs:  # the run has its own copies
-                os.close(fd)
+            _close(theirs)  # the run has its own copies
         data, overdue = _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort)
     # One report a line, a tuple's repr (_say). Its first item names it, and the first of each wins.
     reports = {}
@@ -384,8 +382,7 @@ def _read_run(out_r, err_r, report_r, life_w, cap, max_output, abort):
     if abort is not None:
         poller.unregister(abort)
     pump({out_r, err_r}, 2.0)
-    for fd in bufs:
-        os.close(fd)
+    _close(bufs)
     return {fd: bytes(buf) for fd, buf in bufs.items()}, overdue
 
 
@@ -499,8 +496,7 @@ def _fork(body, give, share, *args):
         finally:
             os._exit(status)
     # `give` leaves us, so the supervisor never holds the test and the report pipe ends once its writers have.
-    for fd in (parent, *give):
-        os.close(fd)
+    _close((parent, *give))
     return pid
 
 
@@ -549,8 +545,7 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
             # the host's abstract Unix sockets, the IPC one none of its System V IPC or POSIX message queues.
             _libc("unshare", CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
             for name, text in maps.items():
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
+                _write(f"/proc/self/{name}", text)
             _libc("prctl", PR_SET_DUMPABLE, 0)
             # The new credentials cleared the parent-death signal, so ask again, and check the race.
             _libc("prctl", PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -573,12 +568,10 @@ def _run_alone(job):
     killer's first pick, a fresh session keyring."""
     # The run's cgroups (_run_cgroups): memory_mb and the tasks are the run's together, kernel memory too.
     for path in job["cgroups"]:
-        with open(f"{path}/cgroup.procs", "w") as f:
-            f.write("0")
+        _write(f"{path}/cgroup.procs", "0")
     # The OOM killer takes the run's processes before any other (they can't lower it again).
     with contextlib.suppress(OSError):  # (in a sandbox, where it is 1000 already)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+        _write("/proc/self/oom_score_adj", "1000")
     # A session keyring of the run's own, new and empty, so nothing the caller (or an earlier run)
     # keeps in the one it inherits is there. (The program can't reach keyrings anyway: _seccomp.) Where
     # the call is refused (a container's seccomp, a sandbox's) or there is no table here, it keeps that.
@@ -632,10 +625,9 @@ def _lock_down(plan):
     _libc("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
     # What the binds show, opened before the new root hides it (a descriptor still reaches it).
     sources = {path: os.open(path, os.O_PATH) for kind, path, *_ in plan if kind in ("dir", "file")}
-    # The new root, an empty tmpfs, is built at /tmp (our own, so the host's stays as it is). Its
-    # /proc, of the new pid namespace, shows none of the host's processes.
-    _libc("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=755")
-    for kind, path, *target in (*plan, ("proc", b"/proc")):
+    # The new root, an empty tmpfs, is built at /tmp (our own, so the host's stays as it is): its first
+    # step, at path b"". Its /proc, of the new pid namespace, shows none of the host's processes.
+    for kind, path, *target in (("tmpfs", b""), *plan, ("proc", b"/proc")):
         where = b"/tmp" + path
         os.makedirs(os.path.dirname(where) if kind in ("file", "link") else where, 0o755, exist_ok=True)
         if kind == "link":
@@ -646,11 +638,10 @@ def _lock_down(plan):
             _libc("mount", f"/proc/self/fd/{sources[path]}".encode(), where, None, MS_BIND | MS_REC, None)
         elif kind == "proc":
             _libc("mount", b"proc", where, b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        else:  # the scratch space gets 64 MiB at most
+        else:  # an empty tmpfs; the scratch space gets 64 MiB at most
             options = b"size=64m,mode=1777" if kind == "scratch" else b"size=1m,mode=755"
             _libc("mount", b"tmpfs", where, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    for fd in sources.values():  # (a descriptor of a host directory would lead out of the new root)
-        os.close(fd)
+    _close(sources.values())  # (a descriptor of a host directory would lead out of the new root)
     # To enter it, pivot_root(".", ".") stacks the old root on the new one, and detaching it takes
     # the whole of the host's tree away from this mount namespace (man 2 pivot_root).
     os.chdir(b"/tmp")
@@ -736,8 +727,7 @@ def _end(proc, timeout):
     late = not select.select([proc["pidfd"]], [], [], timeout)[0]
     os.kill(proc["pid"], signal.SIGKILL)  # not reaped yet, so it exists, if as a zombie
     _, status = os.waitpid(proc["pid"], 0)
-    for fd in (proc["pidfd"], proc["call"], proc["reply"]):
-        os.close(fd)
+    _close((proc["pidfd"], proc["call"], proc["reply"]))
     return os.waitstatus_to_exitcode(status), late
 
 
@@ -880,10 +870,7 @@ def _raised(e):
     """An exception of the program's as a reply: ("E", its nearest builtin class's name, a message),
     never as an object of the program's; the tester rebuilds it (_answer)."""
     base = next(c for c in type(e).__mro__ if c.__module__ == "builtins")
-    try:
-        text = str(e)[:500]
-    except BaseException:
-        text = "(unprintable)"
+    text = _text(e)[:500]
     return "E", base.__name__, text if type(e) is base else f"{type(e).__name__}: {text}"
 
 
@@ -937,6 +924,16 @@ def _messages(file):  # -> marshal's values from `file`, one by one, until its e
             return
 
 
+def _close(fds):  # (each of the descriptors `fds`)
+    for fd in fds:
+        os.close(fd)
+
+
+def _write(path, text):  # (a file of /proc or of a cgroup)
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, it never blocks)
     try:
         fd = os.memfd_create("sandbox")
@@ -947,11 +944,14 @@ def _memory_file(data):  # -> a descriptor to read `data` from (unlike a pipe, i
 
 
 def _describe(e):  # "AssertionError", "ZeroDivisionError: division by zero"; it never raises
+    return f"{type(e).__name__}: {_text(e)}".removesuffix(": ")[:500]
+
+
+def _text(e):  # -> str(e), or why it can't be shown; it never raises
     try:
-        text = str(e)
+        return str(e)
     except BaseException as why:  # str() of an int over 4300 digits raises, in a message or a KeyError
-        text = f"(a message that can't be shown: {type(why).__name__})"
-    return f"{type(e).__name__}: {text}".removesuffix(": ")[:500]
+        return f"(a message that can't be shown: {type(why).__name__})"
 
 
 # One report line to the caller, a tuple's repr, read back by ast.literal_eval, which runs nothing.
@@ -965,5 +965,5 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
-           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
-           _call_text, _answer, _encode, _decode, _messages, _memory_file, _describe, _say)
+           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _say,
+           _call_text, _answer, _encode, _decode, _messages, _close, _write, _memory_file, _describe, _text)

@@ -1255,13 +1255,18 @@ def test_run_tests_mbpp_style_top_level_asserts(level):
 
 def test_run_tests_exceptions_reach_the_test(level):
     """The program's exceptions arrive as their builtin class (custom ones as their nearest
-    builtin base), so a test that expects one sees it."""
+    builtin base), so a test that expects one sees it; a message whose str() raises is said so."""
     program = code("""
         class Negative(ValueError):
             pass
+        class Mute(ValueError):
+            def __str__(self):
+                raise RuntimeError('no message')
         def f(x):
             if x < 0:
                 raise Negative('no negatives')
+            if x == 0:
+                raise Mute()
             return {}[x]
         """)
     test = code("""
@@ -1272,6 +1277,11 @@ def test_run_tests_exceptions_reach_the_test(level):
             except ValueError as e:
                 assert str(e) == 'Negative: no negatives'
             try:
+                candidate(0)
+                assert False
+            except ValueError as e:
+                assert str(e) == "Mute: (a message that can't be shown: RuntimeError)"
+            try:
                 candidate(1)
                 assert False
             except KeyError:
@@ -1279,7 +1289,7 @@ def test_run_tests_exceptions_reach_the_test(level):
             assert candidate(2) == 3
         """)
     rep = sandbox.run_tests(program, test, "f", isolation=level)
-    assert rep.outcomes == ["passed", "passed", "failed"], rep
+    assert rep.outcomes == ["passed", "passed", "passed", "failed"], rep
     assert "KeyError" in rep.first_failure
 
 
