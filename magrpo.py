@@ -105,8 +105,8 @@ def sample_team(agents, prompts, size, cfg, seeds):
     call, each row through its own agent's adapter: the same tokens. -> a Rollout per agent"""
     if getattr(agents, "model", None) is None:
         return [sample_agent(agent, i, prompts[i], size, cfg, seeds) for i, agent in enumerate(agents)]
-    texts = [agent.format(prompt) for agent, agent_prompts in zip(agents, prompts) for prompt in agent_prompts]
-    agent_seeds = [mix_seed(seed, i) for i, agent_prompts in enumerate(prompts) for seed in seeds]
+    texts = [agents[i].format(prompt) for i, agent_prompts in enumerate(prompts) for prompt in agent_prompts]
+    agent_seeds = [mix_seed(seed, i) for i in range(len(agents)) for seed in seeds]
     adapters = [i for i, agent_prompts in enumerate(prompts) for _ in agent_prompts]
     return generate(agents.model, agents[0].tokenizer, texts, size, cfg.max_new_tokens, cfg.temperature,
                     cfg.top_p, cfg.top_k, agent_seeds, cfg.compile, adapters).split()
@@ -267,53 +267,79 @@ def loss_mask(rollout, eos_ids=None):
     return mask * torch.isin(last, torch.tensor(eos_ids, device=last.device))
 
 
+def update_agent(agent, i, parts, cfg, all_sum=lambda x: x):
+    """Eq. 2, steps 4-6, for agent i: the policy gradient of `parts`, (rollout, loss mask, advantages, weight)
+    a turn, a micro-batch of rows at a time, then its AdamW step. -> its metrics, each name ending in _i"""
+    agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
+    agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
+    # Each part's loss is divided by its whole batch's count, of all processes (0 for a turn one missed).
+    counts = [loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens) for _, mask, _, _ in parts]
+    counts = all_sum(counts + [0.0] * (cfg.num_turns - len(parts)))
+    loss_sum, drift, tokens, drift_max = 0.0, 0.0, 0.0, 0.0
+    for (rollout, mask, advantages, weight), count in zip(parts, counts):
+        for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
+            if not advantages[start:stop].any():  # These rows' loss and gradient would be 0 anyway.
+                continue
+            rows = rollout.rows(start, stop, cut=cfg.logprob == "cut")  # full: Eq. 2 before the cut (TRL's)
+            logprobs = completion_logprobs(agent.model, rows, cfg.temperature)
+            rows_mask = mask[start:stop, :logprobs.shape[1]]
+            loss = weight * policy_loss(logprobs, rows_mask, advantages[start:stop], cfg.loss_type, count)
+            loss.backward()
+            loss_sum = loss_sum + loss.detach()
+            # The sampler's log-probs should be these, but for --logprob full's gap to the cut by design.
+            gaps = (logprobs.detach() - rows.logprobs).abs() * rows.completion_mask
+            drift, drift_max = drift + float(gaps.sum()), max(drift_max, float(gaps.max()))
+            tokens += float(rows.completion_mask.sum())
+    metrics = optimizer_step(agent, loss_sum, all_sum, cfg.max_grad_norm)
+    drift, tokens = all_sum([drift, tokens])
+    metrics["logprob_drift"] = drift / tokens if tokens else None
+    metrics["logprob_drift_max"] = drift_max if tokens else None  # (this process's rows)
+    return {f"{name}_{i}": value for name, value in metrics.items()}
+
+# -----------------------------------------------------------------------------
+
+
 def update_team(agents, parts, cfg, all_sum=lambda x: x):
-    """Eq. 2, steps 4-6: agent i's policy gradient of parts[i], its (rollout, loss mask, advantages, weight)
-    per turn, a micro-batch of rows at a time, then its own AdamW step. A models.Team's agents take each
-    micro-batch in one pass, a row through its own agent's adapter: the gradients of one agent at a time.
-    -> the metrics, each name ending in _i"""
-    team = getattr(agents, "model", None)
+    """Eq. 2, steps 4-6, for every agent: update_agent, one agent at a time (the reference). A models.Team's
+    agents take each micro-batch in one forward/backward, a row through its agent's adapter, so that each
+    adapter gets the gradient of its own pass; then each its own AdamW step. -> metrics, names ending _i"""
+    if getattr(agents, "model", None) is None:
+        metrics = {}
+        for i, agent in enumerate(agents):
+            metrics.update(update_agent(agent, i, parts[i], cfg, all_sum))
+        return metrics
     counts, seen = [], [dict(loss=0.0, drift=0.0, tokens=0.0, drift_max=0.0) for _ in agents]
-    for agent, agent_parts in zip(agents, parts):
-        agent.model.eval()  # Dropout is off, so the gradient is of the very policy that sampled.
-        agent.model.zero_grad(set_to_none=True)  # A call cut short (an OOM, a ^C) may have left some.
-        # Each part's loss is divided by its whole batch's count, of all processes (0 for a turn one missed).
+    for agent, agent_parts in zip(agents, parts):  # as update_agent begins
+        agent.model.eval()
+        agent.model.zero_grad(set_to_none=True)
         count = [loss_normalizer(mask, cfg.loss_type, cfg.max_new_tokens) for _, mask, _, _ in agent_parts]
         counts.append(all_sum(count + [0.0] * (cfg.num_turns - len(agent_parts))))
-    if team is not None:
-        agents.take_gradients([])  # (those a call cut short may have left)
-    passes = [(agent.model, [i]) for i, agent in enumerate(agents)] if team is None else [(team, range(len(agents)))]
-    for model, members in passes:
-        for t, (rollout, *_) in enumerate(parts[members[0]]):
-            for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
-                batch = [i for i in members if parts[i][t][2][start:stop].any()]  # (all 0: a gradient of 0)
-                rows = [parts[i][t][0].rows(start, stop, cut=cfg.logprob == "cut") for i in batch]  # full: TRL's
-                if not batch:
-                    continue
-                logprobs = completion_logprobs(model, rows[0] if team is None else joined(rows, batch), cfg.temperature)
-                loss = 0.0
-                for i, agent_rows, agent_logprobs in zip(batch, rows, logprobs.split([len(r) for r in rows])):
-                    _, mask, advantages, weight = parts[i][t]
-                    agent_logprobs = agent_logprobs[:, :agent_rows.completion_ids.shape[1]]
-                    rows_mask = mask[start:stop, :agent_logprobs.shape[1]]
-                    agent_loss = weight * policy_loss(agent_logprobs, rows_mask, advantages[start:stop],
-                                                      cfg.loss_type, counts[i][t])
-                    loss = loss + agent_loss
-                    # The sampler's log-probs should be these, but for --logprob full's gap to the cut by design.
-                    gaps = (agent_logprobs.detach() - agent_rows.logprobs).abs() * agent_rows.completion_mask
-                    seen[i]["loss"] += agent_loss.detach()
-                    seen[i]["drift"] += float(gaps.sum())
-                    seen[i]["tokens"] += float(agent_rows.completion_mask.sum())
-                    seen[i]["drift_max"] = max(seen[i]["drift_max"], float(gaps.max()))
-                loss.backward()
-    if team is not None:  # The pass left the gradients on the Team's stacked adapters; each takes its own.
-        agents.take_gradients([i for i in range(len(agents)) if seen[i]["tokens"]])
+    for t, (rollout, *_) in enumerate(parts[0]):
+        for start, stop in micro_batches(len(rollout), rollout.num_generations, cfg.micro_batch_size):
+            batch = [i for i in range(len(agents)) if parts[i][t][2][start:stop].any()]  # (all 0: none)
+            if not batch:
+                continue
+            rows = [parts[i][t][0].rows(start, stop, cut=cfg.logprob == "cut") for i in batch]
+            logprobs = completion_logprobs(agents.model, joined(rows, batch), cfg.temperature)
+            loss = 0.0
+            for i, agent_rows, lp in zip(batch, rows, logprobs.split(stop - start)):
+                _, mask, advantages, weight = parts[i][t]
+                lp = lp[:, :agent_rows.completion_ids.shape[1]]  # (the pass's rows are as wide as the widest)
+                rows_mask, rows_advantages = mask[start:stop, :lp.shape[1]], advantages[start:stop]
+                agent_loss = weight * policy_loss(lp, rows_mask, rows_advantages, cfg.loss_type, counts[i][t])
+                loss = loss + agent_loss
+                gaps = (lp.detach() - agent_rows.logprobs).abs() * agent_rows.completion_mask
+                seen[i]["loss"] += agent_loss.detach()
+                seen[i]["drift"] += float(gaps.sum())
+                seen[i]["tokens"] += float(agent_rows.completion_mask.sum())
+                seen[i]["drift_max"] = max(seen[i]["drift_max"], float(gaps.max()))
+            loss.backward()  # (models.TeamLoRALinear.hand_out gives each adapter its share)
     metrics = {}
-    for i, agent in enumerate(agents):
+    for i, agent in enumerate(agents):  # as update_agent ends
         agent_metrics = optimizer_step(agent, seen[i]["loss"], all_sum, cfg.max_grad_norm)
         drift, tokens = all_sum([seen[i]["drift"], seen[i]["tokens"]])
         agent_metrics["logprob_drift"] = drift / tokens if tokens else None
-        agent_metrics["logprob_drift_max"] = seen[i]["drift_max"] if tokens else None  # (this process's rows)
+        agent_metrics["logprob_drift_max"] = seen[i]["drift_max"] if tokens else None
         metrics.update({f"{name}_{i}": value for name, value in agent_metrics.items()})
     return metrics
 
@@ -332,7 +358,7 @@ def single_turn_step(agents, env, examples, cfg, seeds, all_sum=lambda x: x, may
     G, turn_seeds = cfg.num_generations, [mix_seed(seed, 1) for seed in seeds]  # turn 1's, as in Sec. 3
     # Step 1: each agent samples G completions of its own prompt, seeing nothing of the others.
     prompts = list(zip(*[env.prompts(example) for example in examples]))  # per agent, one per example
-    rollouts = sample_team(agents, prompts, G, cfg, turn_seeds)
+    rollouts = [sample_agent(agent, i, prompts[i], G, cfg, turn_seeds) for i, agent in enumerate(agents)]
     # Steps 2-3: the g-th completions of the agents form the g-th joint action; the env scores it.
     outputs = list(zip(*[list(itertools.chain(*rollout.texts)) for rollout in rollouts]))  # prompt by prompt
     rewards = score_joint(env, [example for example in examples for _ in range(G)], outputs)
@@ -344,8 +370,9 @@ def single_turn_step(agents, env, examples, cfg, seeds, all_sum=lambda x: x, may
     counts = all_sum([int((advantages.view(-1, G) == 0).all(-1).sum()), int(values.isnan().sum())])
     metrics = {"zero_adv_groups": int(counts[0]), "no_verdict": int(counts[1])}
     # Eq. 2, steps 4-6: every agent's policy gradient on the shared reward's advantages, then its step.
-    parts = [[(rollout, rollout.completion_mask, advantages, 1.0)] for rollout in rollouts]  # one turn, weight 1
-    metrics.update(update_team(agents, parts, cfg, all_sum))
+    for i, (agent, rollout) in enumerate(zip(agents, rollouts)):
+        part = (rollout, rollout.completion_mask, advantages, 1.0)  # its one turn, weighing 1
+        metrics.update(update_agent(agent, i, [part], cfg, all_sum))
     return rollouts, rewards, advantages, metrics
 
 # -----------------------------------------------------------------------------

@@ -237,9 +237,7 @@ def add_lora(base, lora, seed=0, base_name=TINY, base_seed=None):
     names = lora.target_modules or LORA_TARGETS_BY_MODEL_TYPE.get(model.config.model_type, LORA_TARGETS)
     generator = torch.Generator().manual_seed(int(seed))
     for name in lora_targets(model, names):
-        parent, _, child = name.rpartition(".")
-        module = model.get_submodule(parent)
-        setattr(module, child, LoRALinear(getattr(module, child), lora.r, lora.alpha, generator))
+        model.set_submodule(name, LoRALinear(model.get_submodule(name), lora.r, lora.alpha, generator))
     # With peft's adapter_config.json, peft (and vLLM, TGI ...) load a saved agent without us.
     model.lora_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
                          "lora_dropout": 0.0, "bias": "none", "target_modules": list(names),
@@ -321,8 +319,7 @@ def merged_model(model):
     merged = shared_copy(model, fresh=[m.base.weight for m in model.modules() if isinstance(m, LoRALinear)])
     for name, m in [(name, m) for name, m in merged.named_modules() if isinstance(m, LoRALinear)]:
         m.base.weight.copy_((m.base.weight.float() + m.delta_weight()).to(m.base.weight.dtype))
-        parent, _, child = name.rpartition(".")
-        setattr(merged.get_submodule(parent), child, m.base)  # the adapted layer's base, merged
+        merged.set_submodule(name, m.base)  # the adapted layer's base, merged
     del merged.lora_config
     return merged
 
@@ -341,7 +338,8 @@ def team_of(agents, bases):
     """A Team of `agents` where they are two or more LoRA adapters of one base (the one in `bases`, a
     load_agent's) in the same layers; else `agents` as they are, each to run alone."""
     names = {tuple(lora_layers(agent.model)) for agent in agents}
-    return Team(agents) if len(agents) > 1 and len(bases) == 1 and len(names) == 1 and () not in names else agents
+    shared = len(bases) == 1 and len(names) == 1 and () not in names
+    return Team(agents) if shared and len(agents) > 1 else agents
 
 
 class Team(list):
@@ -355,13 +353,13 @@ class Team(list):
         self.model.team = self  # (generate and the log-prob pass name each row's agent: select)
         self.layers = []
         for name in layers[0]:
-            parent, _, child = name.rpartition(".")
             self.layers.append(TeamLoRALinear([agent_layers[name] for agent_layers in layers], self))
-            setattr(self.model.get_submodule(parent), child, self.layers[-1])
+            self.model.set_submodule(name, self.layers[-1])
         # Row i: 1 on agent i's r columns of the stacked A, 0 on the others' (an agent has one r).
-        ones = [torch.ones(1, layer.lora_A.shape[0]) for layer in self.layers[0].layers]
-        self.columns = torch.block_diag(*ones).to(self.model.device, self.model.dtype)
-        self.scaling = torch.tensor([layer.scaling for layer in self.layers[0].layers], device=self.model.device)
+        first = self.layers[0].layers
+        self.columns = torch.block_diag(*[torch.ones(1, layer.lora_A.shape[0]) for layer in first])
+        self.columns = self.columns.to(self.model.device, self.model.dtype)
+        self.scaling = torch.tensor([layer.scaling for layer in first], device=self.model.device)
         self.mask, self.scale = None, None
 
     def select(self, adapters):
@@ -369,22 +367,9 @@ class Team(list):
         stacked adapters it takes and its alpha / r (TeamLoRALinear); the stacked adapters are made again
         if an optimizer changed them."""
         self.mask, self.scale = self.columns[adapters][:, None, :], self.scaling[adapters][:, None, None]
+        self.active = set(adapters.unique().tolist())  # the agents that a pass's gradient reaches
         for layer in self.layers:
             layer.stack()
-
-    def take_gradients(self, receivers):
-        """Each agent i in `receivers` takes its block of the gradients of the stacked adapters as its own
-        adapters' .grad, the others none; the stacked ones are dropped."""
-        for layer in [layer for layer in self.layers if layer.cast is not None]:
-            a, b = layer.cast
-            start = 0
-            for i, agent_layer in enumerate(layer.layers):
-                stop = start + agent_layer.lora_A.shape[0]
-                if i in receivers and a.grad is not None:
-                    agent_layer.lora_A.grad = a.grad[start:stop].to(agent_layer.lora_A.dtype)
-                    agent_layer.lora_B.grad = b.grad[:, start:stop].to(agent_layer.lora_B.dtype).contiguous()
-                start = stop
-            a.grad, b.grad = None, None
 
 
 class TeamLoRALinear(torch.nn.Module):
@@ -405,16 +390,28 @@ class TeamLoRALinear(torch.nn.Module):
         return self.base(x) + ((x @ a.T) * self.team.mask) @ b.T * self.team.scale
 
     def stack(self):
-        """The agents' A stacked and B side by side in the base's dtype: leaves of their own that take the
-        pass's gradients (Team.take_gradients), made again once an optimizer has changed one (cast_once)."""
+        """The agents' A stacked and B side by side in the base's dtype: leaves of their own, made again once
+        an optimizer has changed an A or a B (cast_once), whose gradients go to the agents (hand_out)."""
         params = [p for layer in self.layers for p in (layer.lora_A, layer.lora_B)]
         dtype = self.base.weight.dtype
 
         def stacked():
-            a = torch.cat([p.detach().to(dtype) for p in params[0::2]])
-            b = torch.cat([p.detach().to(dtype) for p in params[1::2]], dim=1)
-            return a.requires_grad_(), b.requires_grad_()
+            a = torch.cat([p.detach().to(dtype) for p in params[0::2]]).requires_grad_()
+            b = torch.cat([p.detach().to(dtype) for p in params[1::2]], dim=1).requires_grad_()
+            a.register_post_accumulate_grad_hook(lambda a: self.hand_out(a, 0))
+            b.register_post_accumulate_grad_hook(lambda b: self.hand_out(b, 1))
+            return a, b
         cast_once(self, params, dtype, stacked)
+
+    def hand_out(self, stacked, dim):
+        """The gradient a backward pass left on the stacked A (dim 0) or B (dim 1): each agent of the pass
+        adds its block to its own A's or B's .grad (fp32, as the adapter), as its own pass would."""
+        ranks = [layer.lora_A.shape[0] for layer in self.layers]
+        for i, (layer, grad) in enumerate(zip(self.layers, stacked.grad.split(ranks, dim=dim))):
+            param = layer.lora_B if dim else layer.lora_A
+            if i in self.team.active:
+                param.grad = grad.float().contiguous() if param.grad is None else param.grad + grad.float()
+        stacked.grad = None
 
 # -----------------------------------------------------------------------------
 # Each agent's own optimizer (Sec. 2 step 6).

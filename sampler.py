@@ -134,7 +134,8 @@ class Rollout:
         rollouts, start, G = [], 0, self.num_generations
         for count in torch.bincount(self.adapters).tolist():
             rollouts.append(self.rows(start, start + count))
-            rollouts[-1].texts, rollouts[-1].seconds = self.texts[start // G:(start + count) // G], self.seconds
+            rollouts[-1].texts = self.texts[start // G:(start + count) // G]
+            rollouts[-1].seconds = self.seconds
             start += count
         return rollouts
 
@@ -149,8 +150,8 @@ def joined(rollouts, adapters):
                           for t in tensors])
     tags = [torch.full((len(rollout),), k) for rollout, k in zip(rollouts, adapters)]
     floors = None if rollouts[0].floors is None else cat("floors", value=-math.inf)
-    return Rollout(cat("prompt_ids", True), cat("prompt_mask", True), cat("completion_ids"), cat("completion_mask"),
-                   cat("logprobs"), [], rollouts[0].num_generations, floors=floors,
+    return Rollout(cat("prompt_ids", True), cat("prompt_mask", True), cat("completion_ids"),
+                   cat("completion_mask"), cat("logprobs"), [], rollouts[0].num_generations, floors=floors,
                    adapters=torch.cat(tags).to(rollouts[0].prompt_ids.device))
 
 

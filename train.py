@@ -107,9 +107,9 @@ class Run:
         checkpoint = runs.prepare_out(args)
         self.agents = build(args, self.env, checkpoint, local_rank, local_world)
         if self.main and len(self.agents) > 1:  # which path the steps take (docs/scale.md)
-            batched = isinstance(self.agents, models.Team)
-            print(f"team: {len(self.agents)} agents sample and learn " + ("in one batch (LoRA adapters of one "
-                  "base)" if batched else "one at a time (no LoRA base shared by all)"), file=sys.stderr)
+            way = "in one batch (LoRA adapters of one base)" if isinstance(self.agents, models.Team) else \
+                "one at a time (no LoRA base shared by all)"
+            print(f"team: {len(self.agents)} agents sample and learn {way}", file=sys.stderr)
         self.expert = models.load_expert(args, str(self.agents[0].model.device))  # --feedback expert's
         self.critic = None  # the learned V(s) of --advantage critic (critic.py)
         if self.cfg.advantage == "critic":
@@ -277,7 +277,7 @@ def single_turn_or_tree_step(run, batch, seeds):
     of aligned joint actions (its results as the tree's one Turn, for the logs); magrpo.train_step, Sec.
     3's tree on the same functions, for the settings it leaves to the tree (Config.on_the_tree: turns,
     cross, ReMax, ...). Both sum over torchrun's processes with runs.all_sum and ask run.may_update."""
-    if run.cfg.on_the_tree():
+    if run.cfg.on_the_tree() or isinstance(run.agents, models.Team):  # (a Team samples in one batch there)
         return magrpo.train_step(run.agents, run.env, batch, run.cfg, seeds, run.expert, runs.all_sum,
                                  run.may_update, run.critic)
     rollouts, rewards, advantages, update = magrpo.single_turn_step(run.agents, run.env, batch, run.cfg,
