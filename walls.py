@@ -527,8 +527,9 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         # as its bound of the user's tasks our soft limit when it is made; below, so do our children.
         # So the runs stop forking at _task_budget, and the caller keeps the rest for its threads.
         if job["tasks"]:
-            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-            resource.setrlimit(resource.RLIMIT_NPROC, (min(job["tasks"], hard), hard))
+            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # (RLIM_INFINITY is -1: no min with it)
+            soft = job["tasks"] if hard == resource.RLIM_INFINITY else min(job["tasks"], hard)
+            resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
         if job["isolation"] == "namespaces":
             # Our uid alone will map to root inside (read before unshare, as unmapped it reads as
             # the overflow uid), so the host's files keep their owners, and the code gets no access

