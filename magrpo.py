@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sampler import (eos_token_ids, forward_kwargs, generate, joined, micro_batches, mix_seed,
-                     positions_from_mask, shared_prompt_rows, token_logprobs)
+from sampler import (eos_token_ids, forward_kwargs, generate, joined, mix_seed, positions_from_mask,
+                     shared_prompt_rows, token_logprobs)
 
 # -----------------------------------------------------------------------------
 # The knobs of one step. The defaults are the paper's where it fixes one (Sec. 2: G = 4, 256 new
@@ -266,6 +266,11 @@ def loss_mask(rollout, eos_ids=None):
     last = rollout.completion_ids.gather(1, mask.sum(-1, keepdim=True).clamp(min=1) - 1)
     return mask * torch.isin(last, torch.tensor(eos_ids, device=last.device))
 
+
+def micro_batches(num_rows, group_size, micro_batch_size):
+    """Ranges [start, stop) of <= micro_batch_size rows, whole groups where they fit (a prompt runs once)."""
+    step = micro_batch_size // group_size * group_size or micro_batch_size
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 def update_agent(agent, i, parts, cfg, all_sum=lambda x: x):
     """Eq. 2, steps 4-6, for agent i: the policy gradient of `parts`, (rollout, loss mask, advantages, weight)

@@ -155,12 +155,6 @@ def joined(rollouts, adapters):
                    adapters=torch.cat(tags).to(rollouts[0].prompt_ids.device))
 
 
-def micro_batches(num_rows, group_size, micro_batch_size):
-    """Ranges [start, stop) of <= micro_batch_size rows, whole groups where they fit (a prompt runs once)."""
-    step = micro_batch_size // group_size * group_size or micro_batch_size
-    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
-
-
 def eos_token_ids(model, tokenizer):
     """The ids that end a completion: the tokenizer's EOS and generation_config's (e.g. Qwen's two)."""
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

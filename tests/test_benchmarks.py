@@ -25,3 +25,14 @@ def test_bench_gpu_small_runs_to_its_table():
     assert "greedy equal to model.generate: True" in p.stdout, p.stdout
     for title in ("| decoding,", "| log-prob pass,", "| one train_step,", "full fine-tuning, bytes per parameter"):
         assert title in p.stdout, f"no {title!r} in:\n{p.stdout}"
+
+
+def test_bench_team_small_runs_to_its_table():
+    """tests/bench_team.py --small (n = 1, 2, the paper's setting, 8 new tokens, 2 repeats) runs to both
+    of its tables on the CPU, with the batched team's row in each."""
+    p = subprocess.run([sys.executable, "tests/bench_team.py", "--small", "--device", "cpu"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for title in ("| step seconds, paper: B=1 G=4 8 new tokens", "| ops dispatched, paper: B=1 G=4",
+                  "| 2 agents, batched |", "peak memory: printed on CUDA only"):
+        assert title in p.stdout, f"no {title!r} in:\n{p.stdout}"
