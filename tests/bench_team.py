@@ -158,13 +158,15 @@ def main():
     p.add_argument("--model", default="tiny", help="tiny, or a model directory (e.g. SmolLM2's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="auto", help="auto: bfloat16 on a GPU, float32 on the CPU")
-    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--lora-r", type=int, default=4, help="the rank (4: as the README's try, python train.py --lora-r 4)")
     p.add_argument("--agents", default="1,2,4", help="the team sizes n, comma-separated")
     p.add_argument("--settings", default="paper,demo", help="paper (B=1 G=4 32 tokens), demo (B=2 G=8 24)")
     p.add_argument("--batch-size", type=int, help="B, prompts per agent: replaces every setting's")
     p.add_argument("--num-generations", type=int, help="G: replaces every setting's")
     p.add_argument("--max-new-tokens", type=int, help="replaces every setting's")
     p.add_argument("--repeats", type=int, default=5, help="steps each way; the first is a warm-up")
+    p.add_argument("--cpu-threads", type=int, help="torch's threads on the CPU (default: train.py's, "
+                   "models.cpu_threads: 1 for the tiny model, one per core for real ones)")
     p.add_argument("--small", action="store_true", help="the smoke run: n = 1, 2, the paper's setting, "
                    "8 new tokens, 2 repeats")
     args = p.parse_args()
@@ -172,7 +174,7 @@ def main():
         args.agents, args.settings, args.max_new_tokens, args.repeats = "1,2", "paper", args.max_new_tokens or 8, 2
     args.agents = [int(n) for n in args.agents.split(",")]
     if args.device == "cpu":
-        torch.set_num_threads(models.cpu_threads(None, args.model == "tiny"))  # as train.py
+        torch.set_num_threads(models.cpu_threads(args.cpu_threads, args.model == "tiny"))
     models.set_torch(torch.get_num_threads(), [args.device])
     torch.manual_seed(0)
     print(f"model={args.model} device={args.device} dtype={args.dtype} LoRA r={args.lora_r} "
