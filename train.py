@@ -106,10 +106,6 @@ class Run:
         self.env, self.cfg = resolve_flags(args)
         checkpoint = runs.prepare_out(args)
         self.agents = build(args, self.env, checkpoint, local_rank, local_world)
-        if self.main and len(self.agents) > 1:  # which path the steps take (docs/scale.md)
-            way = "in one batch (LoRA adapters of one base)" if isinstance(self.agents, models.Team) else \
-                "one at a time (no LoRA base shared by all)"
-            print(f"team: {len(self.agents)} agents sample and learn {way}", file=sys.stderr)
         self.expert = models.load_expert(args, str(self.agents[0].model.device))  # --feedback expert's
         self.critic = None  # the learned V(s) of --advantage critic (critic.py)
         if self.cfg.advantage == "critic":
@@ -150,6 +146,10 @@ class Run:
         # recent holds the last rewards the progress bar averages; signum and error say why a run stopped;
         # step is the one running (for the messages), and signals are train()'s handlers (runs.Signals).
         self.recent, self.signum, self.error, self.step, self.signals = [], None, None, None, None
+        if self.main and len(self.agents) > 1:  # which path the steps take (docs/scale.md)
+            way = "in one batch (LoRA adapters of one base)" if isinstance(self.agents, models.Team) else \
+                "one at a time (no LoRA base shared by all)"
+            print(f"team: {len(self.agents)} agents sample and learn {way}", file=sys.stderr)
         self.bar = tqdm(range(self.start, args.steps), desc=f"magrpo {self.env.name}", dynamic_ncols=True,
                         initial=self.start, total=args.steps, disable=not self.main)
 
