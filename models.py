@@ -359,7 +359,8 @@ class Team(list):
         first = self.layers[0].layers
         self.columns = torch.block_diag(*[torch.ones(1, layer.lora_A.shape[0]) for layer in first])
         self.columns = self.columns.to(self.model.device, self.model.dtype)
-        self.scaling = torch.tensor([layer.scaling for layer in first], device=self.model.device)
+        self.scaling = torch.tensor([layer.scaling for layer in first], device=self.model.device,
+                                    dtype=self.model.dtype)  # (alpha / r = 2 by default: exact in bf16 too)
         self.mask, self.scale = None, None
 
     def select(self, adapters):

@@ -488,3 +488,30 @@ def test_lora_team_trains_as_one_agent_at_a_time_and_says_so(tmp_path, monkeypat
         ours = models.load_agent(os.path.join(batched, f"agent_{i}"), "cpu", "float32", 0).model
         theirs = peft.PeftModel.from_pretrained(models.tiny_model(tok, seed=0), os.path.join(batched, f"agent_{i}"))
         assert torch.equal(logits(theirs.eval(), tok), logits(ours, tok))
+
+
+def test_team_in_bfloat16_keeps_the_bases_dtype_and_near_the_reference_gradients():
+    """A GPU's dtype: a Team on a bf16 base computes in bf16 (a fp32 scale would turn the next layer's
+    input to fp32, which its bf16 weights refuse), samples, and gives each fp32 adapter a gradient near
+    its own pass's (bf16 rounds differently in another batch shape: within 2%)."""
+    bases = {}
+    agents = [models.load_agent("tiny", "cpu", "bfloat16", i, lora=models.LoRAConfig(4), bases=bases, base_seed=0)
+              for i in range(2)]
+    for i, agent in enumerate(agents):
+        randomize_adapters(agent.model, seed=i)
+    team = models.Team(agents)
+    cfg = magrpo.Config(num_generations=4, max_new_tokens=12, micro_batch_size=4)
+    rollouts = magrpo.sample_team(team, team_prompts(2), 4, cfg, [1, 2])
+    assert all(len(r) == 8 for r in rollouts)
+    team.select(torch.tensor([0, 1]))
+    assert team.model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]])).logits.dtype == torch.bfloat16
+    parts = [[(r, r.completion_mask, torch.randn(8, generator=torch.Generator().manual_seed(i)), 1.0)]
+             for i, r in enumerate(rollouts)]
+    grads = {}
+    for name, who in (("alone", agents), ("team", team)):
+        for agent in agents:
+            agent.optimizer = Recorder(agent.model)
+        magrpo.update_team(who, parts, cfg)
+        grads[name] = [torch.cat([g.flatten() for g in agent.optimizer.grads]) for agent in agents]
+    for alone, batched in zip(grads["alone"], grads["team"]):
+        assert batched.dtype == torch.float32 and (batched - alone).norm() <= 0.02 * alone.norm()
