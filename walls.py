@@ -527,9 +527,8 @@ def _first(lifeline, out, err, report, job_fd, test_fd):
         # as its bound of the user's tasks our soft limit when it is made; below, so do our children.
         # So the runs stop forking at _task_budget, and the caller keeps the rest for its threads.
         if job["tasks"]:
-            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]  # (RLIM_INFINITY is -1: no min with it)
-            soft = job["tasks"] if hard == resource.RLIM_INFINITY else min(job["tasks"], hard)
-            resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+            hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+            resource.setrlimit(resource.RLIMIT_NPROC, (_capped(job["tasks"], hard), hard))
         if job["isolation"] == "namespaces":
             # Our uid alone will map to root inside (read before unshare, as unmapped it reads as
             # the overflow uid), so the host's files keep their owners, and the code gets no access
@@ -598,7 +597,7 @@ def _supervisor(job):
             limits[resource.RLIMIT_NPROC] = 256
         for limit, value in limits.items():
             hard = resource.getrlimit(limit)[1]
-            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            value = _capped(value, hard)
             resource.setrlimit(limit, (value, value))  # soft = hard, so there is no raising them again
         # For run() the program process execs Python on the code; _end's (exit status, late) is the report.
         if job["mode"] == "run":
@@ -925,6 +924,10 @@ def _messages(file):  # -> marshal's values from `file`, one by one, until its e
             return
 
 
+def _capped(value, hard):  # -> value, at most `hard` (RLIM_INFINITY is -1, no bound: min would take it)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+
 def _close(fds):  # (each of the descriptors `fds`)
     for fd in fds:
         os.close(fd)
@@ -966,5 +969,6 @@ def _say(fd, *message):
 
 
 _INSIDE = (_fork_server, _fork, _first, _run_alone, _supervisor, _libc, _lock_down, _mount_setattr, _spawn,
-           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised, _say,
-           _call_text, _answer, _encode, _decode, _messages, _close, _write, _memory_file, _describe, _text)
+           _clock, _exchange, _end, _program, _powerless, _drop_capabilities, _seccomp, _reply, _raised,
+           _say, _call_text, _answer, _encode, _decode, _messages, _capped, _close, _write, _memory_file,
+           _describe, _text)
