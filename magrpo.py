@@ -302,6 +302,8 @@ def update_agent(agent, i, parts, cfg, all_sum=lambda x: x):
     return {f"{name}_{i}": value for name, value in metrics.items()}
 
 # -----------------------------------------------------------------------------
+# The step on the tree (train_step) samples and updates through these: a plain list of agents one at a
+# time (sample_agent, update_agent), a models.Team of LoRA agents on one base in one batch.
 
 
 def update_team(agents, parts, cfg, all_sum=lambda x: x):

@@ -349,7 +349,7 @@ class Team(list):
     def __init__(self, agents):
         super().__init__(agents)
         layers = [lora_layers(agent.model) for agent in agents]
-        self.model = shared_copy(agents[0].model)  # agent 0's modules on the base's tensors; its layers go
+        self.model = shared_copy(agents[0].model)  # agent 0's modules on the base's tensors, adapters below
         self.model.team = self  # (generate and the log-prob pass name each row's agent: select)
         self.layers = []
         for name in layers[0]:
@@ -361,7 +361,7 @@ class Team(list):
         self.columns = self.columns.to(self.model.device, self.model.dtype)
         self.scaling = torch.tensor([layer.scaling for layer in first], device=self.model.device,
                                     dtype=self.model.dtype)  # (alpha / r = 2 by default: exact in bf16 too)
-        self.mask, self.scale = None, None
+        self.mask, self.scale, self.active = None, None, set()
 
     def select(self, adapters):
         """adapters [rows] (long): the agent of each row of the passes that follow: the columns of the

@@ -394,7 +394,8 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
         model.team.select(adapters)
     logits, cache = prefill(model, prompt_ids, prompt_mask, source // G, length)
     if adapters is not None:  # and the decode steps' rows each of the prompts' G
-        model.team.select(adapters[source // G])
+        adapters = adapters[source // G]
+        model.team.select(adapters)
     mask, positions, slot = decode_inputs(prompt_mask[source // G], length, model.dtype)
     completion = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device)
@@ -428,7 +429,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
                     alive, token, mask, done = alive[keep], token[keep], mask[keep], done[keep]
                     positions, uniforms = positions[keep], None if uniforms is None else uniforms[keep]
                     if adapters is not None:
-                        model.team.select(adapters[source // G][alive])
+                        model.team.select(adapters[alive])
             mask[..., P + t] = 0.0  # the token's own position, where the step writes its keys and values
             logits = step(model, cache, token, mask, positions, slot)
             positions, slot = positions + 1, slot + 1
@@ -441,7 +442,7 @@ def generate(model, tokenizer, prompts, num_generations=1, max_new_tokens=256, t
     texts = completion_texts(tokenizer, completion.tolist(), lengths.tolist(), set(eos.tolist()), G)
     return Rollout(prompt_ids.repeat_interleave(G, 0), prompt_mask.repeat_interleave(G, 0), completion,
                    completion_mask, logprobs * completion_mask, texts, G, time.perf_counter() - t_start,
-                   floors[:N] if cut else None, None if adapters is None else adapters.repeat_interleave(G))
+                   floors[:N] if cut else None, None if adapters is None else adapters[:N])
 
 
 def prefill(model, prompt_ids, prompt_mask, prompt_of_row, length):
